@@ -1,0 +1,443 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Backend is what the API serves; the daemon's job manager implements it.
+type Backend interface {
+	Submit(ctx context.Context, c Caller, spec JobSpec) (Job, error)
+	List(ctx context.Context, c Caller, opts ListOptions) ([]Job, error)
+	Get(ctx context.Context, c Caller, id string) (Job, error)
+	Cancel(ctx context.Context, c Caller, id string) (Job, error)
+	// LogPath is the job's log file and whether the job has finished.
+	LogPath(c Caller, id string) (string, bool, error)
+	// Subscribe streams the events c may see, of one job or all.
+	Subscribe(c Caller, jobID string) (<-chan Event, func())
+	Node(ctx context.Context, c Caller) (NodeStatus, error)
+	SetCordoned(c Caller, on bool) error
+	// Ready is nil when the daemon takes work.
+	Ready() error
+}
+
+// Route is one API endpoint.
+type Route struct {
+	Method, Path, Summary string
+}
+
+// Routes lists every endpoint; docs/api.md must document exactly these.
+var Routes = []Route{
+	{"POST", "/v1/jobs", "submit a job (body: JobSpec); 201 with the Job once it is on disk"},
+	{"GET", "/v1/jobs", "list jobs (query: state, user, class, limit), newest first"},
+	{"GET", "/v1/jobs/{id}", "one job with its events, allocation and exit status"},
+	{"POST", "/v1/jobs/{id}/cancel", "cancel a job (SIGTERM, grace period, SIGKILL)"},
+	{"GET", "/v1/jobs/{id}/logs", "the job's output (query: follow=true streams until the job ends)"},
+	{"GET", "/v1/events", "stream of job state changes as JSON lines (query: job)"},
+	{"GET", "/v1/node", "node status: capacity, allocation, job counts, devices"},
+	{"POST", "/v1/node/cordon", "stop placing new jobs (admin)"},
+	{"POST", "/v1/node/uncordon", "resume placing new jobs (admin)"},
+	{"GET", "/v1/healthz", "liveness: 200 while the daemon answers"},
+	{"GET", "/v1/readyz", "readiness: 200 when the daemon takes work, else 503"},
+	{"GET", "/v1/version", "daemon version, commit, build date, API version"},
+}
+
+// ServerConfig tunes the HTTP server.
+type ServerConfig struct {
+	// MaxBodyBytes caps request bodies (413 past it).
+	MaxBodyBytes int64
+	// AdminGID, when set, makes members of that group admins.
+	AdminGID *uint32
+	Version  Version
+	Logger   *slog.Logger
+	// LogPoll is how often a followed log is checked for new output.
+	LogPoll time.Duration
+}
+
+// Server serves the API for a Backend.
+type Server struct {
+	cfg     ServerConfig
+	b       Backend
+	log     *slog.Logger
+	mux     *http.ServeMux
+	names   userNames
+	streams chan struct{}
+}
+
+// DefaultMaxBodyBytes is the default request body limit.
+const DefaultMaxBodyBytes = 1 << 20
+
+// NewServer returns the API handler.
+func NewServer(b Backend, cfg ServerConfig) *Server {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.LogPoll <= 0 {
+		cfg.LogPoll = 100 * time.Millisecond
+	}
+	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{})}
+	handlers := map[string]http.HandlerFunc{
+		"POST /v1/jobs":             s.submit,
+		"GET /v1/jobs":              s.list,
+		"GET /v1/jobs/{id}":         s.get,
+		"POST /v1/jobs/{id}/cancel": s.cancel,
+		"GET /v1/jobs/{id}/logs":    s.logs,
+		"GET /v1/events":            s.events,
+		"GET /v1/node":              s.node,
+		"POST /v1/node/cordon":      s.cordon(true),
+		"POST /v1/node/uncordon":    s.cordon(false),
+		"GET /v1/healthz":           s.healthz,
+		"GET /v1/readyz":            s.readyz,
+		"GET /v1/version":           s.version,
+	}
+	paths := map[string]bool{}
+	for _, r := range Routes {
+		h, ok := handlers[r.Method+" "+r.Path]
+		if !ok {
+			panic("api: no handler for route " + r.Method + " " + r.Path)
+		}
+		s.mux.Handle(r.Method+" "+r.Path, s.authenticated(h))
+		paths[r.Path] = true
+	}
+	for p := range paths {
+		s.mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, Errorf(CodeMethodNotAllowed, "%s is not allowed on %s", r.Method, p))
+		})
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, Errorf(CodeNotFound, "no route %s %s (the API is under /v1)", r.Method, r.URL.Path))
+	})
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// ConnContext is the http.Server hook that reads the peer's credentials
+// once per connection.
+func (s *Server) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	caller, err := peerCredentials(c)
+	if err == nil {
+		caller.User = s.names.name(caller.UID)
+		caller.Admin = caller.UID == 0
+		if g := s.cfg.AdminGID; g != nil && (caller.GID == *g || slices.Contains(caller.Groups, *g)) {
+			caller.Admin = true
+		}
+	}
+	return withCaller(ctx, caller, err)
+}
+
+// CloseStreams ends every streaming response (logs -f, events), so that a
+// graceful shutdown does not wait for them.
+func (s *Server) CloseStreams() { close(s.streams) }
+
+func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := CallerFrom(r.Context()); err != nil {
+			writeError(w, Errorf(CodeForbidden, "cannot identify the caller: %v", err))
+			return
+		}
+		h(w, r)
+	})
+}
+
+func caller(r *http.Request) Caller {
+	c, _ := CallerFrom(r.Context())
+	return c
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Code: CodeInternal, Message: err.Error()}
+	}
+	writeJSON(w, e.HTTPStatus(), e)
+}
+
+func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, Errorf(CodeTooLarge, "request body larger than %d bytes", s.cfg.MaxBodyBytes))
+			return
+		}
+		writeError(w, Errorf(CodeBadRequest, "reading body: %v", err))
+		return
+	}
+	spec, err := DecodeSpec(body)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	job, err := s.b.Submit(r.Context(), caller(r), spec)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Location", "/v1/jobs/"+job.ID)
+	writeJSON(w, http.StatusCreated, job)
+}
+
+func checkQuery(r *http.Request, allowed ...string) error {
+	for k := range r.URL.Query() {
+		if !slices.Contains(allowed, k) {
+			return &Error{Code: CodeBadRequest, Field: k, Message: "unknown query parameter (allowed: " + strings.Join(allowed, ", ") + ")"}
+		}
+	}
+	return nil
+}
+
+func parseBool(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, &Error{Code: CodeBadRequest, Field: name, Message: "want true or false, got " + strconv.Quote(v)}
+	}
+	return b, nil
+}
+
+// ParseListQuery decodes list filters from a query string.
+func ParseListQuery(q map[string][]string) (ListOptions, error) {
+	var o ListOptions
+	for _, v := range q["state"] {
+		for _, st := range strings.Split(v, ",") {
+			if !slices.Contains(States, State(st)) {
+				return o, &Error{Code: CodeBadRequest, Field: "state", Message: "unknown state " + strconv.Quote(st)}
+			}
+			o.State = append(o.State, State(st))
+		}
+	}
+	if c := first(q["class"]); c != "" {
+		if !slices.Contains(Classes, Class(c)) {
+			return o, &Error{Code: CodeBadRequest, Field: "class", Message: "unknown class " + strconv.Quote(c)}
+		}
+		o.Class = Class(c)
+	}
+	o.User = first(q["user"])
+	if l := first(q["limit"]); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			return o, &Error{Code: CodeBadRequest, Field: "limit", Message: "want a non-negative integer, got " + strconv.Quote(l)}
+		}
+		o.Limit = n
+	}
+	return o, nil
+}
+
+func first(v []string) string {
+	if len(v) == 0 {
+		return ""
+	}
+	return v[0]
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	if err := checkQuery(r, "state", "user", "class", "limit"); err != nil {
+		writeError(w, err)
+		return
+	}
+	opts, err := ParseListQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	jobs, err := s.b.List(r.Context(), caller(r), opts)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobs)
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	job, err := s.b.Get(r.Context(), caller(r), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, job)
+}
+
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) {
+	job, err := s.b.Cancel(r.Context(), caller(r), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, job)
+}
+
+func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
+	if err := checkQuery(r, "follow"); err != nil {
+		writeError(w, err)
+		return
+	}
+	follow, err := parseBool(r, "follow")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	c, id := caller(r), r.PathValue("id")
+	path, _, err := s.b.LogPath(c, id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		writeError(w, Errorf(CodeInternal, "open log: %v", err))
+		return
+	}
+	if f != nil {
+		defer f.Close()
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	tick := time.NewTicker(s.cfg.LogPoll)
+	defer tick.Stop()
+	for {
+		// Read whether the job is done *before* draining the file, so the
+		// last output of a job that just ended is not missed.
+		_, done, err := s.b.LogPath(c, id)
+		if err != nil {
+			return
+		}
+		if f == nil {
+			if f, err = os.Open(path); err == nil {
+				defer f.Close()
+			}
+		}
+		if f != nil {
+			if _, err := io.Copy(w, f); err != nil {
+				return
+			}
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		if !follow || done {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-s.streams:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	if err := checkQuery(r, "job"); err != nil {
+		writeError(w, err)
+		return
+	}
+	c := caller(r)
+	jobID := r.URL.Query().Get("job")
+	if jobID != "" {
+		if _, err := s.b.Get(r.Context(), c, jobID); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	ch, cancel := s.b.Subscribe(c, jobID)
+	defer cancel()
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	if flusher != nil {
+		flusher.Flush()
+	}
+	bw := bufio.NewWriter(w)
+	enc := json.NewEncoder(bw)
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-s.streams:
+			return
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
+			if err := enc.Encode(ev); err != nil {
+				return
+			}
+			if bw.Flush() != nil {
+				return
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+	}
+}
+
+func (s *Server) node(w http.ResponseWriter, r *http.Request) {
+	st, err := s.b.Node(r.Context(), caller(r))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) cordon(on bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := s.b.SetCordoned(caller(r), on); err != nil {
+			writeError(w, err)
+			return
+		}
+		st, err := s.b.Node(r.Context(), caller(r))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	}
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, Health{Status: "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if err := s.b.Ready(); err != nil {
+		writeError(w, Errorf(CodeUnavailable, "not ready: %v", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, Health{Status: "ready"})
+}
+
+func (s *Server) version(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.cfg.Version)
+}

@@ -1,0 +1,299 @@
+package api
+
+import (
+	"time"
+)
+
+// Class is the kind of work a job is; it selects the default QoS tier and
+// the placement weight profile.
+type Class string
+
+// Job classes.
+const (
+	ClassTraining  Class = "training"
+	ClassInference Class = "inference"
+	ClassBatch     Class = "batch"
+	ClassService   Class = "service"
+)
+
+// Classes lists every valid class.
+var Classes = []Class{ClassTraining, ClassInference, ClassBatch, ClassService}
+
+// Tier is a job's cgroup QoS tier.
+type Tier string
+
+// QoS tiers, from most to least protected.
+const (
+	TierGuaranteed Tier = "guaranteed"
+	TierBurstable  Tier = "burstable"
+	TierBestEffort Tier = "besteffort"
+)
+
+// Tiers lists every valid tier.
+var Tiers = []Tier{TierGuaranteed, TierBurstable, TierBestEffort}
+
+// TopologyPolicy is how strictly a job's CPUs, memory and devices must share
+// a NUMA node (the vocabulary of kubelet's Topology Manager).
+type TopologyPolicy string
+
+// Topology policies.
+const (
+	TopologyNone           TopologyPolicy = "none"
+	TopologyBestEffort     TopologyPolicy = "best-effort"
+	TopologyRestricted     TopologyPolicy = "restricted"
+	TopologySingleNUMANode TopologyPolicy = "single-numa-node"
+)
+
+// TopologyPolicies lists every valid topology policy.
+var TopologyPolicies = []TopologyPolicy{TopologyNone, TopologyBestEffort, TopologyRestricted, TopologySingleNUMANode}
+
+// RestartPolicy says when a finished job is started again.
+type RestartPolicy string
+
+// Restart policies.
+const (
+	RestartNever     RestartPolicy = "never"
+	RestartOnFailure RestartPolicy = "on-failure"
+)
+
+// RestartPolicies lists every valid restart policy.
+var RestartPolicies = []RestartPolicy{RestartNever, RestartOnFailure}
+
+// JobSpec is what a user submits: `fusionctl submit job.yaml` sends it as
+// JSON. Unknown fields are rejected.
+type JobSpec struct {
+	// Name is a human label; it need not be unique.
+	Name string `json:"name"`
+	// Class is training, inference, batch or service.
+	Class Class `json:"class"`
+	// Tier overrides the class's default QoS tier.
+	Tier Tier `json:"tier,omitempty"`
+	// Priority orders the queue: higher first (0..1000, default 0).
+	Priority int `json:"priority,omitempty"`
+	// Command is the program and its arguments.
+	Command []string `json:"command"`
+	// Env holds extra environment variables (KEY: value).
+	Env map[string]string `json:"env,omitempty"`
+	// Workdir is the job's working directory (absolute); default the
+	// user's home directory.
+	Workdir string `json:"workdir,omitempty"`
+	// Resources is what the job needs reserved for it.
+	Resources Resources `json:"resources"`
+	// Topology is the NUMA alignment policy (default best-effort).
+	Topology TopologyPolicy `json:"topology,omitempty"`
+	// Gang makes this job one member of a group placed all-or-nothing.
+	Gang *Gang `json:"gang,omitempty"`
+	// Restart says whether a failed job is started again.
+	Restart *Restart `json:"restart,omitempty"`
+	// Labels are free-form key/value pairs, returned as given.
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// Resources is a job's resource request.
+type Resources struct {
+	// CPU in cores or millicores ("2", "500m"). Required, > 0.
+	CPU MilliCPU `json:"cpu"`
+	// Memory with units ("4Gi"). Required, > 0.
+	Memory Bytes `json:"memory"`
+	// GPU asks for GPUs: whole, MIG slices or shares.
+	GPU *GPURequest `json:"gpu,omitempty"`
+	// FPGA asks for an FPGA region holding a bitstream.
+	FPGA *FPGARequest `json:"fpga,omitempty"`
+}
+
+// GPURequest asks for GPUs. With neither MIG nor Share set it asks for Count
+// whole GPUs; with MIG it asks for Count instances of that MIG profile; with
+// Share it asks for a fraction of one GPU.
+type GPURequest struct {
+	// Count of whole GPUs or MIG instances (default 1).
+	Count int `json:"count,omitempty"`
+	// Model restricts the GPU model, e.g. "H200" (substring match,
+	// case-insensitive).
+	Model string `json:"model,omitempty"`
+	// MIG is a MIG profile name such as "1g.18gb".
+	MIG string `json:"mig,omitempty"`
+	// Share is a compute share of one GPU in milli-GPU (1..999).
+	Share int `json:"share,omitempty"`
+	// Memory is the GPU memory cap for a shared GPU.
+	Memory Bytes `json:"memory,omitempty"`
+}
+
+// FPGARequest asks for an FPGA region holding a bitstream.
+type FPGARequest struct {
+	// Bitstream is a bitstream name or ID from the bitstream library.
+	Bitstream string `json:"bitstream"`
+}
+
+// Gang groups jobs that must all be placed together or not at all.
+type Gang struct {
+	Name string `json:"name"`
+	// Size is the number of members (1..1024).
+	Size int `json:"size"`
+}
+
+// Restart is a job's restart policy.
+type Restart struct {
+	Policy RestartPolicy `json:"policy"`
+	// MaxRetries bounds on-failure restarts (0..100).
+	MaxRetries int `json:"max_retries,omitempty"`
+}
+
+// State is a job's lifecycle state.
+type State string
+
+// Job states. Terminal states are succeeded, failed, cancelled and lost.
+const (
+	StatePending   State = "pending"
+	StatePlaced    State = "placed"
+	StateStarting  State = "starting"
+	StateRunning   State = "running"
+	StateSucceeded State = "succeeded"
+	StateFailed    State = "failed"
+	StateCancelled State = "cancelled"
+	StateLost      State = "lost"
+)
+
+// States lists every state in lifecycle order.
+var States = []State{StatePending, StatePlaced, StateStarting, StateRunning, StateSucceeded, StateFailed, StateCancelled, StateLost}
+
+// Terminal reports whether no transition leaves s.
+func (s State) Terminal() bool {
+	switch s {
+	case StateSucceeded, StateFailed, StateCancelled, StateLost:
+		return true
+	}
+	return false
+}
+
+// Owner is who submitted a job, as the socket's peer credentials said.
+type Owner struct {
+	UID    uint32   `json:"uid"`
+	GID    uint32   `json:"gid"`
+	Groups []uint32 `json:"groups,omitempty"`
+	// User is the user name, when the uid has one.
+	User string `json:"user,omitempty"`
+}
+
+// Job is a job record as the API returns it.
+type Job struct {
+	ID    string  `json:"id"`
+	Spec  JobSpec `json:"spec"`
+	Owner Owner   `json:"owner"`
+	// Tier is the effective tier (the spec's, or the class default).
+	Tier   Tier   `json:"tier"`
+	State  State  `json:"state"`
+	Reason string `json:"reason,omitempty"`
+	// Attempt counts starts (1 for the first run).
+	Attempt    int         `json:"attempt,omitempty"`
+	Allocation *Allocation `json:"allocation,omitempty"`
+	Exit       *ExitStatus `json:"exit,omitempty"`
+	PID        int         `json:"pid,omitempty"`
+	Events     []Event     `json:"events"`
+	CreatedAt  time.Time   `json:"created_at"`
+	StartedAt  *time.Time  `json:"started_at,omitempty"`
+	FinishedAt *time.Time  `json:"finished_at,omitempty"`
+	// Version increases with every change to the record.
+	Version uint64 `json:"version"`
+}
+
+// Allocation is what the placement engine reserved for a job.
+type Allocation struct {
+	CPU    MilliCPU `json:"cpu"`
+	Memory Bytes    `json:"memory"`
+	// CPUSet is the cores the job is pinned to, when it is ("0-3").
+	CPUSet string `json:"cpuset,omitempty"`
+	// NUMANode is the node the job is aligned to, or -1.
+	NUMANode int `json:"numa_node"`
+	// Devices are device IDs (GPU UUIDs, MIG UUIDs, FPGA regions).
+	Devices []string `json:"devices,omitempty"`
+	// Explain is the engine's short account of the decision.
+	Explain string `json:"explain,omitempty"`
+}
+
+// ExitStatus is how a job's process ended.
+type ExitStatus struct {
+	Code int `json:"code"`
+	// Signal is the signal name when the process was killed by one.
+	Signal string `json:"signal,omitempty"`
+	// OOMKilled is true when the kernel's OOM killer ended the job.
+	OOMKilled bool `json:"oom_killed,omitempty"`
+}
+
+// Event records one state transition of a job.
+type Event struct {
+	Time   time.Time `json:"time"`
+	JobID  string    `json:"job_id,omitempty"`
+	From   State     `json:"from,omitempty"`
+	To     State     `json:"to"`
+	Reason string    `json:"reason"`
+}
+
+// NodeStatus is the daemon's view of its host.
+type NodeStatus struct {
+	Hostname  string    `json:"hostname"`
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+	// Simulated is true when devices come from a simulated host.
+	Simulated bool `json:"simulated,omitempty"`
+	// Cordoned is true while no new jobs are placed.
+	Cordoned  bool           `json:"cordoned"`
+	Capacity  NodeResources  `json:"capacity"`
+	Allocated NodeResources  `json:"allocated"`
+	Jobs      map[State]int  `json:"jobs"`
+	Devices   []DeviceStatus `json:"devices,omitempty"`
+	// Notes are facts an operator should know (e.g. "no NVIDIA driver").
+	Notes []string `json:"notes,omitempty"`
+}
+
+// NodeResources counts CPU, memory and devices.
+type NodeResources struct {
+	CPU    MilliCPU `json:"cpu"`
+	Memory Bytes    `json:"memory"`
+	GPUs   int      `json:"gpus"`
+	FPGAs  int      `json:"fpgas"`
+}
+
+// DeviceStatus is one device as node status shows it.
+type DeviceStatus struct {
+	ID      string `json:"id"`
+	Kind    string `json:"kind"`
+	Model   string `json:"model,omitempty"`
+	Healthy bool   `json:"healthy"`
+	Detail  string `json:"detail,omitempty"`
+}
+
+// Health is the body of /v1/healthz and /v1/readyz.
+type Health struct {
+	Status string `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Version is the body of /v1/version.
+type Version struct {
+	Version   string `json:"version"`
+	Commit    string `json:"commit"`
+	BuildDate string `json:"build_date"`
+	API       string `json:"api"`
+}
+
+// ListOptions filters a job listing.
+type ListOptions struct {
+	State []State
+	User  string
+	Class Class
+	// Limit caps the number returned (newest first); 0 means all.
+	Limit int
+}
+
+// Caller is who is asking, from the socket's peer credentials.
+type Caller struct {
+	UID    uint32
+	GID    uint32
+	PID    int32
+	Groups []uint32
+	// User is the caller's user name, if the uid has one.
+	User string
+	// Admin callers (root, or members of the admin group) see and manage
+	// every job.
+	Admin bool
+}

@@ -1,0 +1,218 @@
+package api
+
+import (
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Limits on a job spec; exported so docs and tests quote the same numbers.
+const (
+	MaxNameLen     = 63
+	MaxPriority    = 1000
+	MaxCommandSize = 128 << 10
+	MaxEnv         = 256
+	MaxLabels      = 64
+	MaxGangSize    = 1024
+	MaxRetries     = 100
+	MaxGPUCount    = 64
+	MinMemory      = Bytes(1 << 20)
+	MaxCPU         = MilliCPU(1 << 30)
+)
+
+var (
+	nameRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+	envKeyRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	labelRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$`)
+	migRE     = regexp.MustCompile(`^[1-8]g\.[0-9]+gb(\+me|-me|\+gfx|\+me\.all)?$`)
+	refNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:+-]*$`)
+)
+
+func oneOf[T ~string](v T, valid []T) bool { return slices.Contains(valid, v) }
+
+func list[T ~string](valid []T) string {
+	s := make([]string, len(valid))
+	for i, v := range valid {
+		s[i] = string(v)
+	}
+	return strings.Join(s, ", ")
+}
+
+// ApplyDefaults fills in the fields a user may leave out: the name (from the
+// command), the class (batch), the GPU count (1 when a GPU block is given),
+// the topology policy (best-effort) and the restart policy (never). The
+// tier default depends on configuration and is left to the daemon.
+func (s *JobSpec) ApplyDefaults() {
+	if s.Name == "" && len(s.Command) > 0 {
+		base := path.Base(s.Command[0])
+		base = strings.TrimLeft(base, "._-")
+		if len(base) > MaxNameLen {
+			base = base[:MaxNameLen]
+		}
+		if nameRE.MatchString(base) {
+			s.Name = base
+		} else {
+			s.Name = "job"
+		}
+	}
+	if s.Class == "" {
+		s.Class = ClassBatch
+	}
+	if s.Topology == "" {
+		s.Topology = TopologyBestEffort
+	}
+	if g := s.Resources.GPU; g != nil && g.Count == 0 {
+		g.Count = 1
+	}
+	if s.Restart == nil {
+		s.Restart = &Restart{Policy: RestartNever}
+	}
+}
+
+// Validate checks a spec (after ApplyDefaults) and returns the first problem
+// as an *Error naming the field, or nil.
+func (s *JobSpec) Validate() error {
+	if s.Name == "" {
+		return FieldError("name", "required")
+	}
+	if len(s.Name) > MaxNameLen || !nameRE.MatchString(s.Name) {
+		return FieldError("name", "must be 1-%d characters of letters, digits, '.', '_' or '-', starting with a letter or digit", MaxNameLen)
+	}
+	if !oneOf(s.Class, Classes) {
+		return FieldError("class", "unknown class %q (want one of: %s)", s.Class, list(Classes))
+	}
+	if s.Tier != "" && !oneOf(s.Tier, Tiers) {
+		return FieldError("tier", "unknown tier %q (want one of: %s)", s.Tier, list(Tiers))
+	}
+	if s.Priority < 0 || s.Priority > MaxPriority {
+		return FieldError("priority", "must be between 0 and %d, got %d", MaxPriority, s.Priority)
+	}
+	if err := validateCommand(s.Command); err != nil {
+		return err
+	}
+	if len(s.Env) > MaxEnv {
+		return FieldError("env", "at most %d variables, got %d", MaxEnv, len(s.Env))
+	}
+	for _, k := range sortedKeys(s.Env) {
+		if !envKeyRE.MatchString(k) {
+			return FieldError("env."+k, "invalid variable name (want letters, digits and '_', not starting with a digit)")
+		}
+		if strings.ContainsRune(s.Env[k], 0) {
+			return FieldError("env."+k, "value contains a NUL byte")
+		}
+	}
+	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || strings.ContainsRune(s.Workdir, 0)) {
+		return FieldError("workdir", "must be an absolute path, got %q", s.Workdir)
+	}
+	if err := s.Resources.validate(); err != nil {
+		return err
+	}
+	if s.Topology != "" && !oneOf(s.Topology, TopologyPolicies) {
+		return FieldError("topology", "unknown policy %q (want one of: %s)", s.Topology, list(TopologyPolicies))
+	}
+	if g := s.Gang; g != nil {
+		if g.Name == "" || len(g.Name) > MaxNameLen || !nameRE.MatchString(g.Name) {
+			return FieldError("gang.name", "required: 1-%d characters of letters, digits, '.', '_' or '-'", MaxNameLen)
+		}
+		if g.Size < 1 || g.Size > MaxGangSize {
+			return FieldError("gang.size", "must be between 1 and %d, got %d", MaxGangSize, g.Size)
+		}
+	}
+	if r := s.Restart; r != nil {
+		if !oneOf(r.Policy, RestartPolicies) {
+			return FieldError("restart.policy", "unknown policy %q (want one of: %s)", r.Policy, list(RestartPolicies))
+		}
+		if r.MaxRetries < 0 || r.MaxRetries > MaxRetries {
+			return FieldError("restart.max_retries", "must be between 0 and %d, got %d", MaxRetries, r.MaxRetries)
+		}
+		if r.Policy == RestartNever && r.MaxRetries != 0 {
+			return FieldError("restart.max_retries", "only meaningful with policy on-failure")
+		}
+	}
+	if len(s.Labels) > MaxLabels {
+		return FieldError("labels", "at most %d labels, got %d", MaxLabels, len(s.Labels))
+	}
+	for _, k := range sortedKeys(s.Labels) {
+		if len(k) > MaxNameLen || !labelRE.MatchString(k) {
+			return FieldError("labels."+k, "invalid label key")
+		}
+		if len(s.Labels[k]) > 256 || strings.ContainsRune(s.Labels[k], 0) {
+			return FieldError("labels."+k, "value longer than 256 bytes or contains a NUL byte")
+		}
+	}
+	return nil
+}
+
+func validateCommand(cmd []string) error {
+	if len(cmd) == 0 || cmd[0] == "" {
+		return FieldError("command", "required: the program to run and its arguments")
+	}
+	size := 0
+	for i, a := range cmd {
+		if strings.ContainsRune(a, 0) {
+			return FieldError("command["+strconv.Itoa(i)+"]", "contains a NUL byte")
+		}
+		size += len(a) + 1
+	}
+	if size > MaxCommandSize {
+		return FieldError("command", "longer than %d bytes", MaxCommandSize)
+	}
+	return nil
+}
+
+func (r *Resources) validate() error {
+	switch {
+	case r.CPU == 0:
+		return FieldError("resources.cpu", "required: CPU in cores (2, 0.5) or millicores (\"500m\")")
+	case r.CPU < 0:
+		return FieldError("resources.cpu", "must be positive, got %s", r.CPU)
+	case r.CPU > MaxCPU:
+		return FieldError("resources.cpu", "%s is more CPU than any host has", r.CPU)
+	case r.Memory == 0:
+		return FieldError("resources.memory", "required: memory with a unit (\"512Mi\", \"4Gi\")")
+	case r.Memory < 0:
+		return FieldError("resources.memory", "must be positive, got %d", r.Memory)
+	case r.Memory < MinMemory:
+		return FieldError("resources.memory", "at least %s, got %s", MinMemory, r.Memory)
+	}
+	if g := r.GPU; g != nil {
+		switch {
+		case g.Count < 0 || g.Count > MaxGPUCount:
+			return FieldError("resources.gpu.count", "must be between 1 and %d, got %d", MaxGPUCount, g.Count)
+		case g.Share < 0 || g.Share >= 1000:
+			return FieldError("resources.gpu.share", "a share is 1..999 milli-GPU (ask for count: 1 for a whole GPU), got %d", g.Share)
+		case g.Share > 0 && g.MIG != "":
+			return FieldError("resources.gpu.share", "share and mig are exclusive: ask for a MIG slice or a share of a GPU")
+		case g.Share > 0 && g.Count != 1:
+			return FieldError("resources.gpu.count", "a GPU share is a fraction of one GPU: count must be 1, got %d", g.Count)
+		case g.MIG != "" && !migRE.MatchString(g.MIG):
+			return FieldError("resources.gpu.mig", "%q is not a MIG profile name (like 1g.10gb, 3g.40gb, 1g.18gb+me)", g.MIG)
+		case g.Memory < 0:
+			return FieldError("resources.gpu.memory", "must be positive, got %d", g.Memory)
+		case len(g.Model) > 64 || strings.ContainsRune(g.Model, 0):
+			return FieldError("resources.gpu.model", "at most 64 characters")
+		}
+	}
+	if f := r.FPGA; f != nil {
+		if f.Bitstream == "" || len(f.Bitstream) > 128 || !refNameRE.MatchString(f.Bitstream) {
+			return FieldError("resources.fpga.bitstream", "required: a bitstream name or ID from the library (fusionctl fpga bitstream list)")
+		}
+	}
+	return nil
+}
+
+// DecodeSpec strictly decodes a JSON job spec, applies defaults and
+// validates it. Every error is an *Error naming the field.
+func DecodeSpec(data []byte) (JobSpec, error) {
+	var s JobSpec
+	if err := DecodeStrict(data, &s); err != nil {
+		return JobSpec{}, err
+	}
+	s.ApplyDefaults()
+	if err := s.Validate(); err != nil {
+		return JobSpec{}, err
+	}
+	return s, nil
+}

@@ -1,0 +1,508 @@
+package cli
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/yaml"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// SplitDocuments splits a YAML stream on "---" document separators and
+// drops empty documents.
+func SplitDocuments(data []byte) [][]byte {
+	var docs [][]byte
+	var cur bytes.Buffer
+	flush := func() {
+		if len(bytes.TrimSpace(stripComments(cur.Bytes()))) > 0 {
+			docs = append(docs, bytes.Clone(cur.Bytes()))
+		}
+		cur.Reset()
+	}
+	for _, line := range bytes.SplitAfter(data, []byte("\n")) {
+		if t := bytes.TrimRight(line, " \t\r\n"); bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
+			flush()
+			continue
+		}
+		cur.Write(line)
+	}
+	flush()
+	return docs
+}
+
+func stripComments(b []byte) []byte {
+	var out []byte
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
+			out = append(out, t...)
+		}
+	}
+	return out
+}
+
+func newSubmitCmd(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "submit FILE...",
+		Short: "Submit jobs from YAML or JSON spec files (- reads stdin)",
+		Long: `Submit one job per YAML document. A file may hold several documents
+separated by '---' (for example the members of a gang). The daemon checks
+every field; an unknown or impossible field is refused with its name.`,
+		Example: "  fusionctl submit examples/jobs/batch-report.yaml",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := o.client()
+			defer c.Close()
+			var submitted []api.Job
+			for _, name := range args {
+				var data []byte
+				var err error
+				if name == "-" {
+					data, err = io.ReadAll(o.stdin)
+				} else {
+					data, err = os.ReadFile(name)
+				}
+				if err != nil {
+					return err
+				}
+				docs := SplitDocuments(data)
+				if len(docs) == 0 {
+					return fmt.Errorf("%s: no job spec in the file", name)
+				}
+				for i, doc := range docs {
+					js, err := yaml.YAMLToJSON(doc)
+					if err != nil {
+						return fmt.Errorf("%s (document %d): not valid YAML: %w", name, i+1, err)
+					}
+					job, err := c.SubmitJSON(cmd.Context(), js)
+					if err != nil {
+						return fmt.Errorf("%s (document %d): %w", name, i+1, err)
+					}
+					submitted = append(submitted, job)
+				}
+			}
+			return o.print(submitted, func(w io.Writer) error { return jobTable(w, submitted) })
+		},
+	}
+}
+
+func newRunCmd(o *options) *cobra.Command {
+	var (
+		spec       api.JobSpec
+		cpu, mem   string
+		gpus       int
+		gpuModel   string
+		mig        string
+		share      int
+		gpuMem     string
+		bitstream  string
+		env        []string
+		gang       string
+		retries    int
+		wait       bool
+		follow     bool
+		class, tie string
+	)
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- COMMAND [ARG...]",
+		Short: "Submit a job given on the command line",
+		Example: `  fusionctl run --cpu 2 --memory 4Gi --class batch -- ./train.sh --epochs 3
+  fusionctl run -f --cpu 500m --memory 256Mi -- sh -c 'id -u'`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec.Command = args
+			spec.Class, spec.Tier = api.Class(class), api.Tier(tie)
+			var err error
+			if spec.Resources.CPU, err = api.ParseMilliCPU(cpu); err != nil {
+				return fmt.Errorf("--cpu: %w", err)
+			}
+			if spec.Resources.Memory, err = api.ParseBytes(mem); err != nil {
+				return fmt.Errorf("--memory: %w", err)
+			}
+			if gpus > 0 || gpuModel != "" || mig != "" || share > 0 || gpuMem != "" {
+				g := &api.GPURequest{Count: gpus, Model: gpuModel, MIG: mig, Share: share}
+				if gpuMem != "" {
+					if g.Memory, err = api.ParseBytes(gpuMem); err != nil {
+						return fmt.Errorf("--gpu-memory: %w", err)
+					}
+				}
+				spec.Resources.GPU = g
+			}
+			if bitstream != "" {
+				spec.Resources.FPGA = &api.FPGARequest{Bitstream: bitstream}
+			}
+			for _, kv := range env {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok {
+					return fmt.Errorf("--env %q: want KEY=value", kv)
+				}
+				if spec.Env == nil {
+					spec.Env = map[string]string{}
+				}
+				spec.Env[k] = v
+			}
+			if gang != "" {
+				name, size, ok := strings.Cut(gang, ":")
+				n, err := strconv.Atoi(size)
+				if !ok || err != nil {
+					return fmt.Errorf("--gang %q: want NAME:SIZE", gang)
+				}
+				spec.Gang = &api.Gang{Name: name, Size: n}
+			}
+			if retries > 0 {
+				spec.Restart = &api.Restart{Policy: api.RestartOnFailure, MaxRetries: retries}
+			}
+			if spec.Workdir == "" {
+				if wd, err := os.Getwd(); err == nil {
+					spec.Workdir = wd
+				}
+			}
+			c := o.client()
+			defer c.Close()
+			job, err := c.Submit(cmd.Context(), spec)
+			if err != nil {
+				return err
+			}
+			if follow {
+				if err := c.Logs(cmd.Context(), job.ID, true, o.stdout); err != nil {
+					return err
+				}
+			}
+			if wait || follow {
+				job, err = waitTerminal(cmd.Context(), c, job.ID, 0)
+				if err != nil {
+					return err
+				}
+				if follow && o.output == "table" {
+					if job.State != api.StateSucceeded {
+						fmt.Fprintf(o.stderr, "fusionctl: job %s %s: %s\n", job.ID, job.State, job.Reason)
+					}
+					return jobExit(job)
+				}
+			}
+			if err := o.print(job, func(w io.Writer) error { return jobTable(w, []api.Job{job}) }); err != nil {
+				return err
+			}
+			if wait {
+				return jobExit(job)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&spec.Name, "name", "", "job name (default: the command's base name)")
+	f.StringVar(&class, "class", "batch", "job class: training, inference, batch or service")
+	f.StringVar(&tie, "tier", "", "QoS tier: guaranteed, burstable or besteffort (default: from the class)")
+	f.IntVar(&spec.Priority, "priority", 0, "queue priority, 0..1000 (higher first)")
+	f.StringVar(&cpu, "cpu", "1", "CPU in cores (2, 0.5) or millicores (500m)")
+	f.StringVar(&mem, "memory", "256Mi", "memory with a unit (512Mi, 4Gi)")
+	f.IntVar(&gpus, "gpu", 0, "number of whole GPUs (or MIG instances with --mig)")
+	f.StringVar(&gpuModel, "gpu-model", "", "required GPU model (substring, e.g. H200)")
+	f.StringVar(&mig, "mig", "", "MIG profile, e.g. 1g.18gb")
+	f.IntVar(&share, "gpu-share", 0, "share of one GPU in milli-GPU (1..999)")
+	f.StringVar(&gpuMem, "gpu-memory", "", "GPU memory cap for a shared GPU (e.g. 8Gi)")
+	f.StringVar(&bitstream, "fpga-bitstream", "", "FPGA bitstream name or ID")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=value (repeatable)")
+	f.StringVar(&spec.Workdir, "workdir", "", "working directory (default: the current directory)")
+	f.StringVar(&gang, "gang", "", "gang NAME:SIZE — placed only together with its other members")
+	f.IntVar(&retries, "retries", 0, "restart on failure up to this many times")
+	f.BoolVarP(&wait, "wait", "w", false, "wait for the job to finish and exit with its exit code")
+	f.BoolVarP(&follow, "follow", "f", false, "stream the job's output until it finishes, then exit with its exit code")
+	return cmd
+}
+
+// jobExit turns a finished job into fusionctl's exit status.
+func jobExit(j api.Job) error {
+	switch {
+	case j.State == api.StateSucceeded:
+		return nil
+	case j.Exit != nil && j.Exit.Code != 0:
+		return exitCode(j.Exit.Code)
+	default:
+		return exitCode(1)
+	}
+}
+
+// waitTerminal polls until the job is finished (timeout 0: no limit).
+func waitTerminal(ctx context.Context, c *api.Client, id string, timeout time.Duration) (api.Job, error) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	delay := 20 * time.Millisecond
+	for {
+		j, err := c.Get(ctx, id)
+		if err != nil {
+			return j, err
+		}
+		if j.State.Terminal() {
+			return j, nil
+		}
+		select {
+		case <-ctx.Done():
+			return j, fmt.Errorf("job %s still %s after %s", id, j.State, timeout)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 500*time.Millisecond)
+	}
+}
+
+func newListCmd(o *options) *cobra.Command {
+	var states []string
+	var opts api.ListOptions
+	var class string
+	cmd := &cobra.Command{
+		Use:     "list",
+		Aliases: []string{"ps"},
+		Short:   "List jobs, newest first (yours, or everyone's for root and admins)",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q := map[string][]string{"state": states}
+			if class != "" {
+				q["class"] = []string{class}
+			}
+			parsed, err := api.ParseListQuery(q)
+			if err != nil {
+				return fmt.Errorf("--%s: %s", errField(err), errMessage(err))
+			}
+			opts.State, opts.Class = parsed.State, parsed.Class
+			c := o.client()
+			defer c.Close()
+			jobs, err := c.List(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			return o.print(jobs, func(w io.Writer) error { return jobTable(w, jobs) })
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&states, "state", nil, "only jobs in these states (pending, running, succeeded, …)")
+	f.StringVar(&opts.User, "user", "", "only jobs of this user (name or uid)")
+	f.StringVar(&class, "class", "", "only jobs of this class")
+	f.IntVar(&opts.Limit, "limit", 0, "show at most this many jobs")
+	return cmd
+}
+
+func errField(err error) string {
+	var e *api.Error
+	if errors.As(err, &e) {
+		return e.Field
+	}
+	return ""
+}
+
+func errMessage(err error) string {
+	var e *api.Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return err.Error()
+}
+
+func age(t time.Time) string {
+	d := time.Since(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func jobTable(w io.Writer, jobs []api.Job) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tCLASS\tTIER\tSTATE\tUSER\tAGE\tREASON")
+	for _, j := range jobs {
+		user := j.Owner.User
+		if user == "" {
+			user = strconv.FormatUint(uint64(j.Owner.UID), 10)
+		}
+		reason := j.Reason
+		if len(reason) > 70 {
+			reason = reason[:67] + "..."
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Spec.Name, j.Spec.Class, j.Tier, j.State, user, age(j.CreatedAt), reason)
+	}
+	return tw.Flush()
+}
+
+func newShowCmd(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show JOB",
+		Short: "Show one job: spec, placement, exit status and events",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := o.client()
+			defer c.Close()
+			j, err := c.Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return o.print(j, func(w io.Writer) error { return showJob(w, j) })
+		},
+	}
+}
+
+func showJob(w io.Writer, j api.Job) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	p := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s:\t%s\n", k, fmt.Sprintf(format, args...)) }
+	p("ID", "%s", j.ID)
+	p("Name", "%s", j.Spec.Name)
+	p("Class / tier", "%s / %s", j.Spec.Class, j.Tier)
+	p("Priority", "%d", j.Spec.Priority)
+	p("Owner", "%s (uid %d, gid %d)", j.Owner.User, j.Owner.UID, j.Owner.GID)
+	p("State", "%s", j.State)
+	if j.Reason != "" {
+		p("Reason", "%s", j.Reason)
+	}
+	p("Command", "%s", strings.Join(j.Spec.Command, " "))
+	r := j.Spec.Resources
+	p("Requests", "cpu %s, memory %s%s", r.CPU, r.Memory, deviceRequest(r))
+	if a := j.Allocation; a != nil {
+		p("Allocation", "cpu %s, memory %s", a.CPU, a.Memory)
+		if a.CPUSet != "" {
+			p("CPU set", "%s (NUMA node %d)", a.CPUSet, a.NUMANode)
+		}
+		if len(a.Devices) > 0 {
+			p("Devices", "%s", strings.Join(a.Devices, ", "))
+		}
+		if a.Explain != "" {
+			p("Placement", "%s", a.Explain)
+		}
+	}
+	if j.PID > 0 {
+		p("PID", "%d", j.PID)
+	}
+	if j.Attempt > 1 {
+		p("Attempt", "%d", j.Attempt)
+	}
+	if e := j.Exit; e != nil {
+		p("Exit", "code %d%s%s", e.Code, map[bool]string{true: ", signal " + e.Signal}[e.Signal != ""], map[bool]string{true: ", oom-killed"}[e.OOMKilled])
+	}
+	p("Created", "%s", j.CreatedAt.Local().Format(time.RFC3339))
+	if j.StartedAt != nil {
+		p("Started", "%s", j.StartedAt.Local().Format(time.RFC3339))
+	}
+	if j.FinishedAt != nil {
+		p("Finished", "%s", j.FinishedAt.Local().Format(time.RFC3339))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nEvents:")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  TIME\tFROM\tTO\tREASON")
+	for _, e := range j.Events {
+		from := string(e.From)
+		if from == "" {
+			from = "-"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), from, e.To, e.Reason)
+	}
+	return tw.Flush()
+}
+
+func deviceRequest(r api.Resources) string {
+	var s string
+	if g := r.GPU; g != nil {
+		switch {
+		case g.MIG != "":
+			s += fmt.Sprintf(", %d× MIG %s", g.Count, g.MIG)
+		case g.Share > 0:
+			s += fmt.Sprintf(", %d milli-GPU", g.Share)
+		default:
+			s += fmt.Sprintf(", %d GPU", g.Count)
+		}
+		if g.Model != "" {
+			s += " (" + g.Model + ")"
+		}
+	}
+	if f := r.FPGA; f != nil {
+		s += ", FPGA bitstream " + f.Bitstream
+	}
+	return s
+}
+
+func newCancelCmd(o *options) *cobra.Command {
+	var wait bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "cancel JOB...",
+		Short: "Cancel jobs (SIGTERM, then SIGKILL after the daemon's grace period)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := o.client()
+			defer c.Close()
+			var out []api.Job
+			for _, id := range args {
+				j, err := c.Cancel(cmd.Context(), id)
+				if err != nil {
+					return fmt.Errorf("job %s: %w", id, err)
+				}
+				if wait {
+					if j, err = waitTerminal(cmd.Context(), c, id, timeout); err != nil {
+						return err
+					}
+				}
+				out = append(out, j)
+			}
+			return o.print(out, func(w io.Writer) error { return jobTable(w, out) })
+		},
+	}
+	cmd.Flags().BoolVar(&wait, "wait", true, "wait until the jobs have stopped")
+	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "how long --wait waits")
+	return cmd
+}
+
+func newLogsCmd(o *options) *cobra.Command {
+	var follow bool
+	cmd := &cobra.Command{
+		Use:   "logs JOB",
+		Short: "Print a job's output (stdout and stderr)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := o.client()
+			defer c.Close()
+			return c.Logs(cmd.Context(), args[0], follow, o.stdout)
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep streaming until the job finishes")
+	return cmd
+}
+
+func newEventsCmd(o *options) *cobra.Command {
+	var job string
+	cmd := &cobra.Command{
+		Use:   "events",
+		Short: "Stream job state changes as they happen",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := o.client()
+			defer c.Close()
+			tw := tabwriter.NewWriter(o.stdout, 0, 4, 2, ' ', 0)
+			return c.Events(cmd.Context(), job, func(e api.Event) error {
+				if o.output != "table" {
+					return o.print(e, nil)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.Flags().StringVar(&job, "job", "", "only this job's events")
+	return cmd
+}

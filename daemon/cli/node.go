@@ -1,0 +1,137 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/buildinfo"
+)
+
+func newStatusCmd(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the node: capacity, allocation, jobs and devices",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := o.client()
+			defer c.Close()
+			n, err := c.Node(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return o.print(n, func(w io.Writer) error { return nodeTable(w, n) })
+		},
+	}
+}
+
+func nodeTable(w io.Writer, n api.NodeStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "Host:\t%s\n", n.Hostname)
+	fmt.Fprintf(tw, "Daemon:\tfusiond %s, up %s\n", n.Version, time.Since(n.StartedAt).Round(time.Second))
+	if n.Simulated {
+		fmt.Fprintf(tw, "Devices:\tSIMULATED (no real GPU/FPGA hardware behind them)\n")
+	}
+	sched := "placing jobs"
+	if n.Cordoned {
+		sched = "cordoned: new jobs stay pending"
+	}
+	fmt.Fprintf(tw, "Scheduling:\t%s\n", sched)
+	fmt.Fprintf(tw, "CPU:\t%s of %s cores allocated\n", n.Allocated.CPU, n.Capacity.CPU)
+	fmt.Fprintf(tw, "Memory:\t%s of %s allocated\n", n.Allocated.Memory.Human(), n.Capacity.Memory.Human())
+	fmt.Fprintf(tw, "GPUs:\t%d of %d allocated\n", n.Allocated.GPUs, n.Capacity.GPUs)
+	fmt.Fprintf(tw, "FPGAs:\t%d of %d allocated\n", n.Allocated.FPGAs, n.Capacity.FPGAs)
+	var counts []string
+	for _, s := range api.States {
+		if c := n.Jobs[s]; c > 0 {
+			counts = append(counts, fmt.Sprintf("%d %s", c, s))
+		}
+	}
+	if len(counts) == 0 {
+		counts = []string{"none"}
+	}
+	fmt.Fprintf(tw, "Jobs:\t%s\n", strings.Join(counts, ", "))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(n.Devices) > 0 {
+		fmt.Fprintln(w, "\nDevices:")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  ID\tKIND\tMODEL\tHEALTHY\tDETAIL")
+		for _, d := range n.Devices {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%t\t%s\n", d.ID, d.Kind, d.Model, d.Healthy, d.Detail)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, note := range n.Notes {
+		fmt.Fprintf(w, "Note: %s\n", note)
+	}
+	return nil
+}
+
+func newVersionCmd(o *options) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print fusionctl's version and the daemon's",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			type versions struct {
+				Client api.Version  `json:"client"`
+				Server *api.Version `json:"server,omitempty"`
+				Error  string       `json:"server_error,omitempty"`
+			}
+			v := versions{Client: buildinfo.Get()}
+			c := o.client()
+			defer c.Close()
+			if sv, err := c.Version(cmd.Context()); err == nil {
+				v.Server = &sv
+			} else {
+				v.Error = err.Error()
+			}
+			return o.print(v, func(w io.Writer) error {
+				fmt.Fprintf(w, "fusionctl %s (commit %s, built %s)\n", v.Client.Version, v.Client.Commit, v.Client.BuildDate)
+				if v.Server != nil {
+					fmt.Fprintf(w, "fusiond   %s (commit %s, built %s, API %s)\n", v.Server.Version, v.Server.Commit, v.Server.BuildDate, v.Server.API)
+				} else {
+					fmt.Fprintf(w, "fusiond   unreachable: %s\n", v.Error)
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func newNodeCmd(o *options) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Node administration (root or the admin group)",
+	}
+	for _, on := range []bool{true, false} {
+		name, short := "cordon", "Stop placing new jobs on this node (running jobs continue)"
+		if !on {
+			name, short = "uncordon", "Resume placing new jobs"
+		}
+		cmd.AddCommand(&cobra.Command{
+			Use:   name,
+			Short: short,
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				c := o.client()
+				defer c.Close()
+				n, err := c.SetCordoned(cmd.Context(), on)
+				if err != nil {
+					return err
+				}
+				return o.print(n, func(w io.Writer) error { return nodeTable(w, n) })
+			},
+		})
+	}
+	return cmd
+}

@@ -1,0 +1,217 @@
+// Package daemon is fusiond's composition root: it loads the configuration,
+// opens the store, wires the job manager, placer and runner to the API
+// server, listens on the Unix socket and runs until its context ends. Nothing
+// imports it but cmd/fusiond.
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// DefaultConfigPath is where fusiond looks for its configuration.
+const DefaultConfigPath = "/etc/fusiond/config.yaml"
+
+// Config is fusiond's configuration file (YAML). Unknown keys are errors.
+type Config struct {
+	// StateDir holds the job database and job logs.
+	StateDir string `json:"state_dir"`
+	// Socket is the API's Unix socket.
+	Socket string `json:"socket"`
+	// SocketGroup owns the socket; its members may use the API. Empty
+	// keeps the daemon's own group.
+	SocketGroup string `json:"socket_group"`
+	// SocketMode is the socket's permission bits, octal ("0660").
+	SocketMode string `json:"socket_mode"`
+	// AdminGroup's members see and manage every job, like root.
+	AdminGroup string    `json:"admin_group,omitempty"`
+	Log        LogConfig `json:"log"`
+	// Tiers maps each job class to its default QoS tier.
+	Tiers map[api.Class]api.Tier `json:"tiers"`
+	// CancelGrace is the time between SIGTERM and SIGKILL on cancel.
+	CancelGrace Duration `json:"cancel_grace"`
+	// ShutdownTimeout bounds a graceful shutdown.
+	ShutdownTimeout Duration `json:"shutdown_timeout"`
+	// MaxRequestBytes caps API request bodies.
+	MaxRequestBytes api.Bytes `json:"max_request_bytes"`
+	Retention       Retention `json:"retention"`
+}
+
+// LogConfig selects the log format and level.
+type LogConfig struct {
+	// Format is text or json.
+	Format string `json:"format"`
+	// Level is debug, info, warn or error.
+	Level string `json:"level"`
+}
+
+// Retention bounds how many finished jobs are remembered.
+type Retention struct {
+	MaxFinishedJobs int      `json:"max_finished_jobs"`
+	MaxAge          Duration `json:"max_age"`
+}
+
+// Duration is a time.Duration written as "10s", "5m", "168h".
+type Duration time.Duration
+
+// UnmarshalJSON parses a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration such as \"10s\" or \"5m\", got %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as \"10s\" or \"5m\", got %q", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalJSON writes the duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// DefaultConfig is the configuration used for anything the file leaves out.
+func DefaultConfig() Config {
+	return Config{
+		StateDir:    "/var/lib/fusiond",
+		Socket:      "/run/fusiond/fusiond.sock",
+		SocketGroup: "fusiond",
+		SocketMode:  "0660",
+		Log:         LogConfig{Format: "text", Level: "info"},
+		Tiers: map[api.Class]api.Tier{
+			api.ClassService:   api.TierGuaranteed,
+			api.ClassInference: api.TierGuaranteed,
+			api.ClassTraining:  api.TierBurstable,
+			api.ClassBatch:     api.TierBestEffort,
+		},
+		CancelGrace:     Duration(10 * time.Second),
+		ShutdownTimeout: Duration(30 * time.Second),
+		MaxRequestBytes: api.DefaultMaxBodyBytes,
+		Retention:       Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
+	}
+}
+
+// LoadConfig reads the YAML file at path over the defaults. A missing file
+// is an error only when required (the user named it).
+func LoadConfig(path string, required bool) (Config, error) {
+	cfg := DefaultConfig()
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) && !required {
+		return cfg, nil
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("config: %w", err)
+	}
+	if err := ParseConfig(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes YAML into cfg strictly and validates the result.
+func ParseConfig(data []byte, cfg *Config) error {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return fmt.Errorf("not valid YAML: %w", err)
+	}
+	if strings.TrimSpace(string(js)) != "null" {
+		// Decode over a zero value first so the strict decoder sees the
+		// file alone, then merge over the defaults.
+		if err := api.DecodeStrict(js, new(Config)); err != nil {
+			return err
+		}
+		if err := json.Unmarshal(js, cfg); err != nil {
+			return err
+		}
+	}
+	return cfg.Validate()
+}
+
+// Validate checks values that decode but make no sense.
+func (c *Config) Validate() error {
+	bad := func(key, format string, args ...any) error {
+		return &api.Error{Code: api.CodeInvalid, Field: key, Message: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.StateDir == "" || !strings.HasPrefix(c.StateDir, "/") && !strings.HasPrefix(c.StateDir, "."):
+		return bad("state_dir", "must be a path, got %q", c.StateDir)
+	case c.Socket == "":
+		return bad("socket", "required")
+	case len(c.Socket) > 107:
+		return bad("socket", "path longer than the 107 bytes a Unix socket address holds")
+	}
+	if _, err := c.Mode(); err != nil {
+		return bad("socket_mode", "%v", err)
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		return bad("log.format", "want text or json, got %q", c.Log.Format)
+	}
+	if _, err := ParseLevel(c.Log.Level); err != nil {
+		return bad("log.level", "%v", err)
+	}
+	for class, tier := range c.Tiers {
+		if !contains(api.Classes, class) {
+			return bad("tiers."+string(class), "unknown class (want training, inference, batch or service)")
+		}
+		if !contains(api.Tiers, tier) {
+			return bad("tiers."+string(class), "unknown tier %q (want guaranteed, burstable or besteffort)", tier)
+		}
+	}
+	switch {
+	case c.CancelGrace < 0:
+		return bad("cancel_grace", "must not be negative")
+	case c.ShutdownTimeout <= 0:
+		return bad("shutdown_timeout", "must be positive")
+	case c.MaxRequestBytes < 1024:
+		return bad("max_request_bytes", "at least 1Ki")
+	case c.Retention.MaxFinishedJobs < 0:
+		return bad("retention.max_finished_jobs", "must not be negative")
+	case c.Retention.MaxAge < 0:
+		return bad("retention.max_age", "must not be negative")
+	}
+	return nil
+}
+
+func contains[T comparable](list []T, v T) bool { return slices.Contains(list, v) }
+
+// Mode parses SocketMode.
+func (c *Config) Mode() (os.FileMode, error) {
+	m, err := strconv.ParseUint(c.SocketMode, 8, 32)
+	if err != nil || m > 0o777 {
+		return 0, fmt.Errorf("want octal permission bits such as 0660, got %q", c.SocketMode)
+	}
+	return os.FileMode(m), nil
+}
+
+// ParseLevel parses a log level name.
+func ParseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("want debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}
+
+// NewLogger builds the daemon's logger.
+func NewLogger(c LogConfig, w *os.File) *slog.Logger {
+	level, _ := ParseLevel(c.Level)
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

@@ -1,0 +1,213 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/user"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/exec"
+	"github.com/fusiond/fusiond/daemon/jobs"
+	"github.com/fusiond/fusiond/daemon/store"
+)
+
+// Options are Run's inputs.
+type Options struct {
+	Config  Config
+	Logger  *slog.Logger
+	Version api.Version
+	// OnReady, if set, is called once the socket accepts requests.
+	OnReady func()
+}
+
+// Run starts fusiond and blocks until ctx is cancelled, then shuts down
+// gracefully: it stops accepting connections, finishes in-flight requests
+// and store writes, stops running jobs and closes the store.
+func Run(ctx context.Context, o Options) error {
+	cfg, log := o.Config, o.Logger
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	st, err := store.Open(filepath.Join(cfg.StateDir, "fusiond.db"), store.Options{Logger: log})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	capacity, err := hostCapacity()
+	if err != nil {
+		return err
+	}
+	placer := jobs.NewCapacityPlacer(capacity)
+	runner := exec.NewProcessRunner(log, "/proc")
+	mgr := jobs.New(jobs.Config{
+		LogDir:       filepath.Join(cfg.StateDir, "jobs"),
+		DefaultTiers: cfg.Tiers,
+		CancelGrace:  time.Duration(cfg.CancelGrace),
+		MaxFinished:  cfg.Retention.MaxFinishedJobs,
+		MaxAge:       time.Duration(cfg.Retention.MaxAge),
+		DaemonUID:    uint32(os.Geteuid()),
+	}, st, runner, placer, log)
+	if err := mgr.Recover(); err != nil {
+		return err
+	}
+
+	var adminGID *uint32
+	if cfg.AdminGroup != "" {
+		gid, err := lookupGroup(cfg.AdminGroup)
+		if err != nil {
+			return fmt.Errorf("admin_group: %w", err)
+		}
+		adminGID = &gid
+	}
+	svc := &service{Manager: mgr, placer: placer, version: o.Version.Version, started: time.Now().UTC()}
+	srv := api.NewServer(svc, api.ServerConfig{
+		MaxBodyBytes: int64(cfg.MaxRequestBytes),
+		AdminGID:     adminGID,
+		Version:      o.Version,
+		Logger:       log,
+	})
+	ln, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(cfg.Socket)
+
+	mgr.Start()
+	hs := &http.Server{
+		Handler:           srv,
+		ConnContext:       srv.ConnContext,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(ln) }()
+	log.Info("fusiond ready", "socket", cfg.Socket, "state_dir", cfg.StateDir,
+		"cpu", capacity.CPU.String(), "memory", capacity.Memory.String(), "version", o.Version.Version)
+	if o.OnReady != nil {
+		o.OnReady()
+	}
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		return fmt.Errorf("API server: %w", err)
+	}
+	log.Info("shutting down: no new requests; finishing in-flight work")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.ShutdownTimeout))
+	defer cancel()
+	srv.CloseStreams()
+	if err := hs.Shutdown(shutdownCtx); err != nil {
+		log.Warn("API server did not finish in time", "err", err)
+	}
+	mgr.Stop(shutdownCtx)
+	log.Info("fusiond stopped")
+	return nil
+}
+
+// hostCapacity is what the capacity placer hands out: every online CPU and
+// all physical memory.
+func hostCapacity() (api.NodeResources, error) {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return api.NodeResources{}, fmt.Errorf("sysinfo: %w", err)
+	}
+	return api.NodeResources{
+		CPU:    api.MilliCPU(runtime.NumCPU() * 1000),
+		Memory: api.Bytes(uint64(si.Totalram) * uint64(si.Unit)),
+	}, nil
+}
+
+func lookupGroup(name string) (uint32, error) {
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return 0, fmt.Errorf("group %q: %w (create it with: groupadd --system %s)", name, err, name)
+	}
+	gid, err := strconv.ParseUint(g.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("group %q has gid %q: %w", name, g.Gid, err)
+	}
+	return uint32(gid), nil
+}
+
+// listen opens the API socket: it refuses to take over a socket another
+// daemon is serving, removes a stale one, and sets the socket's group and
+// mode before anyone can connect to it.
+func listen(cfg Config) (net.Listener, error) {
+	mode, _ := cfg.Mode()
+	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
+		return nil, fmt.Errorf("socket directory: %w", err)
+	}
+	if _, err := os.Lstat(cfg.Socket); err == nil {
+		if c, err := net.DialTimeout("unix", cfg.Socket, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("another fusiond is already serving %s", cfg.Socket)
+		}
+		if err := os.Remove(cfg.Socket); err != nil {
+			return nil, fmt.Errorf("removing stale socket: %w", err)
+		}
+	}
+	gid := -1
+	if cfg.SocketGroup != "" {
+		g, err := lookupGroup(cfg.SocketGroup)
+		if err != nil {
+			return nil, fmt.Errorf("socket_group: %w", err)
+		}
+		gid = int(g)
+	}
+	// Create the socket with no access for anyone but its owner, then
+	// widen it once the group is right.
+	old := unix.Umask(0o177)
+	ln, err := net.Listen("unix", cfg.Socket)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Socket, err)
+	}
+	if gid >= 0 {
+		if err := os.Chown(cfg.Socket, -1, gid); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("socket group: %w", err)
+		}
+	}
+	if err := os.Chmod(cfg.Socket, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	return ln, nil
+}
+
+// service adds node status to the job manager to make the API backend.
+type service struct {
+	*jobs.Manager
+	placer  jobs.Placer
+	version string
+	started time.Time
+}
+
+var _ api.Backend = (*service)(nil)
+
+// Node reports the host's capacity, allocation and job counts.
+func (s *service) Node(_ context.Context, _ api.Caller) (api.NodeStatus, error) {
+	host, _ := os.Hostname()
+	counts, cordoned := s.Counts()
+	return api.NodeStatus{
+		Hostname:  host,
+		Version:   s.version,
+		StartedAt: s.started,
+		Cordoned:  cordoned,
+		Capacity:  s.placer.Capacity(),
+		Allocated: s.placer.Allocated(),
+		Jobs:      counts,
+		Notes:     []string{"no GPU or FPGA drivers are wired into this build yet: jobs asking for devices are refused"},
+	}, nil
+}

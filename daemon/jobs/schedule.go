@@ -1,0 +1,295 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// schedule runs one pass over the queue: pending jobs in priority order
+// (then oldest first); gangs wait until all members are pending and are
+// placed all-or-nothing.
+func (m *Manager) schedule() {
+	m.mu.Lock()
+	if m.cordoned {
+		m.mu.Unlock()
+		return
+	}
+	var pending []*api.Job
+	for _, j := range m.jobs {
+		if j.State == api.StatePending {
+			pending = append(pending, j)
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(pending, func(a, b *api.Job) int {
+		if c := cmp.Compare(b.Spec.Priority, a.Spec.Priority); c != 0 {
+			return c
+		}
+		return cmp.Compare(idNum(a.ID), idNum(b.ID))
+	})
+
+	gangs := map[string][]*api.Job{}
+	for _, j := range pending {
+		if g := j.Spec.Gang; g != nil {
+			key := gangKey(j)
+			gangs[key] = append(gangs[key], j)
+		}
+	}
+	done := map[string]bool{}
+	ahead := 0
+	for _, j := range pending {
+		group := []*api.Job{j}
+		if g := j.Spec.Gang; g != nil {
+			key := gangKey(j)
+			if done[key] {
+				continue
+			}
+			done[key] = true
+			group = gangs[key]
+			if len(group) < g.Size {
+				m.setWaiting(group, fmt.Sprintf("waiting for gang %q: %d of %d members submitted", g.Name, len(group), g.Size))
+				continue
+			}
+			group = group[:g.Size]
+		}
+		allocs, why, ok := m.placer.Place(group)
+		if !ok {
+			if ahead > 0 {
+				why = fmt.Sprintf("%s; %d jobs ahead", why, ahead)
+			}
+			m.setWaiting(group, "waiting: "+why)
+			ahead += len(group)
+			continue
+		}
+		for i, member := range group {
+			alloc := allocs[i]
+			if err := m.transition(member, api.StatePlaced, "placed: "+cmp.Or(alloc.Explain, "resources reserved"), func(j *api.Job) {
+				j.Allocation = &alloc
+			}); err != nil {
+				m.placer.Release(member)
+				m.log.Error("recording placement", "job", member.ID, "err", err)
+				continue
+			}
+			m.wg.Add(1)
+			go m.launch(member)
+		}
+	}
+}
+
+// gangKey scopes gang names to their owner, so users cannot join each
+// other's gangs.
+func gangKey(j *api.Job) string {
+	return strconv.FormatUint(uint64(j.Owner.UID), 10) + "/" + j.Spec.Gang.Name
+}
+
+// setWaiting updates the (unpersisted) reason of queued jobs.
+func (m *Manager) setWaiting(group []*api.Job, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, j := range group {
+		if j.State == api.StatePending {
+			j.Reason = reason
+		}
+	}
+}
+
+// launch starts one placed job and waits for it.
+func (m *Manager) launch(j *api.Job) {
+	defer m.wg.Done()
+	m.mu.Lock()
+	attempt := j.Attempt + 1
+	snap := cloneJob(j)
+	m.mu.Unlock()
+
+	if err := m.transition(j, api.StateStarting, fmt.Sprintf("starting attempt %d", attempt), func(j *api.Job) {
+		j.Attempt = attempt
+	}); err != nil {
+		m.placer.Release(j)
+		return
+	}
+	m.mu.Lock()
+	cancelled := m.cancels[j.ID]
+	m.mu.Unlock()
+	if cancelled {
+		m.placer.Release(j)
+		m.mu.Lock()
+		delete(m.cancels, j.ID)
+		m.mu.Unlock()
+		_ = m.transition(j, api.StateCancelled, "cancelled before it started", func(j *api.Job) {
+			t := m.now()
+			j.FinishedAt = &t
+		})
+		return
+	}
+	req, err := m.runRequest(&snap, attempt)
+	var proc Process
+	if err == nil {
+		proc, err = m.runner.Start(context.Background(), req)
+	}
+	if err != nil {
+		m.placer.Release(j)
+		_ = m.transition(j, api.StateFailed, "could not start: "+err.Error(), func(j *api.Job) {
+			t := m.now()
+			j.FinishedAt = &t
+		})
+		m.poke()
+		return
+	}
+	m.mu.Lock()
+	m.procs[j.ID] = proc
+	cancelled = m.cancels[j.ID]
+	m.mu.Unlock()
+	if cancelled {
+		_ = proc.Signal(syscall.SIGTERM)
+		go m.killAfterGrace(j.ID, proc)
+	}
+	now := m.now()
+	_ = m.transition(j, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
+		j.PID = proc.PID()
+		j.StartedAt = &now
+	})
+
+	exit, werr := proc.Wait()
+	m.placer.Release(j)
+	m.mu.Lock()
+	delete(m.procs, j.ID)
+	cancelled = m.cancels[j.ID]
+	delete(m.cancels, j.ID)
+	m.mu.Unlock()
+	m.finish(j, exit, werr, cancelled, attempt)
+	m.poke()
+}
+
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, werr error, cancelled bool, attempt int) {
+	record := func(j *api.Job) {
+		e := exit
+		j.Exit = &e
+		t := m.now()
+		j.FinishedAt = &t
+	}
+	desc := describeExit(exit)
+	switch {
+	case werr != nil:
+		_ = m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
+	case cancelled:
+		_ = m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
+	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled:
+		_ = m.transition(j, api.StateSucceeded, desc, record)
+	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt <= j.Spec.Restart.MaxRetries:
+		_ = m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt, j.Spec.Restart.MaxRetries), func(j *api.Job) {
+			e := exit
+			j.Exit = &e
+			j.Allocation = nil
+			j.PID = 0
+		})
+	default:
+		_ = m.transition(j, api.StateFailed, desc, record)
+	}
+}
+
+func describeExit(e api.ExitStatus) string {
+	switch {
+	case e.OOMKilled:
+		return "oom-killed: the job exceeded its memory limit"
+	case e.Signal != "":
+		return "killed by signal " + e.Signal
+	default:
+		return "exit code " + strconv.Itoa(e.Code)
+	}
+}
+
+// runRequest builds the runner's view of a job: its environment, working
+// directory and identity.
+func (m *Manager) runRequest(j *api.Job, attempt int) (RunRequest, error) {
+	home := "/"
+	name := j.Owner.User
+	if u, err := user.LookupId(strconv.FormatUint(uint64(j.Owner.UID), 10)); err == nil {
+		home = u.HomeDir
+		name = u.Username
+	}
+	workdir := j.Spec.Workdir
+	if workdir == "" {
+		workdir = home
+		if st, err := os.Stat(home); err != nil || !st.IsDir() {
+			workdir = "/"
+		}
+	}
+	env := map[string]string{
+		"PATH":                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME":                home,
+		"USER":                name,
+		"LOGNAME":             name,
+		"FUSIOND_JOB_ID":      j.ID,
+		"FUSIOND_JOB_NAME":    j.Spec.Name,
+		"FUSIOND_JOB_ATTEMPT": strconv.Itoa(attempt),
+		"FUSIOND_TIER":        string(j.Tier),
+	}
+	if a := j.Allocation; a != nil {
+		env["FUSIOND_CPU_MILLIS"] = strconv.FormatInt(int64(a.CPU), 10)
+		env["FUSIOND_MEMORY_BYTES"] = strconv.FormatInt(int64(a.Memory), 10)
+	}
+	for k, v := range j.Spec.Env {
+		env[k] = v
+	}
+	envList := make([]string, 0, len(env))
+	for _, k := range sortedKeys(env) {
+		envList = append(envList, k+"="+env[k])
+	}
+	logPath := m.logPath(j.ID)
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o750); err != nil {
+		return RunRequest{}, fmt.Errorf("log directory: %w", err)
+	}
+	var alloc api.Allocation
+	if j.Allocation != nil {
+		alloc = *j.Allocation
+	}
+	return RunRequest{
+		JobID: j.ID, Attempt: attempt, Command: j.Spec.Command, Env: envList,
+		Workdir: workdir, UID: j.Owner.UID, GID: j.Owner.GID, Groups: j.Owner.Groups,
+		LogPath: logPath, Tier: j.Tier, Allocation: alloc,
+	}, nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// WaitIdle is for tests: it waits until no job is placed, starting or
+// running, or ctx ends.
+func (m *Manager) WaitIdle(ctx context.Context) error {
+	for {
+		busy := false
+		m.mu.Lock()
+		for _, j := range m.jobs {
+			if j.State == api.StatePlaced || j.State == api.StateStarting || j.State == api.StateRunning {
+				busy = true
+				break
+			}
+		}
+		m.mu.Unlock()
+		if !busy {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errors.New("jobs still running")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,37 @@
+// Package jobs is fusiond's job manager: the lifecycle state machine, the
+// queue that hands pending jobs to a Placer, the Runner that starts them,
+// and the event stream. Every state change is written to the store before
+// the manager acts on it.
+package jobs
+
+import (
+	"fmt"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// transitions lists, for each state, the states a job may move to.
+//
+//	pending  → placed | cancelled | failed
+//	placed   → starting | pending (placement dropped) | cancelled
+//	starting → running | failed | cancelled | lost
+//	running  → succeeded | failed | cancelled | lost | pending (restart)
+var transitions = map[api.State][]api.State{
+	api.StatePending:  {api.StatePlaced, api.StateCancelled, api.StateFailed},
+	api.StatePlaced:   {api.StateStarting, api.StatePending, api.StateCancelled},
+	api.StateStarting: {api.StateRunning, api.StateFailed, api.StateCancelled, api.StateLost},
+	api.StateRunning:  {api.StateSucceeded, api.StateFailed, api.StateCancelled, api.StateLost, api.StatePending},
+}
+
+// CanTransition reports whether the state machine allows from → to.
+func CanTransition(from, to api.State) bool {
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrBadTransition is returned for a transition the state machine forbids.
+var ErrBadTransition = fmt.Errorf("transition not allowed")

@@ -1,0 +1,274 @@
+// Package store keeps fusiond's durable records — jobs with their spec,
+// state, events, allocation and exit status — in a bbolt database in the
+// state directory. Every write is fsynced before it returns, so a job the
+// API acknowledged survives a crash. The schema is versioned; Open runs the
+// migrations from older versions and refuses databases from newer ones.
+package store
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// SchemaVersion is the version of the on-disk layout this code writes.
+const SchemaVersion = 1
+
+var (
+	bucketMeta = []byte("meta")
+	bucketJobs = []byte("jobs")
+	keySchema  = []byte("schema_version")
+)
+
+// Sentinel errors for callers that branch.
+var (
+	// ErrLocked means another process holds the database.
+	ErrLocked = errors.New("state database is locked by another process")
+	// ErrCorrupt means the database cannot be read.
+	ErrCorrupt = errors.New("state database is corrupt")
+	// ErrTooNew means the database was written by a newer fusiond.
+	ErrTooNew = errors.New("state database schema is newer than this fusiond")
+	// ErrNotFound means no record has that key.
+	ErrNotFound = errors.New("no such record")
+)
+
+// Migration upgrades the database from schema From to From+1 inside one
+// transaction.
+type Migration struct {
+	From  int
+	Apply func(tx *bolt.Tx) error
+}
+
+// Options tune Open.
+type Options struct {
+	// LockTimeout is how long Open waits for another process's lock.
+	LockTimeout time.Duration
+	// Migrations are run in order for databases older than SchemaVersion.
+	Migrations []Migration
+	Logger     *slog.Logger
+}
+
+// Store is the job database.
+type Store struct {
+	db  *bolt.DB
+	log *slog.Logger
+}
+
+// Open opens (creating if needed) the database at path. A locked, corrupt
+// or too-new database is an error; it never silently starts empty.
+func Open(path string, opts Options) (*Store, error) {
+	if opts.LockTimeout == 0 {
+		opts.LockTimeout = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("%w: %s (is another fusiond running with the same state directory?)", ErrLocked, path)
+		}
+		return nil, fmt.Errorf("%w: %s: %w (move it aside to start with an empty database; its jobs will be forgotten)", ErrCorrupt, path, err)
+	}
+	// Concurrent submissions are committed (and fsynced) together; a lone
+	// writer waits at most this long for company.
+	db.MaxBatchDelay = time.Millisecond
+	s := &Store{db: db, log: opts.Logger}
+	if err := s.init(path, opts.Migrations); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) init(path string, migrations []Migration) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		}
+		if _, err := tx.CreateBucketIfNotExists(bucketJobs); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		}
+		v := meta.Get(keySchema)
+		version := SchemaVersion
+		if v != nil {
+			version, err = strconv.Atoi(string(v))
+			if err != nil {
+				return fmt.Errorf("%w: %s: schema version %q is not a number", ErrCorrupt, path, v)
+			}
+		}
+		if version > SchemaVersion {
+			return fmt.Errorf("%w: %s has schema %d, this fusiond supports up to %d", ErrTooNew, path, version, SchemaVersion)
+		}
+		for version < SchemaVersion {
+			m := findMigration(migrations, version)
+			if m == nil {
+				return fmt.Errorf("%s: no migration from schema %d to %d", path, version, version+1)
+			}
+			if err := m.Apply(tx); err != nil {
+				return fmt.Errorf("%s: migrating schema %d to %d: %w", path, version, version+1, err)
+			}
+			s.log.Info("migrated state database", "path", path, "from", version, "to", version+1)
+			version++
+		}
+		return meta.Put(keySchema, []byte(strconv.Itoa(version)))
+	})
+}
+
+func findMigration(ms []Migration, from int) *Migration {
+	for i := range ms {
+		if ms[i].From == from {
+			return &ms[i]
+		}
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Path is the database file.
+func (s *Store) Path() string { return s.db.Path() }
+
+func seqKey(seq uint64) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], seq)
+	return k[:]
+}
+
+func idKey(id string) ([]byte, error) {
+	seq, err := strconv.ParseUint(id, 10, 64)
+	if err != nil || seq == 0 {
+		return nil, fmt.Errorf("%w: job id %q", ErrNotFound, id)
+	}
+	return seqKey(seq), nil
+}
+
+// CreateJob assigns the next job ID, lets build fill in the record, and
+// writes it. It returns only after the record is on disk (fsynced).
+// Concurrent callers are committed together in one transaction.
+func (s *Store) CreateJob(build func(id string) api.Job) (api.Job, error) {
+	var job api.Job
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketJobs)
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
+		}
+		job = build(strconv.FormatUint(seq, 10))
+		data, err := json.Marshal(job)
+		if err != nil {
+			return err
+		}
+		return b.Put(seqKey(seq), data)
+	})
+	if err != nil {
+		return api.Job{}, fmt.Errorf("store job: %w", err)
+	}
+	return job, nil
+}
+
+// PutJob writes a job record unless the stored one is newer (has a higher
+// Version), so concurrent writers of one record cannot move it backwards.
+// It returns after the write is on disk.
+func (s *Store) PutJob(job api.Job) error {
+	key, err := idKey(job.ID)
+	if err != nil {
+		return err
+	}
+	data, err := json.Marshal(job)
+	if err != nil {
+		return fmt.Errorf("encode job %s: %w", job.ID, err)
+	}
+	err = s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketJobs)
+		if old := b.Get(key); old != nil {
+			var v struct {
+				Version uint64 `json:"version"`
+			}
+			if err := json.Unmarshal(old, &v); err == nil && v.Version > job.Version {
+				return nil
+			}
+		}
+		return b.Put(key, data)
+	})
+	if err != nil {
+		return fmt.Errorf("store job %s: %w", job.ID, err)
+	}
+	return nil
+}
+
+// DeleteJobs removes job records.
+func (s *Store) DeleteJobs(ids ...string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketJobs)
+		for _, id := range ids {
+			key, err := idKey(id)
+			if err != nil {
+				return err
+			}
+			if err := b.Delete(key); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Jobs calls fn for every job record in ID order. A record that cannot be
+// decoded is an error naming it.
+func (s *Store) Jobs(fn func(api.Job) error) error {
+	return s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketJobs).ForEach(func(k, v []byte) error {
+			var j api.Job
+			if err := json.Unmarshal(v, &j); err != nil {
+				return fmt.Errorf("%w: job record %d: %w", ErrCorrupt, binary.BigEndian.Uint64(k), err)
+			}
+			return fn(j)
+		})
+	})
+}
+
+// GetJob reads one job record.
+func (s *Store) GetJob(id string) (api.Job, error) {
+	key, err := idKey(id)
+	if err != nil {
+		return api.Job{}, err
+	}
+	var j api.Job
+	err = s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketJobs).Get(key)
+		if v == nil {
+			return fmt.Errorf("%w: job %s", ErrNotFound, id)
+		}
+		return json.Unmarshal(v, &j)
+	})
+	return j, err
+}
+
+// SetMeta stores a small daemon-wide setting (e.g. "cordoned").
+func (s *Store) SetMeta(key, value string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put([]byte("x."+key), []byte(value))
+	})
+}
+
+// Meta reads a setting stored with SetMeta ("" when unset).
+func (s *Store) Meta(key string) (string, error) {
+	var out string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		out = string(tx.Bucket(bucketMeta).Get([]byte("x." + key)))
+		return nil
+	})
+	return out, err
+}
