@@ -32,6 +32,9 @@ func DecodeStrict(data []byte, v any) error {
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		return fmt.Errorf("DecodeStrict: target must be a non-nil pointer, got %T", v)
 	}
+	if k := jsonKind(raw); rv.Type().Elem().Kind() == reflect.Struct && k != "an object" {
+		return Errorf(CodeBadRequest, "want a JSON object, got %s", k)
+	}
 	if err := checkValue(raw, rv.Type().Elem(), ""); err != nil {
 		return err
 	}
@@ -59,6 +62,9 @@ func syntaxError(err error) error {
 var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
 func join(path, name string) string {
+	if name == "" {
+		name = `""` // an empty key still needs a visible name
+	}
 	if path == "" {
 		return name
 	}

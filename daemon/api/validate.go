@@ -74,6 +74,9 @@ func (s *JobSpec) ApplyDefaults() {
 // Validate checks a spec (after ApplyDefaults) and returns the first problem
 // as an *Error naming the field, or nil.
 func (s *JobSpec) Validate() error {
+	if err := validateCommand(s.Command); err != nil {
+		return err
+	}
 	if s.Name == "" {
 		return FieldError("name", "required")
 	}
@@ -88,9 +91,6 @@ func (s *JobSpec) Validate() error {
 	}
 	if s.Priority < 0 || s.Priority > MaxPriority {
 		return FieldError("priority", "must be between 0 and %d, got %d", MaxPriority, s.Priority)
-	}
-	if err := validateCommand(s.Command); err != nil {
-		return err
 	}
 	if len(s.Env) > MaxEnv {
 		return FieldError("env", "at most %d variables, got %d", MaxEnv, len(s.Env))

@@ -1,0 +1,15 @@
+package api
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}

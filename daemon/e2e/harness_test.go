@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "e2e tests must run as root (they run jobs as other users and read peer credentials)")
+		os.Exit(1)
+	}
+	dir, err := os.MkdirTemp("", "fusiond-e2e-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binDir = dir
+	os.Chmod(dir, 0o755)
+	build := osexec.Command("go", "build", "-o", dir, "github.com/fusiond/fusiond/cmd/fusiond", "github.com/fusiond/fusiond/cmd/fusionctl")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// publicTempDir is a temporary directory every user can traverse, so an
+// unprivileged fusionctl can reach the socket.
+func publicTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "fusiond-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+type daemon struct {
+	t      *testing.T
+	dir    string
+	socket string
+	config string
+	cmd    *osexec.Cmd
+	log    *bytes.Buffer
+	done   chan error
+}
+
+// newDaemon writes a config for a daemon living in dir. extra is appended
+// to the YAML.
+func newDaemon(t *testing.T, dir, extra string) *daemon {
+	d := &daemon{t: t, dir: dir, socket: filepath.Join(dir, "fusiond.sock"), config: filepath.Join(dir, "config.yaml")}
+	cfg := fmt.Sprintf("state_dir: %s\nsocket: %s\nsocket_group: \"\"\nsocket_mode: \"0666\"\ncancel_grace: 2s\nlog: {level: debug}\n%s",
+		filepath.Join(dir, "state"), d.socket, extra)
+	if err := os.WriteFile(d.config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// start runs the daemon and waits until it is ready.
+func (d *daemon) start() {
+	d.t.Helper()
+	d.log = &bytes.Buffer{}
+	d.cmd = osexec.Command(filepath.Join(binDir, "fusiond"), "--config", d.config)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.done = make(chan error, 1)
+	go func() { d.done <- d.cmd.Wait() }()
+	d.t.Cleanup(func() {
+		if d.cmd.ProcessState == nil {
+			d.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-d.done:
+			case <-time.After(15 * time.Second):
+				d.cmd.Process.Kill()
+			}
+		}
+	})
+	c := api.NewClient(d.socket)
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := c.Ready(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case err := <-d.done:
+			d.t.Fatalf("fusiond exited: %v\n%s", err, d.log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("fusiond not ready: %v\n%s", err, d.log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop sends sig and waits for the daemon to exit.
+func (d *daemon) stop(sig syscall.Signal) error {
+	d.t.Helper()
+	d.cmd.Process.Signal(sig)
+	select {
+	case err := <-d.done:
+		return err
+	case <-time.After(20 * time.Second):
+		d.t.Fatalf("fusiond did not exit after %s\n%s", sig, d.log)
+		return nil
+	}
+}
+
+func (d *daemon) client() *api.Client {
+	c := api.NewClient(d.socket)
+	d.t.Cleanup(c.Close)
+	return c
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// ctl runs fusionctl against d, as the given uid/gid when cred is set.
+func (d *daemon) ctl(cred *syscall.Credential, stdin string, args ...string) result {
+	d.t.Helper()
+	cmd := osexec.Command(filepath.Join(binDir, "fusionctl"), append([]string{"--socket", d.socket}, args...)...)
+	cmd.Dir = "/"
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*osexec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		d.t.Fatalf("fusionctl %v: %v", args, err)
+	}
+	return result{out.String(), errb.String(), code}
+}
+
+func waitFor(t *testing.T, c *api.Client, id string, want api.State) api.Job {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		j, err := c.Get(context.Background(), id)
+		if err != nil {
+			t.Fatalf("get %s: %v", id, err)
+		}
+		if j.State == want {
+			return j
+		}
+		if time.Now().After(deadline) || (j.State.Terminal() && j.State != want) {
+			t.Fatalf("job %s is %s (%s), want %s", id, j.State, j.Reason, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
