@@ -163,4 +163,3 @@ func splitNUL(data []byte, atEOF bool) (int, []byte, error) {
 	}
 	return 0, nil, nil
 }
-

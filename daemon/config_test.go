@@ -1,0 +1,66 @@
+package daemon
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+func TestLoadConfig(t *testing.T) {
+	dir := t.TempDir()
+	write := func(s string) string {
+		p := filepath.Join(dir, "c.yaml")
+		os.WriteFile(p, []byte(s), 0o644)
+		return p
+	}
+	cfg, err := LoadConfig(write("state_dir: /srv/f\ncancel_grace: 3s\ntiers: {batch: burstable}\nlog: {format: json}\n"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StateDir != "/srv/f" || time.Duration(cfg.CancelGrace) != 3*time.Second ||
+		cfg.Tiers[api.ClassBatch] != api.TierBurstable || cfg.Log.Format != "json" || cfg.Log.Level != "info" ||
+		cfg.Socket != DefaultConfig().Socket {
+		t.Errorf("file values not merged over the defaults: %+v", cfg)
+	}
+	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), false); err != nil {
+		t.Errorf("missing default config must mean defaults: %v", err)
+	}
+	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), true); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing named config: %v", err)
+	}
+	if _, err := LoadConfig(write(""), true); err != nil {
+		t.Errorf("empty file: %v", err)
+	}
+	bad := map[string]string{
+		"sokcet: /x\n":                               "sokcet",
+		"log: {level: loud}\n":                       "log.level",
+		"log: {format: xml}\n":                       "log.format",
+		"log: {colour: red}\n":                       "log.colour",
+		"socket_mode: \"0999\"\n":                    "socket_mode",
+		"cancel_grace: soon\n":                       "cancel_grace",
+		"cancel_grace: -1s\n":                        "cancel_grace",
+		"tiers: {gaming: guaranteed}\n":              "tiers.gaming",
+		"tiers: {batch: gold}\n":                     "tiers.batch",
+		"retention: {max_finished_jobs: -1}\n":       "retention.max_finished_jobs",
+		"max_request_bytes: 10\n":                    "max_request_bytes",
+		"socket: " + strings.Repeat("x", 120) + "\n": "socket",
+		"state_dir: [1]\n":                           "state_dir",
+		"- not a map\n":                              "",
+	}
+	for body, key := range bad {
+		p := write(body)
+		_, err := LoadConfig(p, true)
+		if err == nil {
+			t.Errorf("%q accepted", body)
+			continue
+		}
+		if !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), key) {
+			t.Errorf("%q: error %q does not name the file and the key %q", body, err, key)
+		}
+	}
+}
