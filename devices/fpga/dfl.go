@@ -73,7 +73,7 @@ func (IoctlPR) PortPR(_ context.Context, req PRRequest) error {
 		BufferAddress: uint64(uintptrOf(req.Data)),
 	}
 	if err := ioctlPtr(int(f.Fd()), dflFMEPortPR, &args); err != nil {
-		return fmt.Errorf("%w: DFL_FPGA_FME_PORT_PR on %s port %d: %w", ErrProgram, req.Device, req.Port, err)
+		return fmt.Errorf("ioctl: %w", err)
 	}
 	return nil
 }
@@ -216,7 +216,10 @@ func (d *DFL) Program(ctx context.Context, r Region, b bitstream.Bitstream, prog
 	req := PRRequest{Device: r.devPath, Port: r.port, Data: data[h.PayloadOffset : h.PayloadOffset+h.PayloadSize], AFUID: h.AFUID}
 	err = waitDone(ctx, func() error {
 		defer unix.Munmap(data) // only once the ioctl has returned
-		return d.pr.PortPR(ctx, req)
+		if err := d.pr.PortPR(ctx, req); err != nil {
+			return fmt.Errorf("%w: DFL_FPGA_FME_PORT_PR on %s port %d: %w", ErrProgram, req.Device, req.Port, err)
+		}
+		return nil
 	})
 	if err != nil {
 		return err
