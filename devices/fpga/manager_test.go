@@ -152,8 +152,12 @@ func TestProgramEachBackend(t *testing.T) {
 		readBack       func() string
 		want           string
 	}{
-		{simhost.DFL1, "dma", func() string { return readFile(t, r.host.Sys, "devices/pci0000:ae/0000:ae:00.0/0000:af:00.0/dfl-port.1/afu_id") }, simhost.AFUDMA.Hex()},
-		{simhost.XRT0, "vadd", func() string { return readFile(t, r.host.Sys, "devices/pci0000:64/0000:64:00.0/0000:65:00.1/xclbinuuid") }, simhost.XclbinVadd.Hex()},
+		{simhost.DFL1, "dma", func() string {
+			return readFile(t, r.host.Sys, "devices/pci0000:ae/0000:ae:00.0/0000:af:00.0/dfl-port.1/afu_id")
+		}, simhost.AFUDMA.Hex()},
+		{simhost.XRT0, "vadd", func() string {
+			return readFile(t, r.host.Sys, "devices/pci0000:64/0000:64:00.0/0000:65:00.1/xclbinuuid")
+		}, simhost.XclbinVadd.Hex()},
 		{simhost.MGR0, "blinky", func() string { return readFile(t, r.host.Sys, "class/fpga_manager/fpga0/firmware") }, "fusiond-" + r.ids["blinky"] + ".bin"},
 	}
 	for _, c := range cases {
