@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -45,7 +46,9 @@ type Library struct {
 	dir string
 	log *slog.Logger
 	now func() time.Time
-	mu  sync.Mutex
+
+	mu    sync.Mutex
+	cache []Bitstream // the index, read once at open, kept sorted by name
 }
 
 // OpenLibrary opens (creating if needed) the library in dir.
@@ -58,7 +61,12 @@ func OpenLibrary(dir string, log *slog.Logger) (*Library, error) {
 			return nil, fmt.Errorf("bitstream library: %w", err)
 		}
 	}
-	return &Library{dir: dir, log: log, now: time.Now}, nil
+	l := &Library{dir: dir, log: log, now: time.Now}
+	var err error
+	if l.cache, err = l.readIndex(); err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
 // AddFile adds the file at path; name defaults to its base name without
@@ -144,6 +152,8 @@ func (l *Library) add(r io.Reader, name, fileName string) (Bitstream, error) {
 		os.Remove(b.Path)
 		return Bitstream{}, err
 	}
+	l.cache = append(l.cache, b)
+	sortByName(l.cache)
 	l.log.Info("bitstream added", "id", b.ID, "name", name, "format", hdr.Format, "size", size)
 	return b, nil
 }
@@ -181,6 +191,15 @@ func (l *Library) List() ([]Bitstream, error) {
 }
 
 func (l *Library) listLocked() ([]Bitstream, error) {
+	return slices.Clone(l.cache), nil
+}
+
+func sortByName(bs []Bitstream) {
+	sort.Slice(bs, func(i, j int) bool { return bs[i].Name < bs[j].Name })
+}
+
+// readIndex loads the on-disk index.
+func (l *Library) readIndex() ([]Bitstream, error) {
 	ents, err := os.ReadDir(filepath.Join(l.dir, "index"))
 	if err != nil {
 		return nil, fmt.Errorf("bitstream library: %w", err)
@@ -202,7 +221,7 @@ func (l *Library) listLocked() ([]Bitstream, error) {
 		b.Path = l.blobPath(b.ID)
 		out = append(out, b)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	sortByName(out)
 	return out, nil
 }
 
@@ -273,6 +292,7 @@ func (l *Library) Remove(ref string) (Bitstream, error) {
 	if err := os.Remove(l.indexPath(b.ID)); err != nil {
 		return Bitstream{}, fmt.Errorf("remove bitstream: %w", err)
 	}
+	l.cache = slices.DeleteFunc(l.cache, func(e Bitstream) bool { return e.ID == b.ID })
 	if err := os.Remove(b.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return Bitstream{}, fmt.Errorf("remove bitstream: %w", err)
 	}
