@@ -92,8 +92,9 @@ type Host struct {
 
 type simPort struct{ dir, region string }
 
-// Write creates the simulated host under dir (which must exist) and
-// returns it.
+// Write creates the simulated host under dir and returns it. Files that
+// already exist are kept, so writing over an earlier simulated host keeps
+// what its regions hold, as hardware does across a daemon restart.
 func Write(dir string, opts ...Option) (*Host, error) {
 	h := &Host{Root: dir, Sys: filepath.Join(dir, "sys"), Dev: filepath.Join(dir, "dev"), Firmware: filepath.Join(dir, "lib", "firmware"),
 		failNext: map[string]string{}, dfl: map[string][]simPort{}, xrt: map[string]string{}, mgr: map[string]string{}}
@@ -124,7 +125,7 @@ func (w *treeWriter) mkdir(dir string) {
 
 func (w *treeWriter) file(path, content string) {
 	w.mkdir(filepath.Dir(path))
-	if w.err == nil {
+	if _, err := os.Lstat(path); w.err == nil && err != nil {
 		w.err = os.WriteFile(path, []byte(content), 0o644)
 	}
 }
@@ -132,7 +133,7 @@ func (w *treeWriter) file(path, content string) {
 // link makes a relative symlink at path pointing to target.
 func (w *treeWriter) link(target, path string) {
 	w.mkdir(filepath.Dir(path))
-	if w.err != nil {
+	if _, err := os.Lstat(path); w.err != nil || err == nil {
 		return
 	}
 	rel, err := filepath.Rel(filepath.Dir(path), target)
