@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	"github.com/fusiond/fusiond/devices/fpga/bitstream"
@@ -145,5 +146,37 @@ func BenchmarkHashParse100MB(b *testing.B) {
 			b.Fatal(err)
 		}
 		_ = h.Sum(nil)
+	}
+}
+
+// TestAddStreams checks that adding a 64 MiB bitstream allocates a small,
+// bounded amount (the 1 MiB header prefix and copy buffers), not the file.
+func TestAddStreams(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "big.gbs")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := forge.WriteGBS(f, forge.GBS{InterfaceID: ifA, AFUID: afu1, AFUName: "big", PayloadSize: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	lib, err := bitstream.OpenLibrary(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	b, err := lib.AddFile(src, "")
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Size <= 64<<20 {
+		t.Fatalf("size %d", b.Size)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 4<<20 {
+		t.Errorf("adding a %d MiB file allocated %d MiB", b.Size>>20, alloc>>20)
 	}
 }

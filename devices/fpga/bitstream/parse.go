@@ -126,12 +126,16 @@ type gbsMetadata struct {
 	AFUImage     struct {
 		MagicNo       *uint64 `json:"magic-no"`
 		InterfaceUUID string  `json:"interface-uuid"`
-		Clusters      []struct {
-			Name         string `json:"name"`
-			TypeUUID     string `json:"accelerator-type-uuid"`
-			TotalContext int    `json:"total-contexts"`
-		} `json:"accelerator-clusters"`
+		Clusters      []gbsCluster `json:"accelerator-clusters"`
+		// OldClusters is the pre-release spelling (afc-clusters, afc-type-uuid).
+		OldClusters []gbsCluster `json:"afc-clusters"`
 	} `json:"afu-image"`
+}
+
+type gbsCluster struct {
+	Name        string `json:"name"`
+	TypeUUID    string `json:"accelerator-type-uuid"`
+	OldTypeUUID string `json:"afc-type-uuid"`
 }
 
 // ParseGBS parses an OPAE green bitstream: 16-byte GUID, little-endian
@@ -162,13 +166,18 @@ func ParseGBS(head []byte, size int64) (Header, error) {
 	if h.InterfaceID, err = ParseUUID(ai.InterfaceUUID); err != nil {
 		return h, fmt.Errorf("gbs: interface-uuid: %w", err)
 	}
-	if len(ai.Clusters) == 0 {
+	clusters := append(ai.Clusters, ai.OldClusters...)
+	if len(clusters) == 0 {
 		return h, fmt.Errorf("%w: gbs: no accelerator-clusters", ErrMalformed)
 	}
-	if h.AFUID, err = ParseUUID(ai.Clusters[0].TypeUUID); err != nil {
+	c := clusters[0]
+	if c.TypeUUID == "" {
+		c.TypeUUID = c.OldTypeUUID
+	}
+	if h.AFUID, err = ParseUUID(c.TypeUUID); err != nil {
 		return h, fmt.Errorf("gbs: accelerator-type-uuid: %w", err)
 	}
-	h.AFUName = ai.Clusters[0].Name
+	h.AFUName = c.Name
 	h.Platform = md.PlatformName
 	h.Version = md.Version.String()
 	h.PayloadOffset = 20 + mlen

@@ -69,6 +69,19 @@ func TestParseGBS(t *testing.T) {
 	}
 }
 
+// TestParseGBSOldSpelling accepts the pre-release afc-clusters/afc-type-uuid keys.
+func TestParseGBSOldSpelling(t *testing.T) {
+	js := `{"version": 1, "platform-name": "DCP", "afu-image": {"magic-no": 488605312,
+	 "interface-uuid": "` + ifA.String() + `", "afc-clusters": [{"total-contexts": 1, "name": "nlb_400",
+	 "afc-type-uuid": "` + strings.ToUpper(afu1.String()) + `"}]}}`
+	data := append([]byte("XeonFPGA\xb7GBSv001"), byte(len(js)), byte(len(js)>>8), 0, 0)
+	data = append(append(data, js...), 1, 2, 3, 4)
+	h, err := bitstream.ParseGBS(data, int64(len(data)))
+	if err != nil || h.AFUID != afu1 || h.InterfaceID != ifA || h.AFUName != "nlb_400" || h.PayloadSize != 4 {
+		t.Fatalf("old spelling: %+v %v", h, err)
+	}
+}
+
 func TestParseGBSRejects(t *testing.T) {
 	good := forge.GBSHeader(forge.GBS{InterfaceID: ifA, AFUID: afu1, AFUName: "n"})
 	cases := map[string][]byte{

@@ -268,7 +268,9 @@ func (s simPR) PortPR(ctx context.Context, req fpga.PRRequest) error {
 	if reason, fail := s.h.takeFailure(p.region); fail {
 		// The kernel reports the PR engine's error as EIO; the port is
 		// left without a usable AFU.
-		os.WriteFile(filepath.Join(p.dir, "afu_id"), []byte(bitstream.UUID{}.Hex()+"\n"), 0o644)
+		if err := os.WriteFile(filepath.Join(p.dir, "afu_id"), []byte(bitstream.UUID{}.Hex()+"\n"), 0o644); err != nil {
+			return err
+		}
 		return fmt.Errorf("%w (%s)", syscall.EIO, reason)
 	}
 	if err := s.h.program(ctx, int64(len(req.Data))); err != nil {
@@ -316,7 +318,9 @@ func (s simXbutil) Run(ctx context.Context, name string, args ...string) ([]byte
 		return []byte("ERROR: xclbin interface uuid does not match the shell on the device"), exitErr
 	}
 	if reason, fail := s.h.takeFailure("xrt/" + bdf); fail {
-		os.WriteFile(filepath.Join(user, "xclbinuuid"), []byte("\n"), 0o644)
+		if err := os.WriteFile(filepath.Join(user, "xclbinuuid"), []byte("\n"), 0o644); err != nil {
+			return nil, err
+		}
 		return []byte("ERROR: Failed to download xclbin: " + reason), exitErr
 	}
 	if err := s.h.program(ctx, st.Size()); err != nil {
@@ -342,9 +346,11 @@ func (s simAttrs) WriteAttr(path, value string) error {
 	if !ok {
 		return fmt.Errorf("simhost: write to %s: %w", path, syscall.EACCES)
 	}
-	set := func(state, status string) {
-		os.WriteFile(filepath.Join(dir, "state"), []byte(state+"\n"), 0o644)
-		os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o644)
+	set := func(state, status string) error {
+		if err := os.WriteFile(filepath.Join(dir, "state"), []byte(state+"\n"), 0o644); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, "status"), []byte(status), 0o644)
 	}
 	switch attr {
 	case "flags":
@@ -353,22 +359,23 @@ func (s simAttrs) WriteAttr(path, value string) error {
 		fw := filepath.Join(s.h.Firmware, strings.TrimSpace(value))
 		data, err := os.ReadFile(fw)
 		if err != nil {
-			set("firmware request error", "")
-			return syscall.ENOENT
+			return errors.Join(syscall.ENOENT, set("firmware request error", ""))
 		}
-		set("write init", "")
+		if err := set("write init", ""); err != nil {
+			return err
+		}
 		if reason, fail := s.h.takeFailure(region); fail {
-			set("write error", "reconfig operation error\n")
-			return fmt.Errorf("%w (%s)", syscall.EIO, reason)
+			return errors.Join(fmt.Errorf("%w (%s)", syscall.EIO, reason), set("write error", "reconfig operation error\n"))
 		}
 		if !bytes.Contains(data[:min(len(data), 4096)], []byte{0xaa, 0x99, 0x55, 0x66}) {
-			set("write init error", "reconfig incompatible image\n")
-			return syscall.EINVAL
+			return errors.Join(syscall.EINVAL, set("write init error", "reconfig incompatible image\n"))
 		}
 		if err := s.h.program(context.Background(), int64(len(data))); err != nil {
 			return err
 		}
-		set("operating", "")
+		if err := set("operating", ""); err != nil {
+			return err
+		}
 		return os.WriteFile(path, []byte(strings.TrimSpace(value)+"\n"), 0o644)
 	}
 	return fmt.Errorf("simhost: write to %s: %w", path, syscall.EACCES)
