@@ -124,8 +124,8 @@ type gbsMetadata struct {
 	Version      json.Number `json:"version"`
 	PlatformName string      `json:"platform-name"`
 	AFUImage     struct {
-		MagicNo       *uint64 `json:"magic-no"`
-		InterfaceUUID string  `json:"interface-uuid"`
+		MagicNo       *uint64      `json:"magic-no"`
+		InterfaceUUID string       `json:"interface-uuid"`
 		Clusters      []gbsCluster `json:"accelerator-clusters"`
 		// OldClusters is the pre-release spelling (afc-clusters, afc-type-uuid).
 		OldClusters []gbsCluster `json:"afc-clusters"`
