@@ -482,6 +482,22 @@ func (m *Manager) Estimate(id, bitstreamID string) (d time.Duration, measured bo
 	return time.Second + time.Duration(float64(size)/rate*float64(time.Second)), false
 }
 
+// SeedEstimates loads measured estimates saved from an earlier run (the
+// output of Estimates), so a restart does not forget them. Existing
+// estimates are kept.
+func (m *Manager) SeedEstimates(saved map[string]map[string]time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for region, bs := range saved {
+		for b, d := range bs {
+			k := estKey{region, b}
+			if _, ok := m.est[k]; !ok && d > 0 {
+				m.est[k] = d
+			}
+		}
+	}
+}
+
 // Estimates returns every measured estimate: region ID → bitstream ID →
 // duration, for the scheduler.
 func (m *Manager) Estimates() map[string]map[string]time.Duration {

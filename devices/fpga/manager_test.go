@@ -445,3 +445,61 @@ func TestRealIoctlOnNonDevice(t *testing.T) {
 		t.Fatalf("err %v, want ErrProgram wrapping ENOTTY", err)
 	}
 }
+
+func TestSeedEstimates(t *testing.T) {
+	r := newRig(t)
+	r.m.SeedEstimates(map[string]map[string]time.Duration{simhost.DFL1: {r.ids["dma"]: 7 * time.Second, r.ids["nlb0"]: -1}})
+	if d, measured := r.m.Estimate(simhost.DFL1, r.ids["dma"]); !measured || d != 7*time.Second {
+		t.Errorf("seeded estimate %v %v", d, measured)
+	}
+	if _, measured := r.m.Estimate(simhost.DFL1, r.ids["nlb0"]); measured {
+		t.Errorf("a non-positive seed was kept")
+	}
+}
+
+// TestDFLOldInterfaceLayout reads the interface from pr/interface_id when
+// the FME has no fpga_region compat_id (older intel-fpga layout).
+func TestDFLOldInterfaceLayout(t *testing.T) {
+	dir := t.TempDir()
+	h, err := simhost.Write(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fme := filepath.Join(h.Sys, "devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/dfl-fme.0")
+	if err := os.RemoveAll(filepath.Join(fme, "dfl-fme-region.0")); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(fme, "pr"), 0o755)
+	if err := os.WriteFile(filepath.Join(fme, "pr", "interface_id"), []byte(simhost.OtherInterface.Hex()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := fpga.NewManager(h.Options()...)
+	rs, err := m.Regions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bitstream.UUID{}
+	for _, r := range rs {
+		got[r.ID] = r.InterfaceID
+	}
+	if got[simhost.DFL0] != simhost.OtherInterface || got[simhost.DFL1] != simhost.DFLInterface {
+		t.Errorf("interfaces %v", got)
+	}
+}
+
+// TestFPGAManagerStatusReported programs raw data the (simulated) kernel
+// rejects: the state and status lines become the failure reason.
+func TestFPGAManagerStatusReported(t *testing.T) {
+	r := newRig(t)
+	if _, err := r.lib.Add(bytes.NewReader(make([]byte, 4096)), "zeros", "zeros.bin"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := r.m.Program(context.Background(), simhost.MGR0, "zeros")
+	if !errors.Is(err, fpga.ErrProgram) || !strings.Contains(err.Error(), "reconfig incompatible image") {
+		t.Fatalf("err %v", err)
+	}
+	st := r.status(t, simhost.MGR0)
+	if st.Health.Healthy || st.State != "write init error" {
+		t.Errorf("status %+v", st)
+	}
+}
