@@ -160,17 +160,34 @@ func hexValue(s string) (uint64, error) {
 	return strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(s), "0x"), 16, 64)
 }
 
-// waitDone runs fn in a goroutine and returns its error, or ctx's error if
-// ctx ends first. A driver call that cannot be cancelled keeps running;
-// the caller reports the region as failed so nothing else uses it.
+// StillRunningError is returned when ctx ended before an uninterruptible
+// driver call (the PR ioctl, a sysfs write) returned. Done is closed when
+// the call finally returns; until then the region must stay busy.
+type StillRunningError struct {
+	Done <-chan struct{}
+	Err  error
+}
+
+func (e *StillRunningError) Error() string {
+	return e.Err.Error() + " (the driver call is still running)"
+}
+
+func (e *StillRunningError) Unwrap() error { return e.Err }
+
+// waitDone runs fn in a goroutine and returns its error, or a
+// *StillRunningError wrapping ErrProgram and ctx's error if ctx ends first.
 func waitDone(ctx context.Context, fn func() error) error {
-	done := make(chan error, 1)
-	go func() { done <- fn() }()
+	res := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		res <- fn()
+	}()
 	select {
-	case err := <-done:
+	case err := <-res:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %w (the driver call may still be running)", ErrProgram, ctx.Err())
+		return &StillRunningError{Done: done, Err: fmt.Errorf("%w: %w", ErrProgram, ctx.Err())}
 	}
 }
 

@@ -372,6 +372,9 @@ func (m *Manager) Program(ctx context.Context, id, ref string, opts ...ProgramOp
 	}
 	if plan.AlreadyLoaded && !o.force {
 		st, _ := m.snapshot(id)
+		if st.busy {
+			return Result{Plan: plan}, fmt.Errorf("%w: %s", ErrBusy, id)
+		}
 		if st.failed == nil {
 			return Result{Plan: plan, Loaded: st.region.Loaded}, nil
 		}
@@ -412,6 +415,16 @@ func (m *Manager) Program(ctx context.Context, id, ref string, opts ...ProgramOp
 		st.failed = &devices.Health{Healthy: false, Reason: err.Error(), Since: m.cfg.now()}
 		st.programmed = ""
 		log.Error("fpga programming failed", "err", err, "after", took)
+		if sr, ok := errors.AsType[*StillRunningError](err); ok {
+			st.busy = true // until the driver call returns
+			go func() {
+				<-sr.Done
+				m.mu.Lock()
+				st.busy = false
+				m.mu.Unlock()
+				log.Warn("abandoned fpga driver call returned; region no longer busy")
+			}()
+		}
 		return Result{Plan: plan, Duration: took}, err
 	}
 	st.failed = nil

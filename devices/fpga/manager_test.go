@@ -312,15 +312,32 @@ func TestBusyWhileProgramming(t *testing.T) {
 
 func TestProgramTimeout(t *testing.T) {
 	release := make(chan struct{})
-	defer close(release)
 	r := newRig(t, fpga.WithProgramTimeout(50*time.Millisecond))
-	r.pr.hook = func() { <-release }
+	var calls atomic.Int32
+	r.pr.hook = func() {
+		if calls.Add(1) == 1 {
+			<-release
+		}
+	}
 	_, err := r.m.Program(context.Background(), simhost.DFL1, "dma")
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, fpga.ErrProgram) {
 		t.Fatalf("err %v, want ErrProgram wrapping DeadlineExceeded", err)
 	}
 	if h, _ := r.m.Health(context.Background(), simhost.DFL1); h.Healthy {
 		t.Errorf("timed-out region still healthy")
+	}
+	// The ioctl has not returned: the region stays busy until it does.
+	if _, err := r.m.Program(context.Background(), simhost.DFL1, "dma"); !errors.Is(err, fpga.ErrBusy) {
+		t.Errorf("program while the abandoned ioctl runs: %v", err)
+	}
+	release <- struct{}{}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if st, _ := r.m.Region(context.Background(), simhost.DFL1); !st.Busy {
+			break
+		}
+	}
+	if _, err := r.m.Program(context.Background(), simhost.DFL1, "dma"); err != nil {
+		t.Errorf("program after the abandoned ioctl returned: %v", err)
 	}
 }
 
