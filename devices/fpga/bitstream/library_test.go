@@ -83,6 +83,27 @@ func TestLibraryAddGetRemove(t *testing.T) {
 	}
 }
 
+func TestLibraryReopen(t *testing.T) {
+	dir := t.TempDir()
+	lib, err := bitstream.OpenLibrary(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bit := build(t, func(w *bytes.Buffer) error { return forge.WriteBit(w, forge.Bit{Design: "d", Part: "xc7z020", PayloadSize: 100}) })
+	b, err := lib.Add(bytes.NewReader(bit), "blinky", "blinky.bit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := bitstream.OpenLibrary(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := again.Get("blinky")
+	if err != nil || got.ID != b.ID || got.Header.Part != "xc7z020" || got.Path != b.Path {
+		t.Errorf("after reopen: %+v %v", got, err)
+	}
+}
+
 func TestResolveAmbiguousAFU(t *testing.T) {
 	all := []bitstream.Bitstream{
 		{ID: "aa" + hex.EncodeToString(make([]byte, 31)), Name: "a", Header: bitstream.Header{AFUID: afu1}},
