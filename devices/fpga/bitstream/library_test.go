@@ -89,7 +89,9 @@ func TestLibraryReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bit := build(t, func(w *bytes.Buffer) error { return forge.WriteBit(w, forge.Bit{Design: "d", Part: "xc7z020", PayloadSize: 100}) })
+	bit := build(t, func(w *bytes.Buffer) error {
+		return forge.WriteBit(w, forge.Bit{Design: "d", Part: "xc7z020", PayloadSize: 100})
+	})
 	b, err := lib.Add(bytes.NewReader(bit), "blinky", "blinky.bit")
 	if err != nil {
 		t.Fatal(err)
