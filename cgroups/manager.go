@@ -480,3 +480,22 @@ func readUint(file string) (uint64, error) {
 	}
 	return n, nil
 }
+
+// RemoveHierarchy removes the (empty) tier cgroups and PARENT/fusiond, for
+// uninstall and tests. Job cgroups must have been deleted first.
+func (m *Manager) RemoveHierarchy() error {
+	var errs []error
+	for _, t := range Tiers {
+		if m.be.exists(m.tierRel(t)) {
+			if err := m.be.remove(m.tierRel(t)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if m.be.exists(m.base) {
+		if err := m.be.remove(m.base); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
