@@ -176,6 +176,19 @@ func TestV2Fixture(t *testing.T) {
 	if err := cg.Delete(); !errors.Is(err, ErrNotEmpty) {
 		t.Errorf("Delete with a process = %v", err)
 	}
+	be, err := m.Create("be-1", BestEffort, mustPlan(t, Placement{Tier: BestEffort, SharedCPUs: []int{0}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"memory.high", "memory.max", "cpu.max"} {
+		if got := readFile(t, filepath.Join(root, be.Path(), f)); !strings.HasPrefix(got, "max") {
+			t.Errorf("unlimited %s = %q, want max", f, got)
+		}
+	}
+	if got := readFile(t, filepath.Join(root, be.Path(), "cpu.weight")); got != "1" {
+		t.Errorf("best-effort cpu.weight = %q", got)
+	}
+
 	jobs, err := m.Jobs()
 	if err != nil || len(jobs[Burstable]) != 1 || jobs[Burstable][0] != "job-1" {
 		t.Errorf("Jobs = %v, %v", jobs, err)

@@ -76,9 +76,9 @@ func containsStr(list []string, s string) bool {
 // v2Resources converts limits to containerd's cgroup2 resources. Devices
 // are left out: they are handled by the DeviceFilter.
 func v2Resources(l Limits) *cgroup2.Resources {
-	orMax := func(n int64) *int64 {
+	orNil := func(n int64) *int64 {
 		if n <= 0 {
-			n = -1 // containerd writes -1 as "max"
+			return nil // written as "max" by apply: the kernel rejects -1
 		}
 		return &n
 	}
@@ -92,8 +92,8 @@ func v2Resources(l Limits) *cgroup2.Resources {
 		},
 		Memory: &cgroup2.Memory{
 			Low:  ptr(max(l.MemoryLow, 0)),
-			High: orMax(l.MemoryHigh),
-			Max:  orMax(l.MemoryMax),
+			High: orNil(l.MemoryHigh),
+			Max:  orNil(l.MemoryMax),
 		},
 		Pids: &cgroup2.Pids{Max: l.PidsMax},
 	}
@@ -114,6 +114,13 @@ func cpuMax(quota int64, period uint64) cgroup2.CPUMax {
 func (b *v2) apply(rel string, l Limits) error {
 	if _, err := cgroup2.NewManager(b.root, "/"+rel, v2Resources(l)); err != nil {
 		return err
+	}
+	for file, n := range map[string]int64{"memory.high": l.MemoryHigh, "memory.max": l.MemoryMax} {
+		if n <= 0 {
+			if err := os.WriteFile(filepath.Join(b.dir(rel), file), []byte("max"), 0o644); err != nil {
+				return err
+			}
+		}
 	}
 	if len(l.Devices) > 0 {
 		if err := b.filter.Attach(b.dir(rel), l.Devices); err != nil {
