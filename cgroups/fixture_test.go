@@ -189,6 +189,12 @@ func TestV2Fixture(t *testing.T) {
 		t.Errorf("best-effort cpu.weight = %q", got)
 	}
 
+	for tier, w := range map[Tier]string{Guaranteed: "10000", Burstable: "10000", BestEffort: "1"} {
+		if got := readFile(t, filepath.Join(root, m.tierRel(tier), "cpu.weight")); got != w {
+			t.Errorf("tier %s cpu.weight = %q, want %s", tier, got, w)
+		}
+	}
+
 	jobs, err := m.Jobs()
 	if err != nil || len(jobs[Burstable]) != 1 || jobs[Burstable][0] != "job-1" {
 		t.Errorf("Jobs = %v, %v", jobs, err)

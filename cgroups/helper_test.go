@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -34,8 +35,9 @@ const (
 )
 
 func runHelper(mode string) int {
+	in := bufio.NewReader(os.Stdin)
 	if mode != "child" {
-		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		if _, err := in.ReadString('\n'); err != nil {
 			fmt.Fprintln(os.Stderr, "helper: stdin:", err)
 			return helperError
 		}
@@ -83,6 +85,20 @@ func runHelper(mode string) int {
 			return helperError
 		}
 		f.Close()
+	case "work":
+		// One fixed unit of CPU work per input line, answered with a line.
+		x := uint64(88172645463325252)
+		for {
+			if _, err := in.ReadString('\n'); err != nil {
+				return 0
+			}
+			for range 5_000_000 {
+				x ^= x << 13
+				x ^= x >> 7
+				x ^= x << 17
+			}
+			fmt.Println(x & 1)
+		}
 	case "fork":
 		n, _ := strconv.Atoi(arg)
 		for range n {
@@ -109,20 +125,24 @@ type helper struct {
 }
 
 // startHelper starts the helper and moves it into cg before releasing it.
-func startHelper(t *testing.T, cg *Cgroup, mode string) *helper {
+func startHelper(t testing.TB, cg *Cgroup, mode string) *helper {
 	t.Helper()
-	return startHelperWith(t, cg.AddProc, mode)
+	return startHelperWith(t, cg.AddProc, mode, nil)
 }
 
 // startHelperWith starts the helper and calls move with its pid before
 // releasing it.
-func startHelperWith(t *testing.T, move func(pid int) error, mode string) *helper {
+// Output goes to stdout, or to h.out when stdout is nil.
+func startHelperWith(t testing.TB, move func(pid int) error, mode string, stdout io.Writer) *helper {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+mode)
 	out := &strings.Builder{}
 	cmd.Stdout = out
 	cmd.Stderr = out
+	if stdout != nil {
+		cmd.Stdout = stdout
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -33,7 +33,7 @@ func cgroupRoot() string {
 
 // newKernelManager returns a Manager whose hierarchy lives under a parent
 // unique to the test, removed again when the test ends.
-func newKernelManager(t *testing.T) *Manager {
+func newKernelManager(t testing.TB) *Manager {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("real-kernel cgroup tests need root")
@@ -77,14 +77,14 @@ func newKernelManager(t *testing.T) *Manager {
 	return m
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
 
-func onlineCPUs(t *testing.T) []int {
+func onlineCPUs(t testing.TB) []int {
 	t.Helper()
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
@@ -99,7 +99,7 @@ func onlineCPUs(t *testing.T) []int {
 	return cpus
 }
 
-func mustPlan(t *testing.T, p Placement) Limits {
+func mustPlan(t testing.TB, p Placement) Limits {
 	t.Helper()
 	l, err := Plan(p)
 	if err != nil {
@@ -108,7 +108,7 @@ func mustPlan(t *testing.T, p Placement) Limits {
 	return l
 }
 
-func mustCreate(t *testing.T, m *Manager, job string, p Placement) *Cgroup {
+func mustCreate(t testing.TB, m *Manager, job string, p Placement) *Cgroup {
 	t.Helper()
 	cg, err := m.Create(job, p.Tier, mustPlan(t, p))
 	if err != nil {
@@ -254,7 +254,7 @@ func mknodTestDevices(t *testing.T) (granted devices.DeviceNode, denied string) 
 
 func openExit(t *testing.T, move func(int) error, path string) int {
 	t.Helper()
-	h := startHelperWith(t, move, "open:"+path)
+	h := startHelperWith(t, move, "open:"+path, nil)
 	ws := h.wait(t, 30*time.Second)
 	if ws.ExitStatus() == helperError {
 		t.Errorf("open %s: unexpected error %q", path, h.out.String())

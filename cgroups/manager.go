@@ -118,6 +118,8 @@ type backend interface {
 	ensure(rel string) error
 	// apply creates rel if needed and writes l; idempotent.
 	apply(rel string, l Limits) error
+	// setWeight sets the CPU weight of rel (v1: the equivalent cpu.shares).
+	setWeight(rel string, weight uint64) error
 	// setCpus rewrites the cpuset of rel.
 	setCpus(rel, cpus string) error
 	cpus(rel string) (string, error)
@@ -189,12 +191,34 @@ func validRel(p string, emptyOK bool) bool {
 
 func (m *Manager) tierRel(t Tier) string { return path.Join(m.base, string(t)) }
 
+// TierWeight is the CPU weight of a tier's own cgroup. CPU weights only
+// compete among siblings, so the tiers need weights of their own: with equal
+// tier weights all best-effort jobs together would get as much CPU as all
+// burstable jobs together. Guaranteed work runs on exclusive cores and
+// competes with nobody.
+func TierWeight(t Tier) uint64 {
+	if t == BestEffort {
+		return MinWeight
+	}
+	return MaxWeight
+}
+
 // EnsureHierarchy creates PARENT/fusiond and the three tier cgroups.
 func (m *Manager) EnsureHierarchy() error {
 	for _, t := range Tiers {
-		if err := m.be.ensure(m.tierRel(t)); err != nil {
-			return fmt.Errorf("create tier %s: %w", t, err)
+		if err := m.ensureTier(t); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+func (m *Manager) ensureTier(t Tier) error {
+	if err := m.be.ensure(m.tierRel(t)); err != nil {
+		return fmt.Errorf("create tier %s: %w", t, err)
+	}
+	if err := m.be.setWeight(m.tierRel(t), TierWeight(t)); err != nil {
+		return fmt.Errorf("tier %s weight: %w", t, err)
 	}
 	return nil
 }
@@ -250,8 +274,8 @@ func (m *Manager) Create(jobID string, tier Tier, l Limits) (*Cgroup, error) {
 	if !tier.Valid() {
 		return nil, fmt.Errorf("%w: tier %q", ErrInvalidPlacement, tier)
 	}
-	if err := m.be.ensure(m.tierRel(tier)); err != nil {
-		return nil, fmt.Errorf("create tier %s: %w", tier, err)
+	if err := m.ensureTier(tier); err != nil {
+		return nil, err
 	}
 	cg := &Cgroup{m: m, job: jobID, tier: tier, rel: path.Join(m.tierRel(tier), jobID)}
 	if err := cg.Apply(l); err != nil {

@@ -101,6 +101,10 @@ func (b *v1) apply(rel string, l Limits) error {
 	return err
 }
 
+func (b *v1) setWeight(rel string, w uint64) error {
+	return os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.shares"), []byte(strconv.FormatUint(SharesFromWeight(w), 10)), 0)
+}
+
 func (b *v1) setCpus(rel, cpus string) error {
 	return os.WriteFile(b.file(cgroup1.Cpuset, rel, "cpuset.cpus"), []byte(cpus), 0)
 }

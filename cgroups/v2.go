@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -128,6 +129,11 @@ func (b *v2) apply(rel string, l Limits) error {
 		}
 	}
 	return nil
+}
+
+func (b *v2) setWeight(rel string, w uint64) error {
+	w = min(max(w, MinWeight), MaxWeight)
+	return os.WriteFile(filepath.Join(b.dir(rel), "cpu.weight"), []byte(strconv.FormatUint(w, 10)), 0o644)
 }
 
 func (b *v2) setCpus(rel, cpus string) error {
