@@ -8,6 +8,7 @@
 # Environment:
 #   FUSIOND_VM_PKGS     Go packages whose tests run in the VM (default ./cgroups/)
 #   FUSIOND_VM_RUN      -test.run pattern (default ^TestKernel)
+#   FUSIOND_VM_ARGS     extra test flags, e.g. "-test.bench=CPUIsolation -test.benchtime=10x"
 #   FUSIOND_VM_TIMEOUT  seconds before the VM is declared hung (default 900)
 #   FUSIOND_VM_BUILD    cache directory (default _build/vm in the repository)
 set -euo pipefail
@@ -17,6 +18,7 @@ repo=$(cd "$here/../.." && pwd)
 build=${FUSIOND_VM_BUILD:-$repo/_build/vm}
 pkgs=${FUSIOND_VM_PKGS:-./cgroups/}
 run=${FUSIOND_VM_RUN:-^TestKernel}
+args=${FUSIOND_VM_ARGS:-}
 timeout_s=${FUSIOND_VM_TIMEOUT:-900}
 go=${GO:-go}
 
@@ -58,7 +60,7 @@ echo "test-vm: kernel \$(uname -r), controllers: \$(cat /sys/fs/cgroup/cgroup.co
 status=0
 for t in /tests/*.test; do
 	echo "=== \$t"
-	\$t -test.v -test.count=1 -test.timeout=600s -test.run '$run' || status=1
+	\$t -test.v -test.count=1 -test.timeout=600s -test.run '$run' $args || status=1
 done
 if [ \$status = 0 ]; then echo "FUSIOND-VM-RESULT: PASS"; else echo "FUSIOND-VM-RESULT: FAIL"; fi
 sync
