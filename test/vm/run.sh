@@ -41,7 +41,7 @@ fi
 root="$build/root"
 rm -rf "$root" && mkdir -p "$root"/{bin,tests,proc,sys,dev,tmp}
 cp "$(command -v busybox)" "$root/bin/busybox"
-file "$root/bin/busybox" 2>/dev/null | grep -q 'statically linked' || { echo "test-vm: busybox must be static (busybox-static)" >&2; exit 2; }
+if ldd "$root/bin/busybox" >/dev/null 2>&1; then echo "test-vm: busybox must be static (apt-get install -y busybox-static)" >&2; exit 2; fi
 n=0
 for p in $pkgs; do
 	n=$((n + 1))
