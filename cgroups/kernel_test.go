@@ -279,8 +279,13 @@ func TestKernelDeviceAccess(t *testing.T) {
 	if got := openExit(t, without.AddProc, "/dev/null"); got != 0 {
 		t.Errorf("/dev/null: exit %d, want 0", got)
 	}
-	// Re-applying the same limits keeps the grant (idempotent).
-	if err := with.Apply(mustPlan(t, Placement{Tier: BestEffort, SharedCPUs: onlineCPUs(t), Devices: []devices.DeviceNode{granted}})); err != nil {
+	// Re-applying the same limits keeps the grant (idempotent); on v1 the
+	// rules are seen as unchanged and not rewritten.
+	again := mustPlan(t, Placement{Tier: BestEffort, SharedCPUs: onlineCPUs(t), Devices: []devices.DeviceNode{granted}})
+	if v1b, ok := m.be.(*v1); ok && !v1b.devicesMatch(with.Path(), again.Devices) {
+		t.Error("v1 devices.list does not match the applied rules")
+	}
+	if err := with.Apply(again); err != nil {
 		t.Fatal(err)
 	}
 	if got := openExit(t, with.AddProc, granted.Path); got != 0 {

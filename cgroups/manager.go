@@ -134,7 +134,9 @@ type backend interface {
 	children(rel string) ([]string, error)
 }
 
-// Manager creates, finds and removes job cgroups.
+// Manager creates, finds and removes job cgroups. It keeps no state beyond
+// its options, so it and its Cgroups may be used from several goroutines
+// for different jobs; calls for one job must be serialised by the caller.
 type Manager struct {
 	mode Mode
 	base string // PARENT/fusiond, relative to the root

@@ -222,6 +222,7 @@ func DeviceRules(nodes []devices.DeviceNode) ([]devicefilter.Rule, error) {
 		if err := r.Validate(); err != nil {
 			return nil, fmt.Errorf("%w: device %s: %w", ErrInvalidPlacement, n.Path, err)
 		}
+		r.Access, _ = devicefilter.ParseAccess(r.Access) // validated: canonical "rwm" order
 		rules = append(rules, r)
 	}
 	return rules, nil

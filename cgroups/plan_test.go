@@ -11,7 +11,7 @@ import (
 const gib = int64(1) << 30
 
 func TestPlanTiers(t *testing.T) {
-	gpu := devices.DeviceNode{Path: "/dev/nvidia0", Type: devices.CharDevice, Major: 195, Minor: 0, Access: "rw"}
+	gpu := devices.DeviceNode{Path: "/dev/nvidia0", Type: devices.CharDevice, Major: 195, Minor: 0, Access: "wr"}
 	g, err := Plan(Placement{Tier: Guaranteed, CPURequestMilli: 2000, ExclusiveCPUs: []int{3, 2}, MemNodes: []int{1}, MemoryRequest: 4 * gib, Devices: []devices.DeviceNode{gpu}})
 	if err != nil {
 		t.Fatal(err)

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
+	"github.com/fusiond/fusiond/cgroups/devicefilter"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -97,8 +100,34 @@ func v1Resources(l Limits) *specs.LinuxResources {
 }
 
 func (b *v1) apply(rel string, l Limits) error {
-	_, err := cgroup1.New(cgroup1.StaticPath("/"+rel), v1Resources(l), cgroup1.WithHierarchy(b.hierarchy))
+	res := v1Resources(l)
+	if b.devicesMatch(rel, l.Devices) {
+		// Rewriting the rules starts with deny-all: skip it when nothing
+		// changed, so re-applying never narrows a running job's access.
+		res.Devices = nil
+	}
+	_, err := cgroup1.New(cgroup1.StaticPath("/"+rel), res, cgroup1.WithHierarchy(b.hierarchy))
 	return err
+}
+
+// devicesMatch reports whether devices.list of rel already allows exactly
+// rules.
+func (b *v1) devicesMatch(rel string, rules []devicefilter.Rule) bool {
+	cur, err := os.ReadFile(b.file(cgroup1.Devices, rel, "devices.list"))
+	if err != nil {
+		return false
+	}
+	have := map[string]bool{}
+	for line := range strings.Lines(string(cur)) {
+		if line = strings.TrimSpace(line); line != "" {
+			have[line] = true
+		}
+	}
+	want := map[string]bool{}
+	for _, r := range rules {
+		want[r.String()] = true
+	}
+	return maps.Equal(have, want)
 }
 
 func (b *v1) setWeight(rel string, w uint64) error {
