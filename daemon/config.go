@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,10 @@ type Config struct {
 	// MaxRequestBytes caps API request bodies.
 	MaxRequestBytes api.Bytes `json:"max_request_bytes"`
 	Retention       Retention `json:"retention"`
+	// CgroupParent is where fusiond's cgroup hierarchy (fusiond/<tier>/<job>)
+	// lives, relative to the cgroup mount: "" for the root; under systemd
+	// the unit's delegated subtree, e.g. system.slice/fusiond.service.
+	CgroupParent string `json:"cgroup_parent,omitempty"`
 }
 
 // LogConfig selects the log format and level.
@@ -182,6 +187,8 @@ func (c *Config) Validate() error {
 		return bad("retention.max_finished_jobs", "must not be negative")
 	case c.Retention.MaxAge < 0:
 		return bad("retention.max_age", "must not be negative")
+	case c.CgroupParent != "" && (path.IsAbs(c.CgroupParent) || path.Clean(c.CgroupParent) != c.CgroupParent || strings.HasPrefix(c.CgroupParent, "..")):
+		return bad("cgroup_parent", "want a clean relative cgroup path such as system.slice/fusiond.service, got %q", c.CgroupParent)
 	}
 	return nil
 }

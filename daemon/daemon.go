@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/exec"
 	"github.com/fusiond/fusiond/daemon/jobs"
 	"github.com/fusiond/fusiond/daemon/store"
 )
@@ -48,8 +47,10 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	placer := jobs.NewCapacityPlacer(capacity)
-	runner := exec.NewProcessRunner(log, "/proc")
+	placer, runner, err := newExecutor(cfg, capacity, log)
+	if err != nil {
+		return err
+	}
 	mgr := jobs.New(jobs.Config{
 		LogDir:       filepath.Join(cfg.StateDir, "jobs"),
 		DefaultTiers: cfg.Tiers,

@@ -1,0 +1,15 @@
+package main
+
+import (
+	"os"
+
+	"github.com/fusiond/fusiond/daemon/exec"
+)
+
+// hiddenMode runs the modes fusiond re-executes itself in (a job's monitor,
+// a job's first process) and exits; it returns for a normal start.
+func hiddenMode() {
+	if code, ok := exec.Dispatch(os.Args); ok {
+		os.Exit(code)
+	}
+}

@@ -1,0 +1,390 @@
+package exec
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	osexec "os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// Dispatch runs the hidden modes of the fusiond binary: the job monitor
+// (MonitorArg) and the job's first process. It returns false when args
+// (os.Args) ask for neither; otherwise the caller exits with the code.
+// It must run before anything else in main: the job's first process must
+// not parse flags, open files or start goroutines of its own.
+func Dispatch(args []string) (int, bool) {
+	if len(args) < 2 {
+		return 0, false
+	}
+	switch args[1] {
+	case MonitorArg:
+		if len(args) != 3 {
+			fmt.Fprintln(os.Stderr, "usage: fusiond __monitor ATTEMPT-DIR")
+			return 2, true
+		}
+		return runMonitor(args[2]), true
+	case execArg:
+		return runExec(), true
+	}
+	return 0, false
+}
+
+// readyMsg is the one line a monitor writes to the daemon on fd 3: the
+// job's pid, or why it could not start.
+type readyMsg struct {
+	JobPID int    `json:"job_pid,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+// monitor holds one job attempt.
+type monitor struct {
+	dir  string
+	spec Spec
+	log  *slog.Logger
+	cg   *cgroups.Cgroup
+	cmd  *osexec.Cmd
+	// logDone is closed once the job's output is drained.
+	logDone chan struct{}
+}
+
+// runMonitor is the monitor's main: fusiond __monitor DIR, started by the
+// daemon with setsid, stdin and stdout on /dev/null, stderr on
+// DIR/monitor.log and fd 3 the pipe for its readyMsg.
+func runMonitor(dir string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("monitor", os.Getpid())
+	ready := os.NewFile(3, "ready")
+	report := func(m readyMsg) {
+		if ready == nil {
+			return
+		}
+		_ = json.NewEncoder(ready).Encode(m)
+		ready.Close()
+		ready = nil
+	}
+	mon := &monitor{dir: dir, log: log}
+	if err := readJSON(filepath.Join(dir, specFile), &mon.spec); err != nil {
+		report(readyMsg{Error: "monitor: " + err.Error()})
+		return 1
+	}
+	mon.log = log.With("job", mon.spec.JobID, "attempt", mon.spec.Attempt)
+	// The lock lives as long as this process; the daemon takes it to learn
+	// that the monitor is gone.
+	lock, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err == nil {
+		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
+		report(readyMsg{Error: fmt.Sprintf("monitor lock: %v", err)})
+		return 1
+	}
+	defer runtime.KeepAlive(lock)
+
+	// Signals are caught before the job starts so that a cancel arriving
+	// early is not lost.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGINT, syscall.SIGHUP)
+
+	oomBefore, err := mon.start()
+	if err != nil {
+		mon.log.Error("job did not start", "err", err)
+		mon.cleanup()
+		report(readyMsg{Error: err.Error()})
+		return 1
+	}
+	state := State{MonitorPID: os.Getpid(), JobPID: mon.cmd.Process.Pid, StartedAt: time.Now().UTC()}
+	state.MonitorStart, _ = processStart("/proc", os.Getpid())
+	if mon.cg != nil {
+		state.Cgroup = mon.cg.Path()
+	}
+	if err := writeJSONDurably(filepath.Join(dir, stateFile), state); err != nil {
+		mon.log.Error("recording monitor state", "err", err)
+	}
+	report(readyMsg{JobPID: state.JobPID})
+	mon.log.Info("job running", "pid", state.JobPID, "cgroup", state.Cgroup)
+
+	ws := mon.supervise(sigs)
+	res := mon.finish(ws, oomBefore)
+	if err := writeJSONDurably(filepath.Join(dir, resultFile), res); err != nil {
+		// Without a durable result the daemon will report the job lost,
+		// which is the truth as far as anyone can prove.
+		mon.log.Error("recording result", "err", err)
+		return 1
+	}
+	mon.log.Info("job ended", "reason", res.Reason, "code", res.Exit.Code, "signal", res.Exit.Signal)
+	return 0
+}
+
+// start creates the job's cgroup and starts its first process, held until
+// it is inside the cgroup. It returns the cgroup's OOM-kill count before
+// the job ran.
+func (m *monitor) start() (uint64, error) {
+	var oomBefore uint64
+	if c := m.spec.Cgroup; c != nil {
+		mgr, err := cgroups.NewManager(cgroups.WithRoot(c.Root), cgroups.WithParent(c.Parent), cgroups.WithLogger(m.log))
+		if err != nil {
+			return 0, fmt.Errorf("cgroups: %w", err)
+		}
+		m.cg, err = mgr.Create(m.spec.JobID, c.Tier, c.Limits)
+		if err != nil {
+			return 0, err
+		}
+		if st, err := m.cg.Stats(); err == nil {
+			oomBefore = st.OOMKills
+		}
+	}
+	out, err := openRotatingLog(m.spec.LogPath, m.spec.LogMaxBytes)
+	if err != nil {
+		return 0, err
+	}
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		out.Close()
+		return 0, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		out.Close()
+		specR.Close()
+		specW.Close()
+		return 0, err
+	}
+	defer errR.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		out.Close()
+		specR.Close()
+		specW.Close()
+		errW.Close()
+		return 0, err
+	}
+	cmd := osexec.Command("/proc/self/exe", execArg)
+	cmd.Args[0] = "fusiond-job"
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = outW, outW
+	cmd.ExtraFiles = []*os.File{specR, errW}
+	// The job leads its own process group; no Pdeathsig: the job must
+	// outlive anything but its own end or a cancel.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	specR.Close()
+	errW.Close()
+	outW.Close()
+	if err != nil {
+		out.Close()
+		outR.Close()
+		specW.Close()
+		return 0, fmt.Errorf("start job process: %w", err)
+	}
+	m.cmd = cmd
+	m.logDone = make(chan struct{})
+	go func() {
+		defer close(m.logDone)
+		if _, err := io.Copy(out, outR); err != nil {
+			m.log.Warn("copying job output", "err", err)
+		}
+		outR.Close()
+		out.Close()
+	}()
+	fail := func(err error) (uint64, error) {
+		specW.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return 0, err
+	}
+	if m.cg != nil {
+		if err := m.cg.AddProc(cmd.Process.Pid); err != nil {
+			return fail(err)
+		}
+	}
+	// Release the job: hand it its spec. It execs the command, which
+	// closes its end of errW; an exec failure is written there instead.
+	if err := json.NewEncoder(specW).Encode(m.spec); err != nil {
+		return fail(fmt.Errorf("hand the job its spec: %w", err))
+	}
+	specW.Close()
+	msg, _ := io.ReadAll(errR)
+	if len(msg) > 0 {
+		_ = cmd.Wait()
+		return 0, errors.New(string(msg))
+	}
+	return oomBefore, nil
+}
+
+// supervise waits for the job's first process while obeying signals:
+// SIGTERM (and SIGINT) is passed to every process of the job and, after the
+// grace period, the whole job is killed; SIGUSR1 kills it at once.
+func (m *monitor) supervise(sigs <-chan os.Signal) syscall.WaitStatus {
+	waited := make(chan struct{})
+	go func() {
+		_ = m.cmd.Wait()
+		close(waited)
+	}()
+	var grace <-chan time.Time
+	for {
+		select {
+		case <-waited:
+			ws, _ := m.cmd.ProcessState.Sys().(syscall.WaitStatus)
+			return ws
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGTERM, syscall.SIGINT:
+				m.log.Info("terminating job", "grace", m.spec.Grace)
+				m.signalAll(syscall.SIGTERM)
+				if grace == nil {
+					grace = time.After(m.spec.Grace)
+				}
+			case syscall.SIGUSR1:
+				m.log.Info("killing job")
+				m.killAll()
+			}
+		case <-grace:
+			m.log.Warn("job ignored SIGTERM; killing it", "grace", m.spec.Grace)
+			m.killAll()
+		}
+	}
+}
+
+// signalAll sends sig to every process of the job.
+func (m *monitor) signalAll(sig syscall.Signal) {
+	if m.cg != nil {
+		if pids, err := m.cg.Procs(); err == nil {
+			for _, p := range pids {
+				_ = syscall.Kill(p, sig)
+			}
+			return
+		}
+	}
+	_ = syscall.Kill(-m.cmd.Process.Pid, sig)
+}
+
+// killAll kills every process of the job: the whole cgroup, or without
+// one the job's process group.
+func (m *monitor) killAll() {
+	if m.cg != nil {
+		if err := m.cg.Kill(); err != nil {
+			m.log.Error("killing the job's cgroup", "err", err)
+		}
+		return
+	}
+	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+}
+
+// finish kills what is left of the job, drains its output, measures it and
+// removes its cgroup.
+func (m *monitor) finish(ws syscall.WaitStatus, oomBefore uint64) Result {
+	m.killAll()
+	select {
+	case <-m.logDone:
+	case <-time.After(5 * time.Second):
+		// Without a cgroup, a process that escaped the process group may
+		// hold the output pipe; do not wait for it forever.
+		m.log.Warn("job output still open after the job ended")
+	}
+	res := Result{FinishedAt: time.Now().UTC(), Reason: cgroups.ExitExited}
+	var st cgroups.Stats
+	if m.cg != nil {
+		var err error
+		if st, err = m.cg.Stats(); err != nil {
+			m.log.Warn("reading job accounting", "err", err)
+		} else {
+			u := usageFrom(st)
+			u.MemoryCurrent = 0
+			res.Usage = &u
+		}
+		res.Reason = cgroups.ExitReason(ws, oomBefore, st)
+	} else if ws.Signaled() {
+		res.Reason = cgroups.ExitSignaled
+	}
+	switch {
+	case ws.Signaled():
+		res.Exit = api.ExitStatus{Code: 128 + int(ws.Signal()), Signal: signalName(ws.Signal())}
+	default:
+		res.Exit = api.ExitStatus{Code: ws.ExitStatus()}
+	}
+	res.Exit.OOMKilled = res.Reason == cgroups.ExitOOMKilled
+	m.cleanup()
+	return res
+}
+
+// cleanup removes the job's cgroup.
+func (m *monitor) cleanup() {
+	if m.cg == nil {
+		return
+	}
+	if err := m.cg.Delete(); err != nil {
+		m.log.Error("removing the job's cgroup", "err", err)
+	}
+}
+
+// runExec is the job's first process: it reads its Spec from fd 3 (which
+// the monitor writes only once the process is in the job's cgroup), applies
+// rlimits and identity and execs the command. A failure is written to fd 4,
+// which exec closes on success.
+func runExec() int {
+	runtime.LockOSThread()
+	specF := os.NewFile(3, "spec")
+	errF := os.NewFile(4, "exec-error")
+	if specF == nil || errF == nil {
+		fmt.Fprintln(os.Stderr, "fusiond __exec is started by the job monitor only")
+		return 2
+	}
+	unix.CloseOnExec(4)
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(errF, format, args...)
+		return 127
+	}
+	var spec Spec
+	if err := json.NewDecoder(specF).Decode(&spec); err != nil {
+		return fail("reading the job spec: %v", err)
+	}
+	specF.Close()
+	for _, rl := range spec.Rlimits {
+		if err := unix.Setrlimit(rl.Resource, &unix.Rlimit{Cur: rl.Soft, Max: rl.Hard}); err != nil {
+			return fail("setrlimit %d: %v", rl.Resource, err)
+		}
+	}
+	if spec.SetIdentity {
+		// Raw per-thread calls on this locked thread: exec follows at once
+		// and only this thread survives it.
+		if err := setIdentity(spec.UID, spec.GID, spec.Groups); err != nil {
+			return fail("switch to uid %d: %v", spec.UID, err)
+		}
+	}
+	if err := unix.Chdir(spec.Dir); err != nil {
+		return fail("working directory %s: %v", spec.Dir, err)
+	}
+	err := unix.Exec(spec.Path, spec.Args, spec.Env)
+	return fail("exec %s: %v", spec.Path, err)
+}
+
+func setIdentity(uid, gid uint32, groups []uint32) error {
+	var ptr unsafe.Pointer
+	if len(groups) > 0 {
+		ptr = unsafe.Pointer(&groups[0])
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(ptr), 0); e != 0 {
+		return fmt.Errorf("setgroups: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); e != 0 {
+		return fmt.Errorf("setresgid: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); e != 0 {
+		return fmt.Errorf("setresuid: %w", e)
+	}
+	return nil
+}
