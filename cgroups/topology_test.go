@@ -25,7 +25,6 @@ func writeCPU(t *testing.T, root string, cpu int, siblings string, node int) {
 	}
 }
 
-
 func TestHostCoresFixture(t *testing.T) {
 	root := t.TempDir()
 	// Two nodes, two SMT cores each: node 0 has cpus 0,4 and 1,5; node 1
