@@ -269,3 +269,36 @@ func assertNoCgroup(t *testing.T, r *testRunner, id string) {
 		t.Errorf("cgroup of job %s still there (%v)", id, err)
 	}
 }
+
+// TestKernelMonitorKilled: when the monitor itself dies without a result,
+// Wait and Attach say so, and Reap kills what is left of the job and
+// removes its cgroup.
+func TestKernelMonitorKilled(t *testing.T) {
+	r := newTestRunner(t)
+	p := r.start(r.request("orphan", api.TierBurstable, 100, 64*mib, "sleep", "300"))
+	mp := p.(*monitorProcess)
+	if err := syscall.Kill(mp.monPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Wait(); err == nil {
+		t.Fatal("Wait after the monitor was killed reported an exit")
+	}
+	if _, err := r.Attach("orphan", 1); !errors.Is(err, jobs.ErrGone) {
+		t.Fatalf("Attach: %v, want ErrGone", err)
+	}
+	if !alive(p.PID()) {
+		t.Fatal("the job died with its monitor: it should run on until reaped")
+	}
+	n, err := r.Reap("orphan", p.PID())
+	if err != nil || n != 1 {
+		t.Fatalf("Reap killed %d, %v; want 1", n, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(p.PID()) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(p.PID()) {
+		t.Error("job survived Reap")
+	}
+	assertNoCgroup(t, r, "orphan")
+}

@@ -63,7 +63,8 @@ type monitor struct {
 
 // runMonitor is the monitor's main: fusiond __monitor DIR, started by the
 // daemon with setsid, stdin and stdout on /dev/null, stderr on
-// DIR/monitor.log and fd 3 the pipe for its readyMsg.
+// DIR/monitor.log, fd 3 the pipe for its readyMsg and fd 4 the locked
+// DIR/monitor.lock.
 func runMonitor(dir string) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("monitor", os.Getpid())
 	ready := os.NewFile(3, "ready")
@@ -81,16 +82,18 @@ func runMonitor(dir string) int {
 		return 1
 	}
 	mon.log = log.With("job", mon.spec.JobID, "attempt", mon.spec.Attempt)
-	// The lock lives as long as this process; the daemon takes it to learn
-	// that the monitor is gone.
-	lock, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
-	if err == nil {
-		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-	}
-	if err != nil {
-		report(readyMsg{Error: fmt.Sprintf("monitor lock: %v", err)})
+	// fd 4 is the attempt's lock file, locked by the daemon before it
+	// started this process: the lock now lives exactly as long as this
+	// process, with no moment unlocked in between, and a daemon that can
+	// take it knows the monitor is gone.
+	lock := os.NewFile(4, lockFile)
+	if lock == nil {
+		report(readyMsg{Error: "monitor: no lock file on fd 4"})
 		return 1
 	}
+	// Neither the lock nor the ready pipe may leak into the job.
+	unix.CloseOnExec(3)
+	unix.CloseOnExec(4)
 	defer runtime.KeepAlive(lock)
 
 	// Signals are caught before the job starts so that a cancel arriving

@@ -190,6 +190,16 @@ func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt 
 		return nil, fmt.Errorf("monitor log: %w", err)
 	}
 	defer mlog.Close()
+	// The lock is taken here and handed to the monitor, so that it is held
+	// from before the monitor exists until the monitor is gone.
+	lock, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("monitor lock: %w", err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return nil, fmt.Errorf("monitor lock: %w", err)
+	}
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -200,7 +210,7 @@ func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt 
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
 	cmd.Stderr = mlog
-	cmd.ExtraFiles = []*os.File{readyW}
+	cmd.ExtraFiles = []*os.File{readyW, lock}
 	// A session of its own: the monitor outlives the daemon and gets none
 	// of its terminal's signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
