@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"syscall"
 	"time"
 	"unsafe"
@@ -101,6 +102,13 @@ func runMonitor(dir string) int {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGUSR1, syscall.SIGINT, syscall.SIGHUP)
 
+	// The monitor names itself first (a daemon restarting now can find
+	// and, if need be, kill it), then its job once that runs.
+	state := State{MonitorPID: os.Getpid()}
+	state.MonitorStart, _ = processStart("/proc", os.Getpid())
+	if err := writeJSONDurably(filepath.Join(dir, stateFile), state); err != nil {
+		mon.log.Error("recording monitor state", "err", err)
+	}
 	oomBefore, err := mon.start()
 	if err != nil {
 		mon.log.Error("job did not start", "err", err)
@@ -108,8 +116,7 @@ func runMonitor(dir string) int {
 		report(readyMsg{Error: err.Error()})
 		return 1
 	}
-	state := State{MonitorPID: os.Getpid(), JobPID: mon.cmd.Process.Pid, StartedAt: time.Now().UTC()}
-	state.MonitorStart, _ = processStart("/proc", os.Getpid())
+	state.JobPID, state.StartedAt = mon.cmd.Process.Pid, time.Now().UTC()
 	if mon.cg != nil {
 		state.Cgroup = mon.cg.Path()
 	}
@@ -141,7 +148,7 @@ func (m *monitor) start() (uint64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("cgroups: %w", err)
 		}
-		m.cg, err = mgr.Create(m.spec.JobID, c.Tier, c.Limits)
+		m.cg, err = createCgroup(mgr, m.spec.JobID, c.Tier, c.Limits)
 		if err != nil {
 			return 0, err
 		}
@@ -226,6 +233,46 @@ func (m *monitor) start() (uint64, error) {
 		return 0, errors.New(string(msg))
 	}
 	return oomBefore, nil
+}
+
+// createCgroup creates the job's cgroup. A shared-pool job's cpus were
+// computed by the daemon a moment ago; a guaranteed job placed since may
+// have taken cores out of the pool, and a v1 cpuset must stay within its
+// tier's: so the job gets the part of its planned set that the tier still
+// has, re-read when a concurrent change of the pool gets in the way.
+func createCgroup(mgr *cgroups.Manager, jobID string, tier cgroups.Tier, lim cgroups.Limits) (*cgroups.Cgroup, error) {
+	if tier == cgroups.Guaranteed || lim.Cpus == "" {
+		return mgr.Create(jobID, tier, lim)
+	}
+	planned, err := cgroups.ParseCPUList(lim.Cpus)
+	if err != nil {
+		return nil, err
+	}
+	var cg *cgroups.Cgroup
+	for range 3 {
+		if pool, err := mgr.TierCPUs(tier); err == nil {
+			if in := intersect(planned, pool); len(in) > 0 {
+				lim.Cpus = cgroups.FormatCPUList(in)
+			} else if len(pool) > 0 {
+				lim.Cpus = cgroups.FormatCPUList(pool)
+			}
+		}
+		if cg, err = mgr.Create(jobID, tier, lim); err == nil {
+			return cg, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil, err
+}
+
+func intersect(a, b []int) []int {
+	var out []int
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			out = append(out, x)
+		}
+	}
+	return out
 }
 
 // supervise waits for the job's first process while obeying signals:

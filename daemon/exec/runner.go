@@ -273,24 +273,32 @@ func (r *MonitorRunner) Attach(jobID string, attempt int) (jobs.Process, error) 
 		}
 		return p, nil
 	}
-	alive, err := monitorAlive(dir)
-	if err != nil {
-		return nil, err
-	}
-	if !alive {
-		// The monitor may have written its result and exited just now.
-		if readJSON(filepath.Join(dir, resultFile), &res) == nil {
-			p.result = &res
+	// A monitor still starting its job has not named the job yet: wait
+	// (bounded) until it has, or is gone.
+	deadline := time.Now().Add(r.cfg.StartTimeout)
+	for {
+		alive, err := monitorAlive(dir)
+		if err != nil {
+			return nil, err
+		}
+		if !alive {
+			// The monitor may have written its result and exited just now.
+			if readJSON(filepath.Join(dir, resultFile), &res) == nil {
+				p.result = &res
+				return p, nil
+			}
+			return nil, fmt.Errorf("job %s attempt %d: %w", jobID, attempt, jobs.ErrGone)
+		}
+		var st State
+		if err := readJSON(filepath.Join(dir, stateFile), &st); err == nil && st.JobPID > 0 {
+			p.monPID, p.monStart, p.jobPID = st.MonitorPID, st.MonitorStart, st.JobPID
 			return p, nil
 		}
-		return nil, fmt.Errorf("job %s attempt %d: %w", jobID, attempt, jobs.ErrGone)
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("job %s attempt %d: monitor alive but has not started the job within %s", jobID, attempt, r.cfg.StartTimeout)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	var st State
-	if err := readJSON(filepath.Join(dir, stateFile), &st); err != nil {
-		return nil, fmt.Errorf("job %s attempt %d: monitor alive but its state is unreadable: %w", jobID, attempt, err)
-	}
-	p.monPID, p.monStart, p.jobPID = st.MonitorPID, st.MonitorStart, st.JobPID
-	return p, nil
 }
 
 // monitorAlive reports whether a process holds the attempt's monitor lock.
@@ -314,25 +322,50 @@ func monitorAlive(dir string) (bool, error) {
 	return false, nil
 }
 
-// Reap kills whatever is left of an attempt whose monitor is gone: its
-// cgroup's processes (and the cgroup), or without cgroups the members of
-// its process group that carry its job ID.
+// Reap kills whatever is left of a job whose monitor could not be
+// re-attached: live monitors of its attempts, its cgroup's processes (and
+// the cgroup), or without cgroups the members of its process group that
+// carry its job ID.
 func (r *MonitorRunner) Reap(jobID string, pid int) (int, error) {
-	if r.cfg.Cgroups != nil {
-		cg, err := r.cfg.Cgroups.Load(jobID)
-		if errors.Is(err, cgroups.ErrNotFound) {
-			return reapByEnv(r.cfg.ProcRoot, jobID, pid)
-		}
-		if err != nil {
-			return 0, err
-		}
-		pids, _ := cg.Procs()
-		if err := cg.Kill(); err != nil {
-			return 0, err
-		}
-		return len(pids), cg.Delete()
+	killed := r.killMonitors(jobID)
+	if r.cfg.Cgroups == nil {
+		n, err := reapByEnv(r.cfg.ProcRoot, jobID, pid)
+		return killed + n, err
 	}
-	return reapByEnv(r.cfg.ProcRoot, jobID, pid)
+	cg, err := r.cfg.Cgroups.Load(jobID)
+	if errors.Is(err, cgroups.ErrNotFound) {
+		n, err := reapByEnv(r.cfg.ProcRoot, jobID, pid)
+		return killed + n, err
+	}
+	if err != nil {
+		return killed, err
+	}
+	pids, _ := cg.Procs()
+	if err := cg.Kill(); err != nil {
+		return killed, err
+	}
+	return killed + len(pids), cg.Delete()
+}
+
+// killMonitors SIGKILLs the live monitors of a job's attempts and says how
+// many it killed.
+func (r *MonitorRunner) killMonitors(jobID string) int {
+	dirs, _ := filepath.Glob(filepath.Join(r.cfg.JobsDir, jobID, "attempt-*"))
+	killed := 0
+	for _, dir := range dirs {
+		if alive, err := monitorAlive(dir); err != nil || !alive {
+			continue
+		}
+		var st State
+		if readJSON(filepath.Join(dir, stateFile), &st) != nil || st.MonitorPID <= 0 {
+			continue
+		}
+		p := &monitorProcess{r: r, monPID: st.MonitorPID, monStart: st.MonitorStart}
+		if err := p.signalMonitor(syscall.SIGKILL); err == nil {
+			killed++
+		}
+	}
+	return killed
 }
 
 // SetCPUQuota changes a running job's CPU quota (millicores; 0 removes it).
@@ -430,10 +463,14 @@ func (p *monitorProcess) Signal(sig syscall.Signal) error {
 	if p.monPID <= 0 {
 		return nil // already finished
 	}
-	toMonitor := sig
 	if sig == syscall.SIGKILL {
-		toMonitor = syscall.SIGUSR1
+		sig = syscall.SIGUSR1
 	}
+	return p.signalMonitor(sig)
+}
+
+// signalMonitor sends sig to the monitor process itself.
+func (p *monitorProcess) signalMonitor(sig syscall.Signal) error {
 	fd, err := unix.PidfdOpen(p.monPID, 0)
 	if errors.Is(err, unix.ESRCH) {
 		return nil
@@ -445,7 +482,7 @@ func (p *monitorProcess) Signal(sig syscall.Signal) error {
 	if start, err := processStart(p.r.cfg.ProcRoot, p.monPID); err != nil || start != p.monStart {
 		return nil // the monitor is gone; its pid names another process
 	}
-	if err := unix.PidfdSendSignal(fd, toMonitor, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("signal monitor %d: %w", p.monPID, err)
 	}
 	return nil

@@ -153,14 +153,14 @@ func (m *Manager) markLost(j *api.Job, attachErr error) error {
 	if !errors.Is(attachErr, ErrGone) {
 		reason += fmt.Sprintf(" (re-attaching failed: %v)", attachErr)
 	}
-	if j.PID > 0 {
-		n, err := m.runner.Reap(j.ID, j.PID)
-		switch {
-		case err != nil:
-			reason += fmt.Sprintf(" (cleaning up leftovers failed: %v)", err)
-		case n > 0:
-			reason += fmt.Sprintf(" (%d leftover processes killed)", n)
-		}
+	// Reap even without a recorded pid: a monitor may have started the
+	// job after the last record.
+	n, err := m.runner.Reap(j.ID, j.PID)
+	switch {
+	case err != nil:
+		reason += fmt.Sprintf(" (cleaning up leftovers failed: %v)", err)
+	case n > 0:
+		reason += fmt.Sprintf(" (%d leftover processes killed)", n)
 	}
 	return m.transition(j, api.StateLost, reason, func(j *api.Job) {
 		t := m.now()
