@@ -4,12 +4,15 @@ import (
 	"os"
 
 	"github.com/fusiond/fusiond/daemon/exec"
+	"github.com/fusiond/fusiond/daemon/exec/container"
 )
 
-// hiddenMode runs the modes fusiond re-executes itself in (a job's monitor,
-// a job's first process) and exits; it returns for a normal start.
+// hiddenMode runs the modes fusiond re-executes itself in (libcontainer's
+// container init, a job's monitor, a job's first process) and exits; it
+// returns for a normal start.
 func hiddenMode() {
-	if code, ok := exec.Dispatch(os.Args); ok {
+	container.Init(os.Args)
+	if code, ok := exec.DispatchWith(os.Args, container.Runtime{}); ok {
 		os.Exit(code)
 	}
 }

@@ -87,6 +87,11 @@ type JobSpec struct {
 	Restart *Restart `json:"restart,omitempty"`
 	// Labels are free-form key/value pairs, returned as given.
 	Labels map[string]string `json:"labels,omitempty"`
+
+	// Rootfs runs the job in a container over this root filesystem
+	// (absolute path); the command is looked up inside it and Workdir
+	// (default /) is inside it too.
+	Rootfs string `json:"rootfs,omitempty"`
 }
 
 // Resources is a job's resource request.

@@ -27,7 +27,10 @@ import (
 // (os.Args) ask for neither; otherwise the caller exits with the code.
 // It must run before anything else in main: the job's first process must
 // not parse flags, open files or start goroutines of its own.
-func Dispatch(args []string) (int, bool) {
+func Dispatch(args []string) (int, bool) { return DispatchWith(args, nil) }
+
+// DispatchWith is Dispatch for a binary that can run container jobs with rt.
+func DispatchWith(args []string, rt ContainerRuntime) (int, bool) {
 	if len(args) < 2 {
 		return 0, false
 	}
@@ -37,7 +40,7 @@ func Dispatch(args []string) (int, bool) {
 			fmt.Fprintln(os.Stderr, "usage: fusiond __monitor ATTEMPT-DIR")
 			return 2, true
 		}
-		return runMonitor(args[2]), true
+		return runMonitor(args[2], rt), true
 	case execArg:
 		return runExec(), true
 	}
@@ -56,8 +59,9 @@ type monitor struct {
 	dir  string
 	spec Spec
 	log  *slog.Logger
+	rt   ContainerRuntime
 	cg   *cgroups.Cgroup
-	cmd  *osexec.Cmd
+	proc JobProcess
 	// logDone is closed once the job's output is drained.
 	logDone chan struct{}
 }
@@ -66,7 +70,7 @@ type monitor struct {
 // daemon with setsid, stdin and stdout on /dev/null, stderr on
 // DIR/monitor.log, fd 3 the pipe for its readyMsg and fd 4 the locked
 // DIR/monitor.lock.
-func runMonitor(dir string) int {
+func runMonitor(dir string, rt ContainerRuntime) int {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("monitor", os.Getpid())
 	ready := os.NewFile(3, "ready")
 	report := func(m readyMsg) {
@@ -77,7 +81,7 @@ func runMonitor(dir string) int {
 		ready.Close()
 		ready = nil
 	}
-	mon := &monitor{dir: dir, log: log}
+	mon := &monitor{dir: dir, log: log, rt: rt}
 	if err := readJSON(filepath.Join(dir, specFile), &mon.spec); err != nil {
 		report(readyMsg{Error: "monitor: " + err.Error()})
 		return 1
@@ -116,7 +120,7 @@ func runMonitor(dir string) int {
 		report(readyMsg{Error: err.Error()})
 		return 1
 	}
-	state.JobPID, state.StartedAt = mon.cmd.Process.Pid, time.Now().UTC()
+	state.JobPID, state.StartedAt = mon.proc.Pid(), time.Now().UTC()
 	if mon.cg != nil {
 		state.Cgroup = mon.cg.Path()
 	}
@@ -160,6 +164,9 @@ func (m *monitor) start() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if m.spec.Rootfs != "" {
+		return oomBefore, m.startContainer(out)
+	}
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		out.Close()
@@ -200,16 +207,8 @@ func (m *monitor) start() (uint64, error) {
 		specW.Close()
 		return 0, fmt.Errorf("start job process: %w", err)
 	}
-	m.cmd = cmd
-	m.logDone = make(chan struct{})
-	go func() {
-		defer close(m.logDone)
-		if _, err := io.Copy(out, outR); err != nil {
-			m.log.Warn("copying job output", "err", err)
-		}
-		outR.Close()
-		out.Close()
-	}()
+	m.proc = &cmdProcess{cmd}
+	m.copyOutput(outR, out)
 	fail := func(err error) (uint64, error) {
 		specW.Close()
 		_ = cmd.Process.Kill()
@@ -234,6 +233,64 @@ func (m *monitor) start() (uint64, error) {
 	}
 	return oomBefore, nil
 }
+
+// copyOutput copies the job's output from r to the log until every writer
+// has closed the pipe.
+func (m *monitor) copyOutput(r *os.File, out io.WriteCloser) {
+	m.logDone = make(chan struct{})
+	go func() {
+		defer close(m.logDone)
+		if _, err := io.Copy(out, r); err != nil {
+			m.log.Warn("copying job output", "err", err)
+		}
+		r.Close()
+		out.Close()
+	}()
+}
+
+// startContainer starts a container job through the runtime, in the job's
+// cgroup.
+func (m *monitor) startContainer(out io.WriteCloser) error {
+	if m.rt == nil {
+		out.Close()
+		return errors.New("this fusiond binary cannot run container jobs (rootfs)")
+	}
+	if m.cg == nil {
+		out.Close()
+		return errors.New("container jobs need cgroups, and fusiond runs without them")
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		out.Close()
+		return err
+	}
+	m.copyOutput(outR, out)
+	p, err := m.rt.Start(ContainerRequest{
+		Spec: m.spec, StateDir: filepath.Join(m.dir, "container"),
+		CgroupPath: m.cg.Path(), Limits: m.spec.Cgroup.Limits, Output: outW,
+	})
+	outW.Close()
+	if err != nil {
+		return fmt.Errorf("start container: %w", err)
+	}
+	m.proc = p
+	return nil
+}
+
+// cmdProcess is a plain job process.
+type cmdProcess struct{ cmd *osexec.Cmd }
+
+func (p *cmdProcess) Pid() int { return p.cmd.Process.Pid }
+
+func (p *cmdProcess) Wait() (syscall.WaitStatus, error) {
+	err := p.cmd.Wait()
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); ok {
+		return ws, nil
+	}
+	return 0, err
+}
+
+func (p *cmdProcess) Close() error { return nil }
 
 // createCgroup creates the job's cgroup. A shared-pool job's cpus were
 // computed by the daemon a moment ago; a guaranteed job placed since may
@@ -279,16 +336,18 @@ func intersect(a, b []int) []int {
 // SIGTERM (and SIGINT) is passed to every process of the job and, after the
 // grace period, the whole job is killed; SIGUSR1 kills it at once.
 func (m *monitor) supervise(sigs <-chan os.Signal) syscall.WaitStatus {
-	waited := make(chan struct{})
+	waited := make(chan syscall.WaitStatus, 1)
 	go func() {
-		_ = m.cmd.Wait()
-		close(waited)
+		ws, err := m.proc.Wait()
+		if err != nil {
+			m.log.Error("waiting for the job", "err", err)
+		}
+		waited <- ws
 	}()
 	var grace <-chan time.Time
 	for {
 		select {
-		case <-waited:
-			ws, _ := m.cmd.ProcessState.Sys().(syscall.WaitStatus)
+		case ws := <-waited:
 			return ws
 		case sig := <-sigs:
 			switch sig {
@@ -319,7 +378,7 @@ func (m *monitor) signalAll(sig syscall.Signal) {
 			return
 		}
 	}
-	_ = syscall.Kill(-m.cmd.Process.Pid, sig)
+	_ = syscall.Kill(-m.proc.Pid(), sig)
 }
 
 // killAll kills every process of the job: the whole cgroup, or without
@@ -331,7 +390,7 @@ func (m *monitor) killAll() {
 		}
 		return
 	}
-	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+	_ = syscall.Kill(-m.proc.Pid(), syscall.SIGKILL)
 }
 
 // finish kills what is left of the job, drains its output, measures it and
@@ -367,6 +426,9 @@ func (m *monitor) finish(ws syscall.WaitStatus, oomBefore uint64) Result {
 		res.Exit = api.ExitStatus{Code: ws.ExitStatus()}
 	}
 	res.Exit.OOMKilled = res.Reason == cgroups.ExitOOMKilled
+	if err := m.proc.Close(); err != nil {
+		m.log.Warn("releasing the job's container", "err", err)
+	}
 	m.cleanup()
 	return res
 }

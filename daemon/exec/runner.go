@@ -138,9 +138,12 @@ func Placement(req jobs.RunRequest, shared []int) (cgroups.Placement, error) {
 // Start writes the attempt's spec and starts its monitor, which reports
 // once the job's process runs in its cgroup.
 func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Process, error) {
-	path, err := lookPath(req.Command[0], req.Env)
-	if err != nil {
-		return nil, err
+	path := req.Command[0] // a container's command is looked up inside it
+	if req.Rootfs == "" {
+		var err error
+		if path, err = lookPath(req.Command[0], req.Env); err != nil {
+			return nil, err
+		}
 	}
 	env := slices.Clone(req.Env)
 	for _, k := range slices.Sorted(maps.Keys(req.DeviceEnv)) {
@@ -151,6 +154,7 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 		Path: path, Args: slices.Clone(req.Command), Env: env, Dir: req.Workdir,
 		SetIdentity: r.asRoot, UID: req.UID, GID: req.GID, Groups: req.Groups,
 		LogPath: req.LogPath, LogMaxBytes: r.cfg.LogMaxBytes, Grace: r.cfg.Grace,
+		Rootfs: req.Rootfs, Devices: req.Devices,
 	}
 	if r.cfg.Cgroups != nil {
 		var shared []int

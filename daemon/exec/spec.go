@@ -12,6 +12,7 @@ import (
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // The files of one attempt directory, <jobs dir>/<job>/attempt-<n>/.
@@ -50,6 +51,12 @@ type Spec struct {
 	Args []string `json:"args"`
 	Env  []string `json:"env"`
 	Dir  string   `json:"dir"`
+	// Rootfs, when set, runs the job in a container over this root
+	// filesystem (Path is then looked up inside it).
+	Rootfs string `json:"rootfs,omitempty"`
+	// Devices are the granted device nodes (a container gets them in its
+	// /dev; the cgroup rules come from Cgroup.Limits).
+	Devices []devices.DeviceNode `json:"devices,omitempty"`
 	// SetIdentity makes the job switch to UID, GID and Groups (only a root
 	// daemon can).
 	SetIdentity bool     `json:"set_identity"`

@@ -29,6 +29,8 @@ type RunRequest struct {
 	Devices []devices.DeviceNode
 	// DeviceEnv is added to Env (CUDA_VISIBLE_DEVICES and the like).
 	DeviceEnv map[string]string
+	// Rootfs, when set, runs the job in a container over it.
+	Rootfs string
 }
 
 // Process is a started job.

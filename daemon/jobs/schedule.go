@@ -236,6 +236,9 @@ func (m *Manager) runRequest(j *api.Job, attempt int) (RunRequest, error) {
 		name = u.Username
 	}
 	workdir := j.Spec.Workdir
+	if workdir == "" && j.Spec.Rootfs != "" {
+		workdir = "/" // inside the container
+	}
 	if workdir == "" {
 		workdir = home
 		if st, err := os.Stat(home); err != nil || !st.IsDir() {
@@ -274,7 +277,7 @@ func (m *Manager) runRequest(j *api.Job, attempt int) (RunRequest, error) {
 	return RunRequest{
 		JobID: j.ID, Attempt: attempt, Command: j.Spec.Command, Env: envList,
 		Workdir: workdir, UID: j.Owner.UID, GID: j.Owner.GID, Groups: j.Owner.Groups,
-		LogPath: logPath, Tier: j.Tier, Allocation: alloc,
+		LogPath: logPath, Tier: j.Tier, Allocation: alloc, Rootfs: j.Spec.Rootfs,
 	}, nil
 }
 
