@@ -11,7 +11,6 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -46,28 +45,8 @@ func busyboxRootfs(t *testing.T) string {
 		t.Fatalf("%s is dynamically linked (apt-get install -y busybox-static): %s", bb, out)
 	}
 	root := filepath.Join(t.TempDir(), "rootfs")
-	for _, d := range []string{"bin", "proc", "sys", "dev", "tmp", "etc"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	data, err := os.ReadFile(bb)
-	if err != nil {
+	if err := BuildBusyboxRootfs(root, bb); err != nil {
 		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	list, err := osexec.Command(bb, "--list").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, applet := range strings.Fields(string(list)) {
-		if applet != "busybox" {
-			if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 	for d := filepath.Dir(root); d != "/"; d = filepath.Dir(d) {
 		os.Chmod(d, 0o755) // the job's uid must reach its rootfs
