@@ -56,6 +56,10 @@ func (Runtime) Start(req exec.ContainerRequest) (exec.JobProcess, error) {
 	if err != nil {
 		return nil, err
 	}
+	// pivot_root(2) does not work when the host itself runs from an
+	// initramfs (ramfs/tmpfs root): there, as runc --no-pivot does, the
+	// container is entered with MS_MOVE and chroot.
+	cfg.NoPivotRoot = rootOnRAMDisk()
 	if err := os.MkdirAll(req.StateDir, 0o700); err != nil {
 		return nil, err
 	}
@@ -83,6 +87,15 @@ func (Runtime) Start(req exec.ContainerRequest) (exec.JobProcess, error) {
 		return nil, err
 	}
 	return &process{c: c, p: p, pid: pid}, nil
+}
+
+// rootOnRAMDisk reports whether / is a ramfs or tmpfs (an initramfs).
+func rootOnRAMDisk() bool {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/", &st); err != nil {
+		return false
+	}
+	return st.Type == unix.RAMFS_MAGIC || st.Type == unix.TMPFS_MAGIC
 }
 
 type process struct {
