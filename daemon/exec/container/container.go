@@ -1,23 +1,12 @@
-// Package container runs fusiond's container jobs (a job spec with
-// rootfs:) through runc's libcontainer: the job's first process gets its own
-// mount, pid, uts, ipc and cgroup namespaces over the given root filesystem
-// (host network), joins the cgroup the job's monitor created with the job's
-// limits, has only the default and granted device nodes in its /dev, and runs
-// as the submitting user with no new privileges.
-//
-// libcontainer starts containers by re-executing the binary with "init";
-// the binary must call Init first thing in main, and this package imports
-// libcontainer's nsenter (cgo), whose constructor runs before the Go runtime
-// in that re-executed process.
+//go:build cgo
+
 package container
 
 import (
 	"errors"
 	"fmt"
 	"os"
-	osexec "os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	occgroups "github.com/opencontainers/cgroups"
@@ -210,36 +199,4 @@ func node(n devices.DeviceNode) *devconfig.Device {
 			Permissions: devconfig.Permissions(access), Allow: true,
 		},
 	}
-}
-
-// BuildBusyboxRootfs makes a minimal root filesystem in dst from a
-// statically linked busybox binary: bin/busybox with a relative symlink per
-// applet, and empty proc, sys, dev, tmp and etc. It serves demos, tests
-// and benchmarks.
-func BuildBusyboxRootfs(dst, busybox string) error {
-	for _, d := range []string{"bin", "proc", "sys", "dev", "tmp", "etc"} {
-		if err := os.MkdirAll(filepath.Join(dst, d), 0o755); err != nil {
-			return err
-		}
-	}
-	data, err := os.ReadFile(busybox)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dst, "bin", "busybox"), data, 0o755); err != nil {
-		return err
-	}
-	list, err := osexec.Command(busybox, "--list").Output()
-	if err != nil {
-		return fmt.Errorf("busybox --list: %w", err)
-	}
-	for _, applet := range strings.Fields(string(list)) {
-		if applet == "busybox" {
-			continue
-		}
-		if err := os.Symlink("busybox", filepath.Join(dst, "bin", applet)); err != nil && !errors.Is(err, os.ErrExist) {
-			return err
-		}
-	}
-	return nil
 }

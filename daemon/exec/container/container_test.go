@@ -1,3 +1,5 @@
+//go:build cgo
+
 package container
 
 // Real-kernel test (root, fails without it): a container job built from a
