@@ -2,10 +2,18 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
+	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/exec/container"
 )
 
 // TestExecutorOOMAndUsage: a job over its memory limit is OOM-killed and
@@ -52,4 +60,46 @@ func TestExecutorOOMAndUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, c, bystander.ID, api.StateCancelled)
+}
+
+// TestExecutorContainer: a container job submitted by an unprivileged
+// user runs as that user over its busybox-static rootfs, in its own pid
+// namespace, and sees its CPU and memory limits from inside.
+func TestExecutorContainer(t *testing.T) {
+	dir := publicTempDir(t)
+	bb, err := osexec.LookPath("busybox")
+	if err != nil {
+		t.Fatal("busybox missing (apt-get install -y busybox-static)")
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := container.BuildBusyboxRootfs(rootfs, bb); err != nil {
+		t.Fatal(err)
+	}
+	d := newDaemon(t, dir, "")
+	d.start()
+	spec := filepath.Join(dir, "ctr.yaml")
+	os.WriteFile(spec, []byte(`name: ctr
+class: service
+rootfs: `+rootfs+`
+command: ["sh", "-c", "echo uid=$(id -u) cpus=$(nproc) pid=$$; cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"]
+resources: {cpu: 1, memory: 40Mi}
+`), 0o644)
+	asNobody := &syscall.Credential{Uid: nobody, Gid: nobody}
+	r := d.ctl(asNobody, "", "submit", spec, "-o", "json")
+	if r.code != 0 {
+		t.Fatalf("submit: %d %s", r.code, r.stderr)
+	}
+	var jobs []api.Job
+	if err := json.Unmarshal([]byte(r.stdout), &jobs); err != nil || len(jobs) != 1 {
+		t.Fatalf("submit output %q: %v", r.stdout, err)
+	}
+	j := waitFor(t, d.client(), jobs[0].ID, api.StateSucceeded)
+	if j.Allocation == nil || j.Allocation.CPUSet == "" {
+		t.Fatalf("guaranteed container job without exclusive cores: %+v", j.Allocation)
+	}
+	cpus, _ := cgroups.ParseCPUList(j.Allocation.CPUSet)
+	want := fmt.Sprintf("uid=%d cpus=%d pid=1\n%d\n", nobody, len(cpus), 40<<20)
+	if logs := d.ctl(asNobody, "", "logs", j.ID); logs.stdout != want {
+		t.Errorf("container job printed %q, want %q", logs.stdout, want)
+	}
 }
