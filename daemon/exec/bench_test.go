@@ -75,3 +75,17 @@ func BenchmarkCPUIsolation(b *testing.B) {
 	b.ReportMetric(100*beside/alone, "guaranteed-kept-%")
 	b.ReportMetric(100*sharedBeside/sharedAlone, "burstable-shared-kept-%")
 }
+
+// BenchmarkStart measures MonitorRunner.Start of a process job, from the
+// call until the job's process runs in its cgroup, and the wait for its end.
+//
+//	go test -run '^$' -bench 'Start$' -benchtime 20x ./daemon/exec/
+func BenchmarkStart(b *testing.B) {
+	r := newTestRunner(b)
+	n := 0
+	for b.Loop() {
+		n++
+		p := r.start(r.request(fmt.Sprintf("s%d", n), api.TierBurstable, 100, 32<<20, "true"))
+		waitExit(b, p, 20*time.Second)
+	}
+}

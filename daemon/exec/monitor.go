@@ -71,7 +71,7 @@ type monitor struct {
 // DIR/monitor.log, fd 3 the pipe for its readyMsg and fd 4 the locked
 // DIR/monitor.lock.
 func runMonitor(dir string, rt ContainerRuntime) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("monitor", os.Getpid())
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("monitor", os.Getpid())
 	ready := os.NewFile(3, "ready")
 	report := func(m readyMsg) {
 		if ready == nil {
@@ -147,12 +147,20 @@ func runMonitor(dir string, rt ContainerRuntime) int {
 // the job ran.
 func (m *monitor) start() (uint64, error) {
 	var oomBefore uint64
+	quotaDeferred := false
 	if c := m.spec.Cgroup; c != nil {
 		mgr, err := cgroups.NewManager(cgroups.WithRoot(c.Root), cgroups.WithParent(c.Parent), cgroups.WithLogger(m.log))
 		if err != nil {
 			return 0, fmt.Errorf("cgroups: %w", err)
 		}
-		m.cg, err = createCgroup(mgr, m.spec.JobID, c.Tier, c.Limits)
+		// The CPU quota is set once the job runs: the start-up of the job's
+		// first process (Go runtime, container init) would otherwise crawl
+		// at a tenth of a core for a cpu: 100m best-effort job.
+		lim := c.Limits
+		if lim.CPUQuota > 0 {
+			lim.CPUQuota, quotaDeferred = 0, true
+		}
+		m.cg, err = createCgroup(mgr, m.spec.JobID, c.Tier, lim)
 		if err != nil {
 			return 0, err
 		}
@@ -165,19 +173,39 @@ func (m *monitor) start() (uint64, error) {
 		return 0, err
 	}
 	if m.spec.Rootfs != "" {
-		return oomBefore, m.startContainer(out)
+		err = m.startContainer(out)
+	} else {
+		err = m.startProcess(out)
 	}
+	if err != nil {
+		return 0, err
+	}
+	if quotaDeferred {
+		l := m.spec.Cgroup.Limits
+		if err := m.cg.SetCPUQuota(l.CPUQuota * 1000 / int64(max(l.CPUPeriod, 1))); err != nil {
+			m.killAll()
+			_, _ = m.proc.Wait()
+			_ = m.proc.Close()
+			return 0, fmt.Errorf("set the job's CPU quota: %w", err)
+		}
+	}
+	return oomBefore, nil
+}
+
+// startProcess starts a plain job's first process, held until it is in
+// the job's cgroup.
+func (m *monitor) startProcess(out io.WriteCloser) error {
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		out.Close()
-		return 0, err
+		return err
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		out.Close()
 		specR.Close()
 		specW.Close()
-		return 0, err
+		return err
 	}
 	defer errR.Close()
 	outR, outW, err := os.Pipe()
@@ -186,7 +214,7 @@ func (m *monitor) start() (uint64, error) {
 		specR.Close()
 		specW.Close()
 		errW.Close()
-		return 0, err
+		return err
 	}
 	cmd := osexec.Command("/proc/self/exe", execArg)
 	cmd.Args[0] = "fusiond-job"
@@ -205,15 +233,22 @@ func (m *monitor) start() (uint64, error) {
 		out.Close()
 		outR.Close()
 		specW.Close()
-		return 0, fmt.Errorf("start job process: %w", err)
+		return fmt.Errorf("start job process: %w", err)
 	}
 	m.proc = &cmdProcess{cmd}
 	m.copyOutput(outR, out)
-	fail := func(err error) (uint64, error) {
+	fail := func(err error) error {
 		specW.Close()
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return 0, err
+		return err
+	}
+	// The job's process says once its runtime is up, and is moved into the
+	// cgroup only then: fusiond's own start-up is not charged to the job's
+	// memory nor slowed by its CPU settings.
+	ready := make([]byte, 1)
+	if _, err := io.ReadFull(errR, ready); err != nil || ready[0] != stubReady {
+		return fail(fmt.Errorf("job process did not come up: %v", err))
 	}
 	if m.cg != nil {
 		if err := m.cg.AddProc(cmd.Process.Pid); err != nil {
@@ -229,9 +264,9 @@ func (m *monitor) start() (uint64, error) {
 	msg, _ := io.ReadAll(errR)
 	if len(msg) > 0 {
 		_ = cmd.Wait()
-		return 0, errors.New(string(msg))
+		return errors.New(string(msg))
 	}
-	return oomBefore, nil
+	return nil
 }
 
 // copyOutput copies the job's output from r to the log until every writer
@@ -443,10 +478,14 @@ func (m *monitor) cleanup() {
 	}
 }
 
+// stubReady is the byte the job's first process writes on fd 4 once it is
+// up and waiting for its spec.
+const stubReady = 'R'
+
 // runExec is the job's first process: it reads its Spec from fd 3 (which
 // the monitor writes only once the process is in the job's cgroup), applies
-// rlimits and identity and execs the command. A failure is written to fd 4,
-// which exec closes on success.
+// rlimits and identity and execs the command. It first writes stubReady to
+// fd 4; then a failure is written there, and exec closes it on success.
 func runExec() int {
 	runtime.LockOSThread()
 	specF := os.NewFile(3, "spec")
@@ -458,6 +497,9 @@ func runExec() int {
 	unix.CloseOnExec(4)
 	fail := func(format string, args ...any) int {
 		fmt.Fprintf(errF, format, args...)
+		return 127
+	}
+	if _, err := errF.Write([]byte{stubReady}); err != nil {
 		return 127
 	}
 	var spec Spec
