@@ -71,7 +71,7 @@ type monitor struct {
 // DIR/monitor.log, fd 3 the pipe for its readyMsg and fd 4 the locked
 // DIR/monitor.lock.
 func runMonitor(dir string, rt ContainerRuntime) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("monitor", os.Getpid())
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("monitor", os.Getpid())
 	ready := os.NewFile(3, "ready")
 	report := func(m readyMsg) {
 		if ready == nil {
