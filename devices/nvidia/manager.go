@@ -136,6 +136,9 @@ func Open(opts ...Option) (*Manager, error) {
 	if o.lib == nil {
 		o.lib = nvml.New()
 	}
+	if h, ok := o.lib.(*SimHost); ok && o.simulated == "" {
+		o.simulated = h.Name()
+	}
 	if err := call0("nvmlInit", o.lib.Init); err != nil {
 		return nil, err
 	}
