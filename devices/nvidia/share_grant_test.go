@@ -35,7 +35,9 @@ func (f *fakeMPS) Stop(_ context.Context, g string) error {
 	f.stop = append(f.stop, g)
 	return nil
 }
-func (f *fakeMPS) Dirs(g string) (string, string) { return "/run/mps/" + g + "/pipe", "/run/mps/" + g + "/log" }
+func (f *fakeMPS) Dirs(g string) (string, string) {
+	return "/run/mps/" + g + "/pipe", "/run/mps/" + g + "/log"
+}
 
 var _ MPSControl = (*fakeMPS)(nil)
 
