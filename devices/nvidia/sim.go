@@ -31,6 +31,7 @@ type SimHost struct {
 	mu     sync.Mutex
 	events chan nvml.EventData
 	state  []*simGPU
+	devs   []*simDevice
 }
 
 type simGPU struct {
@@ -67,22 +68,92 @@ func NewSimHost(name string) (*SimHost, error) {
 	h := &SimHost{Server: s, name: name, events: make(chan nvml.EventData, 64)}
 	for i, d := range s.Devices {
 		h.state = append(h.state, &simGPU{powerLimit: simTDP(name), migDevs: map[string]*mock.Device{}})
-		h.wireDevice(i, d.(*server.Device))
+		sd := &simDevice{Device: d.(*server.Device), h: h, i: i}
+		h.devs = append(h.devs, sd)
+		h.wireDevice(i, sd.Device)
+	}
+	s.DeviceGetHandleByIndexFunc = func(index int) (nvml.Device, nvml.Return) {
+		if index < 0 || index >= len(h.devs) {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return h.devs[index], nvml.SUCCESS
 	}
 	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
-		es := &mock.EventSet{}
-		es.WaitFunc = func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
-			select {
-			case ev := <-h.events:
-				return ev, nvml.SUCCESS
-			case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
-				return nvml.EventData{}, nvml.ERROR_TIMEOUT
-			}
-		}
-		es.FreeFunc = func() nvml.Return { return nvml.SUCCESS }
-		return es, nvml.SUCCESS
+		return &simEventSet{h: h}, nvml.SUCCESS
 	}
 	return h, nil
+}
+
+// simEventSet delivers injected events. Its methods shadow the mock's so
+// that frequent calls are not recorded by the mock (which keeps every call
+// in memory).
+type simEventSet struct {
+	mock.EventSet
+	h *SimHost
+}
+
+func (e *simEventSet) Wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+	select {
+	case ev := <-e.h.events:
+		return ev, nvml.SUCCESS
+	case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
+		return nvml.EventData{}, nvml.ERROR_TIMEOUT
+	}
+}
+
+func (e *simEventSet) Free() nvml.Return { return nvml.SUCCESS }
+
+// simDevice answers the queries telemetry and health probes make many
+// times a second directly, without the mock's call recording, so a
+// long-running simulated daemon does not grow without bound.
+type simDevice struct {
+	*server.Device
+	h *SimHost
+	i int
+}
+
+var _ nvml.Device = (*simDevice)(nil)
+
+func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) { return d.Device.MemoryInfo, nvml.SUCCESS }
+
+func (d *simDevice) GetPowerUsage() (uint32, nvml.Return) {
+	return simTDP(d.h.name) / 5, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetPowerManagementLimit() (uint32, nvml.Return) {
+	d.h.mu.Lock()
+	defer d.h.mu.Unlock()
+	return d.h.state[d.i].powerLimit, nvml.SUCCESS
+}
+
+func (d *simDevice) GetEnforcedPowerLimit() (uint32, nvml.Return) { return d.GetPowerManagementLimit() }
+
+func (d *simDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
+	return 34, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetClockInfo(t nvml.ClockType) (uint32, nvml.Return) {
+	if t == nvml.CLOCK_MEM {
+		return 2619, d.h.lostOr(d.i)
+	}
+	return 1980, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
+	return nvml.Utilization{}, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	return nil, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetTotalEccErrors(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
+	d.h.mu.Lock()
+	defer d.h.mu.Unlock()
+	if t == nvml.MEMORY_ERROR_TYPE_UNCORRECTED && c == nvml.VOLATILE_ECC {
+		return d.h.state[d.i].dbe, nvml.SUCCESS
+	}
+	return 0, nvml.SUCCESS
 }
 
 // Name is the simulated host's name.
@@ -111,12 +182,6 @@ func (h *SimHost) wireDevice(i int, d *server.Device) {
 	d.GetPowerManagementLimitConstraintsFunc = func() (uint32, uint32, nvml.Return) {
 		return tdp / 2, tdp, nvml.SUCCESS
 	}
-	d.GetPowerManagementLimitFunc = func() (uint32, nvml.Return) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return st.powerLimit, nvml.SUCCESS
-	}
-	d.GetEnforcedPowerLimitFunc = d.GetPowerManagementLimitFunc
 	d.SetPowerManagementLimitFunc = func(mw uint32) nvml.Return {
 		if mw < tdp/2 || mw > tdp {
 			return nvml.ERROR_INVALID_ARGUMENT
@@ -125,24 +190,6 @@ func (h *SimHost) wireDevice(i int, d *server.Device) {
 		defer h.mu.Unlock()
 		st.powerLimit = mw
 		return nvml.SUCCESS
-	}
-	d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return tdp / 5, h.lostOr(i) }
-	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 34, h.lostOr(i) }
-	d.GetClockInfoFunc = func(t nvml.ClockType) (uint32, nvml.Return) {
-		if t == nvml.CLOCK_MEM {
-			return 2619, h.lostOr(i)
-		}
-		return 1980, h.lostOr(i)
-	}
-	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{}, h.lostOr(i) }
-	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, h.lostOr(i) }
-	d.GetTotalEccErrorsFunc = func(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		if t == nvml.MEMORY_ERROR_TYPE_UNCORRECTED && c == nvml.VOLATILE_ECC {
-			return st.dbe, nvml.SUCCESS
-		}
-		return 0, nvml.SUCCESS
 	}
 	// NVLink: every GPU reaches every other over two links (an NVSwitch
 	// fabric seen from the GPU side).
@@ -237,10 +284,10 @@ func (h *SimHost) lostOr(i int) nvml.Return {
 }
 
 func (h *SimHost) device(index int) (nvml.Device, error) {
-	if index < 0 || index >= len(h.Server.Devices) {
+	if index < 0 || index >= len(h.devs) {
 		return nil, fmt.Errorf("simulated GPU %d: %w", index, ErrUnknownDevice)
 	}
-	return h.Server.Devices[index], nil
+	return h.devs[index], nil
 }
 
 // InjectXid delivers a critical Xid event for GPU index, as the driver
