@@ -159,3 +159,18 @@ func TestSimulatedUnknown(t *testing.T) {
 		t.Fatal("want error for unknown host")
 	}
 }
+
+func TestStatusSaysSimulated(t *testing.T) {
+	m, err := Open(WithSimulated("dgxh200"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := m.Status()
+	if st.Simulated != "dgxh200" || len(st.GPUs) != 8 || !st.GPUs[0].Health.Healthy || st.GPUs[0].ShareMode != ModeTimeSlicing {
+		t.Fatalf("status %+v", st)
+	}
+	m.MarkUnhealthy(st.GPUs[3].UUID, st.GPUs[3].UUID, 79, "Xid 79")
+	if m.Status().GPUs[3].Health.Healthy {
+		t.Fatal("unhealthy GPU reported healthy")
+	}
+}

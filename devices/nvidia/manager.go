@@ -357,3 +357,29 @@ func (m *Manager) isGPU(gpus []GPU, bdf string) bool {
 	}
 	return false
 }
+
+// GPUStatus is one GPU as status output shows it.
+type GPUStatus struct {
+	GPU
+	Health devices.Health `json:"health"`
+	// ShareMode is how sharing would be enforced on this GPU.
+	ShareMode ShareMode `json:"shareMode"`
+}
+
+// Status is the driver's summary for `fusionctl status` and
+// `fusionctl gpu list`.
+type Status struct {
+	// Simulated names the simulated host; empty on real hardware.
+	Simulated string      `json:"simulated,omitempty"`
+	GPUs      []GPUStatus `json:"gpus"`
+}
+
+// Status summarises inventory, health and sharing mode.
+func (m *Manager) Status() Status {
+	s := Status{Simulated: m.simulated}
+	mode := m.ShareMode()
+	for _, g := range m.GPUs() {
+		s.GPUs = append(s.GPUs, GPUStatus{GPU: g, Health: m.Health(g.UUID), ShareMode: mode})
+	}
+	return s
+}

@@ -114,7 +114,9 @@ type simDevice struct {
 
 var _ nvml.Device = (*simDevice)(nil)
 
-func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) { return d.Device.MemoryInfo, nvml.SUCCESS }
+func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
+	return d.Device.MemoryInfo, nvml.SUCCESS
+}
 
 func (d *simDevice) GetPowerUsage() (uint32, nvml.Return) {
 	return simTDP(d.h.name) / 5, d.h.lostOr(d.i)
