@@ -232,23 +232,31 @@ func (m *Manager) CheckRecovery() []HealthEvent {
 // each transition, until ctx ends.
 func (m *Manager) WatchHealth(ctx context.Context, probeEvery time.Duration, emit func(HealthEvent)) error {
 	set, err := call("EventSetCreate", m.lib.EventSetCreate)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrNotSupported):
+		m.log.Warn("nvidia: no NVML event sets; health by probing only", "err", err)
+		set = nil
+	case err != nil:
 		return err
-	}
-	defer func() { _ = call0("EventSet.Free", set.Free) }()
-	m.mu.Lock()
-	gpus, handles := m.gpus, m.handles
-	m.mu.Unlock()
-	for i, d := range handles {
-		types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
-		if err := call0("RegisterEvents", func() nvml.Return { return d.RegisterEvents(types, set) }); err != nil {
-			m.log.Warn("nvidia: health events unavailable", "gpu", gpus[i].UUID, "err", err)
+	default:
+		defer func() { _ = call0("EventSet.Free", set.Free) }()
+		m.mu.Lock()
+		gpus, handles := m.gpus, m.handles
+		m.mu.Unlock()
+		for i, d := range handles {
+			types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
+			if err := call0("RegisterEvents", func() nvml.Return { return d.RegisterEvents(types, set) }); err != nil {
+				m.log.Warn("nvidia: health events unavailable", "gpu", gpus[i].UUID, "err", err)
+			}
 		}
 	}
 	lastProbe := time.Now()
 	waitMs := uint32(max(10*time.Millisecond, min(probeEvery, 500*time.Millisecond)) / time.Millisecond)
 	for ctx.Err() == nil {
-		ev, err := call("EventSet.Wait", func() (nvml.EventData, nvml.Return) { return set.Wait(waitMs) })
+		ev, err := nvml.EventData{}, error(ErrNotSupported)
+		if set != nil {
+			ev, err = call("EventSet.Wait", func() (nvml.EventData, nvml.Return) { return set.Wait(waitMs) })
+		}
 		switch {
 		case err == nil:
 			if he, ok := m.handleEvent(ev); ok {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 )
 
 func waitEvent(t *testing.T, ch <-chan HealthEvent) HealthEvent {
@@ -146,5 +147,24 @@ func TestXidMeaning(t *testing.T) {
 	}
 	if CriticalXid(13) || !CriticalXid(79) || !CriticalXid(12345) {
 		t.Fatal("critical classification")
+	}
+}
+
+// A bare go-nvml mock has no event sets: the watch falls back to probing
+// and still returns a recovered GPU to service.
+func TestWatchHealthBareMockProbes(t *testing.T) {
+	clk := &fakeClock{now: time.Unix(1_800_000_000, 0)}
+	m, err := Open(WithNVML(dgxh100.New()), WithClock(clk), WithProbation(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := m.GPUs()[4].UUID
+	m.MarkUnhealthy(u, u, 79, "Xid 79")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	events := make(chan HealthEvent, 4)
+	go func() { _ = m.WatchHealth(ctx, 10*time.Millisecond, func(e HealthEvent) { events <- e }) }()
+	if ev := waitEvent(t, events); !ev.Healthy || ev.UUID != u {
+		t.Fatalf("event %+v", ev)
 	}
 }
