@@ -377,8 +377,10 @@ type Status struct {
 // Status summarises inventory, health and sharing mode.
 func (m *Manager) Status() Status {
 	s := Status{Simulated: m.simulated}
-	mode := m.ShareMode()
 	for _, g := range m.GPUs() {
+		m.mu.Lock()
+		mode := m.shareOf(g.UUID).mode
+		m.mu.Unlock()
 		s.GPUs = append(s.GPUs, GPUStatus{GPU: g, Health: m.Health(g.UUID), ShareMode: mode})
 	}
 	return s

@@ -161,13 +161,6 @@ func (d *MPSDaemon) Stop(ctx context.Context, gpu string) error {
 	return d.runner()(ctx, d.env(gpu), "quit\n", d.binary())
 }
 
-// ShareMode reports how sharing is enforced on a GPU.
-func (m *Manager) ShareMode() ShareMode {
-	if m.mps != nil && m.mps.Available() {
-		return ModeMPS
-	}
-	return ModeTimeSlicing
-}
 
 // SetReplicas limits the number of shares on a GPU (from the device
 // plugin's timeSlicing config); 0 means no limit beyond compute and memory.
@@ -416,6 +409,37 @@ func (r ReplicaResource) selector() (func(GPU) bool, error) {
 		}
 	}
 	return func(g GPU) bool { return idx[g.Index] || uuids[g.UUID] }, nil
+}
+
+// ApplySharingConfig sets each GPU's replica count and enforcement mode
+// from a device-plugin config: GPUs named in the mps section use MPS (when
+// it is available, else time-slicing, logged), those in timeSlicing use
+// time-slicing. GPUs holding shares keep their current mode.
+func (m *Manager) ApplySharingConfig(c *SharingConfig) error {
+	gpus := m.GPUs()
+	apply := func(sec *SharingSection, mode ShareMode) {
+		if sec == nil {
+			return
+		}
+		one := &SharingConfig{}
+		one.Sharing.TimeSlicing = sec
+		for uuid, n := range one.Replicas(gpus) {
+			m.mu.Lock()
+			st := m.shareOf(uuid)
+			st.replicas = n
+			if len(st.shares) == 0 {
+				st.mode = mode
+				if mode == ModeMPS && (m.mps == nil || !m.mps.Available()) {
+					st.mode = ModeTimeSlicing
+					m.log.Warn("nvidia: MPS requested but not available; time-slicing", "gpu", uuid)
+				}
+			}
+			m.mu.Unlock()
+		}
+	}
+	apply(c.Sharing.TimeSlicing, ModeTimeSlicing)
+	apply(c.Sharing.MPS, ModeMPS)
+	return nil
 }
 
 // Replicas returns the whole-GPU replica count the time-slicing (or mps)

@@ -293,3 +293,32 @@ func TestGrantNodesAndEnv(t *testing.T) {
 		t.Fatalf("missing node: %v", err)
 	}
 }
+
+func TestApplySharingConfigModes(t *testing.T) {
+	m, _ := openSim(t, "dgxa100", WithMPS(&fakeMPS{}))
+	cfg, err := ParseSharingConfig([]byte(`version: v1
+sharing:
+  timeSlicing:
+    resources: [{name: nvidia.com/gpu, replicas: 4, devices: [0]}]
+  mps:
+    resources: [{name: nvidia.com/gpu, replicas: 2, devices: [1]}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ApplySharingConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	st := m.ShareStatuses()
+	if st[0].Mode != ModeTimeSlicing || st[0].Replicas != 4 || st[1].Mode != ModeMPS || st[1].Replicas != 2 || st[2].Replicas != 0 {
+		t.Fatalf("statuses %+v %+v %+v", st[0], st[1], st[2])
+	}
+	// Without MPS the mps section falls back to time-slicing.
+	m2, _ := openSim(t, "dgxa100")
+	if err := m2.ApplySharingConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if m2.ShareStatuses()[1].Mode != ModeTimeSlicing {
+		t.Fatal("MPS mode without MPS")
+	}
+}
