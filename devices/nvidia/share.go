@@ -161,7 +161,6 @@ func (d *MPSDaemon) Stop(ctx context.Context, gpu string) error {
 	return d.runner()(ctx, d.env(gpu), "quit\n", d.binary())
 }
 
-
 // SetReplicas limits the number of shares on a GPU (from the device
 // plugin's timeSlicing config); 0 means no limit beyond compute and memory.
 func (m *Manager) SetReplicas(gpu string, replicas int) error {
