@@ -38,7 +38,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	telemetry := fs.Duration("telemetry", 10*time.Second, "how long to sample telemetry")
 	rate := fs.Duration("interval", 100*time.Millisecond, "telemetry sampling interval")
 	health := fs.Duration("health", 10*time.Second, "how long to watch health events")
-	simulate := fs.String("simulate", "", "run over a simulated host ("+strings.Join(nvidia.SimulatedHosts, ", ")+") instead of the driver")
+	simulate := fs.String("simulate", "", "run over a simulated host ("+strings.Join(nvidia.SimulatedHosts(), ", ")+") instead of the driver")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

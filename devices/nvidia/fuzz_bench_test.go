@@ -7,7 +7,7 @@ import (
 )
 
 func FuzzParseLayout(f *testing.F) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		f.Add([]byte(layoutFor(host)))
 	}
 	f.Add([]byte("version: v1\nmig-configs: {a: [{devices: [0, 1], mig-enabled: true, mig-devices: {\"1g.10gb+me\": 1}}]}"))
@@ -78,7 +78,7 @@ func BenchmarkInventory(b *testing.B) {
 
 // BenchmarkPlanFullLayout plans mixed layouts on all eight GPUs of a host.
 func BenchmarkPlanFullLayout(b *testing.B) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		b.Run(host, func(b *testing.B) {
 			m, _ := openSim(b, host)
 			lf, err := ParseLayout([]byte(layoutFor(host)))

@@ -23,7 +23,7 @@ func waitEvent(t *testing.T, ch <-chan HealthEvent) HealthEvent {
 }
 
 func TestHealthXidProbationRecovery(t *testing.T) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		t.Run(host, func(t *testing.T) {
 			clk := &fakeClock{now: time.Unix(1_800_000_000, 0)}
 			m, h := openSim(t, host, WithClock(clk), WithProbation(time.Minute), WithMPS(&fakeMPS{}))

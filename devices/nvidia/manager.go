@@ -23,6 +23,8 @@ type Clock interface {
 
 type realClock struct{}
 
+var _ Clock = realClock{}
+
 func (realClock) Now() time.Time { return time.Now() }
 
 // Option configures Open.

@@ -78,7 +78,7 @@ func countProfiles(g GPUState) map[string]int {
 }
 
 func TestPlanApplyAllMocks(t *testing.T) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		t.Run(host, func(t *testing.T) {
 			p := hostProfiles[host]
 			m, _ := openSim(t, host)
@@ -159,7 +159,7 @@ func TestPlanApplyAllMocks(t *testing.T) {
 }
 
 func TestCapacityLimits(t *testing.T) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		t.Run(host, func(t *testing.T) {
 			m, _ := openSim(t, host)
 			lf, err := ParseLayout([]byte(layoutFor(host)))
@@ -249,7 +249,7 @@ func TestBusyGPURefusesMIGModeChange(t *testing.T) {
 }
 
 func TestOnDemandRepartition(t *testing.T) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		t.Run(host, func(t *testing.T) {
 			p := hostProfiles[host]
 			m, _ := openSim(t, host)

@@ -42,7 +42,7 @@ func (f *fakeMPS) Dirs(g string) (string, string) {
 var _ MPSControl = (*fakeMPS)(nil)
 
 func TestShareAdmissionAllMocks(t *testing.T) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		t.Run(host, func(t *testing.T) {
 			mps := &fakeMPS{}
 			m, _ := openSim(t, host, WithMPS(mps))

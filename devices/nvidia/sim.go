@@ -16,8 +16,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
-// SimulatedHosts are the names Simulated accepts.
-var SimulatedHosts = []string{"dgxa100", "dgxh100", "dgxh200", "dgxb200"}
+// SimulatedHosts lists the names Simulated accepts.
+func SimulatedHosts() []string { return []string{"dgxa100", "dgxh100", "dgxh200", "dgxb200"} }
 
 // SimHost is a simulated NVIDIA host: one of go-nvml's mock servers with
 // the parts of NVML the mock leaves out (PCI bus IDs, NUMA, power, clocks,
@@ -63,7 +63,7 @@ func NewSimHost(name string) (*SimHost, error) {
 	case "dgxb200":
 		s = dgxb200.New()
 	default:
-		return nil, fmt.Errorf("nvidia: unknown simulated host %q (want one of %v)", name, SimulatedHosts)
+		return nil, fmt.Errorf("nvidia: unknown simulated host %q (want one of %v)", name, SimulatedHosts())
 	}
 	h := &SimHost{Server: s, name: name, events: make(chan nvml.EventData, 64)}
 	for i, d := range s.Devices {

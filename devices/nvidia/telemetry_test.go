@@ -8,7 +8,7 @@ import (
 )
 
 func TestTelemetryAllMocks(t *testing.T) {
-	for _, host := range SimulatedHosts {
+	for _, host := range SimulatedHosts() {
 		t.Run(host, func(t *testing.T) {
 			m, h := openSim(t, host)
 			gs := m.GPUs()
