@@ -357,3 +357,41 @@ func TestParseLayoutErrors(t *testing.T) {
 		t.Error("missing config resolved")
 	}
 }
+
+// Plans are minimal: instances that the target keeps are not recreated.
+func TestPlanMinimal(t *testing.T) {
+	for _, host := range SimulatedHosts() {
+		t.Run(host, func(t *testing.T) {
+			p := hostProfiles[host]
+			m, _ := openSim(t, host)
+			first, err := Plan(mustState(t, m, nil), Target{0: {MIGEnabled: true, Counts: map[string]int{p.three: 2}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Apply(context.Background(), first, nil); err != nil {
+				t.Fatal(err)
+			}
+			st := mustState(t, m, nil)
+			acts, err := Plan(st, Target{0: {MIGEnabled: true, Counts: map[string]int{p.three: 1, p.one: 3}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(acts) != 4 || acts[0].Kind != DestroyInstance || acts[0].Start != 4 {
+				t.Fatalf("plan %v", acts)
+			}
+			for _, a := range acts[1:] {
+				if a.Kind != CreateInstance || a.Profile != p.one || a.Start < 4 {
+					t.Fatalf("plan %v", acts)
+				}
+			}
+			// Destroying a busy instance through a hand-made plan is refused.
+			busy := Busy{st.GPUs[0].Instances[1].UUID: true}
+			if err := m.Apply(context.Background(), acts[:1], busy); !errors.Is(err, ErrBusy) {
+				t.Fatalf("destroy busy: %v", err)
+			}
+			if n := len(mustState(t, m, nil).GPUs[0].Instances); n != 2 {
+				t.Fatalf("%d instances after refused destroy", n)
+			}
+		})
+	}
+}
