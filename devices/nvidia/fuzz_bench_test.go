@@ -116,3 +116,28 @@ func BenchmarkTelemetryPerGPU(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPlanOnDemand finds on-demand candidates for a 1g instance over a
+// host whose eight GPUs carry the mixed layout.
+func BenchmarkPlanOnDemand(b *testing.B) {
+	m, _ := openSim(b, "dgxh200")
+	lf, err := ParseLayout([]byte(layoutFor("dgxh200")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tgt, _ := lf.Resolve("mixed", m.GPUs())
+	acts, err := Plan(mustState(b, m, nil), tgt)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := m.Apply(context.Background(), acts, nil); err != nil {
+		b.Fatal(err)
+	}
+	st := mustState(b, m, nil)
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := PlanOnDemand(st, "2g.35gb"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
