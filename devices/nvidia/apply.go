@@ -26,6 +26,7 @@ func (m *Manager) State(ctx context.Context, busy Busy) (State, error) {
 			return State{}, fmt.Errorf("gpu %d: %w", g.Index, err)
 		}
 		gs.Busy = busy[g.UUID]
+		gs.Unhealthy = !m.Healthy(g.UUID)
 		for k := range gs.Instances {
 			gs.Instances[k].Busy = gs.Instances[k].UUID != "" && busy[gs.Instances[k].UUID]
 		}

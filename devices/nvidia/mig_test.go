@@ -319,6 +319,16 @@ func TestOnDemandRepartition(t *testing.T) {
 			if _, err := PlanOnDemand(full, p.one); !errors.Is(err, ErrNoCapacity) {
 				t.Fatalf("full GPU: %v", err)
 			}
+			// An unhealthy GPU offers nothing on demand.
+			m.MarkUnhealthy(st.GPUs[0].UUID, st.GPUs[0].UUID, 79, "Xid 79")
+			sick := mustState(t, m, nil)
+			sick.GPUs = sick.GPUs[:1]
+			if !sick.GPUs[0].Unhealthy {
+				t.Fatal("state does not carry health")
+			}
+			if _, err := PlanOnDemand(sick, p.one); !errors.Is(err, ErrNoCapacity) {
+				t.Fatalf("unhealthy GPU: %v", err)
+			}
 			// A free-slot candidate costs only a create.
 			empty := State{GPUs: []GPUState{{Index: 1, UUID: "x", Profiles: st.GPUs[1].Profiles, MIGEnabled: true}}}
 			if cs, err := PlanOnDemand(empty, p.one); err != nil || cs[0].Cost != CostCreate {

@@ -42,6 +42,8 @@ type GPUState struct {
 	Instances  []Instance `json:"instances,omitempty"`
 	// Busy is set when the whole GPU (not a MIG instance) holds work.
 	Busy bool `json:"busy,omitempty"`
+	// Unhealthy GPUs get no new instances on demand.
+	Unhealthy bool `json:"unhealthy,omitempty"`
 }
 
 // State is the MIG state of a host.
@@ -319,13 +321,13 @@ type Candidate struct {
 // PlanOnDemand lists the ways to create one more instance of profile on the
 // host's MIG-enabled GPUs without touching busy GPUs or busy instances:
 // first from free slots only; else by destroying idle instances that sit on
-// the slots needed. Running instances are never part of any plan. The
+// the slots needed. Unhealthy GPUs are skipped. Running instances are never part of any plan. The
 // candidates are sorted by cost, cheapest first; none means no GPU can
 // offer the profile now (ErrNoCapacity).
 func PlanOnDemand(cur State, profile string) ([]Candidate, error) {
 	var out []Candidate
 	for _, g := range cur.GPUs {
-		if !g.MIGEnabled || g.Busy {
+		if !g.MIGEnabled || g.Busy || g.Unhealthy {
 			continue
 		}
 		if c, ok := onDemandGPU(g, profile); ok {
