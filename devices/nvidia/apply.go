@@ -284,3 +284,29 @@ func destroyGI(d nvml.Device, ps ProfileSet, a Action) error {
 	}
 	return nil
 }
+
+// ApplyOnDemand performs an on-demand candidate and returns the instance it
+// created (with its MIG UUID, for the job's grant).
+func (m *Manager) ApplyOnDemand(ctx context.Context, c Candidate, busy Busy) (Instance, error) {
+	if len(c.Actions) == 0 || c.Actions[len(c.Actions)-1].Kind != CreateInstance {
+		return Instance{}, fmt.Errorf("on-demand candidate without a create: %w", ErrNoCapacity)
+	}
+	if err := m.Apply(ctx, c.Actions, busy); err != nil {
+		return Instance{}, err
+	}
+	want := c.Actions[len(c.Actions)-1]
+	g, d, err := m.gpu(c.GPUUUID)
+	if err != nil {
+		return Instance{}, err
+	}
+	st, err := readGPUState(g, d)
+	if err != nil {
+		return Instance{}, err
+	}
+	for _, in := range st.Instances {
+		if in.Profile == want.Profile && in.Start == want.Start {
+			return in, nil
+		}
+	}
+	return Instance{}, fmt.Errorf("%s: instance not found after apply: %w", want, ErrNoCapacity)
+}

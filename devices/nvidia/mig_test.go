@@ -293,8 +293,12 @@ func TestOnDemandRepartition(t *testing.T) {
 					}
 				}
 			}
-			if err := m.Apply(context.Background(), c.Actions, busy); err != nil {
+			created, err := m.ApplyOnDemand(context.Background(), c, busy)
+			if err != nil {
 				t.Fatal(err)
+			}
+			if created.Profile != p.three || created.Start != 4 || !strings.HasPrefix(created.UUID, "MIG-") {
+				t.Fatalf("created %+v", created)
 			}
 			after := mustState(t, m, busy)
 			for _, r := range running {
