@@ -153,10 +153,25 @@ func (m *Manager) applyOne(g GPU, d nvml.Device, a Action, busy Busy) error {
 		if a.Enable {
 			mode = nvml.DEVICE_MIG_ENABLE
 		}
-		return call0("SetMigMode", func() nvml.Return {
+		if err := call0("SetMigMode", func() nvml.Return {
 			_, r := d.SetMigMode(mode)
 			return r
+		}); err != nil {
+			return err
+		}
+		cur, err := call("GetMigMode", func() (int, nvml.Return) {
+			c, _, r := d.GetMigMode()
+			return c, r
 		})
+		if err != nil {
+			return err
+		}
+		if cur != mode {
+			// The driver accepted the change but applies it only after a
+			// GPU reset, which fusiond never does by itself.
+			return ErrMIGPending
+		}
+		return nil
 	case DestroyInstance:
 		for _, in := range st.Instances {
 			if in.GIID != a.GIID || in.Profile != a.Profile {

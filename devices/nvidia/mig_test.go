@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // names of each simulated host's profiles by role.
@@ -407,5 +409,23 @@ func TestPlanMinimal(t *testing.T) {
 				t.Fatalf("%d instances after refused destroy", n)
 			}
 		})
+	}
+}
+
+// A driver that defers the MIG mode change to a reset stops the plan with
+// ErrMIGPending instead of creating instances on a non-MIG GPU.
+func TestApplyMIGPending(t *testing.T) {
+	m, h := openSim(t, "dgxa100")
+	d := h.devs[1].Device
+	d.SetMigModeFunc = func(int) (nvml.Return, nvml.Return) { return nvml.SUCCESS, nvml.SUCCESS } // pending only
+	acts, err := Plan(mustState(t, m, nil), Target{1: {MIGEnabled: true, Counts: map[string]int{"7g.40gb": 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Apply(context.Background(), acts, nil); !errors.Is(err, ErrMIGPending) {
+		t.Fatalf("apply: %v, want ErrMIGPending", err)
+	}
+	if n := len(d.GpuInstances); n != 0 {
+		t.Fatalf("%d instances created on a non-MIG GPU", n)
 	}
 }

@@ -15,6 +15,9 @@ var (
 	ErrNoCapacity = errors.New("nvidia: MIG profiles do not fit the GPU")
 	// ErrUnknownProfile means a profile name is not offered by the GPU.
 	ErrUnknownProfile = errors.New("nvidia: unknown MIG profile")
+	// ErrMIGPending means a MIG mode change waits for a GPU reset (an
+	// operator action); the rest of the plan for that GPU cannot proceed.
+	ErrMIGPending = errors.New("nvidia: MIG mode change pending a GPU reset")
 )
 
 // Instance is an existing MIG GPU instance (with its compute instance).
