@@ -337,7 +337,7 @@ func (m *Manager) DeviceLinks(ctx context.Context) ([]devices.Link, error) {
 	for p, n := range lanes {
 		// A GPU-GPU link is seen from both ends; a link to a non-GPU
 		// (NVSwitch) only from one.
-		if m.isGPU(gpus, p.a) && m.isGPU(gpus, p.b) {
+		if isGPU(gpus, p.a) && isGPU(gpus, p.b) {
 			n /= 2
 		}
 		out = append(out, devices.Link{A: p.a, B: p.b, Type: devices.NVLink, Lanes: n})
@@ -351,7 +351,7 @@ func (m *Manager) DeviceLinks(ctx context.Context) ([]devices.Link, error) {
 	return out, nil
 }
 
-func (m *Manager) isGPU(gpus []GPU, bdf string) bool {
+func isGPU(gpus []GPU, bdf string) bool {
 	for _, g := range gpus {
 		if g.BDF == bdf {
 			return true

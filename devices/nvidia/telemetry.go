@@ -35,7 +35,7 @@ type Sample struct {
 	Missing     []string       `json:"missing,omitempty"`
 }
 
-// SampleGPU reads one telemetry sample of the GPU at inventory position i.
+// sampleDevice reads one telemetry sample of one GPU.
 func (m *Manager) sampleDevice(uuid string, d nvml.Device, now time.Time) Sample {
 	s := Sample{UUID: uuid, At: now}
 	miss := func(what string, err error) bool {
