@@ -10,6 +10,11 @@ require (
 )
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/google/uuid v1.6.0 // indirect
+)
+
+require (
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
 	github.com/docker/go-units v0.5.0 // indirect
