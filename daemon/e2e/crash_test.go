@@ -102,7 +102,10 @@ func TestCrashDurability(t *testing.T) {
 		}
 	}
 	if left := jobProcesses(t, lostIDs); len(left) > 0 {
-		t.Errorf("processes of lost jobs survived the crash: %v", left)
+		for _, pid := range left {
+			stat, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+			t.Errorf("a process of a lost job survived the crash: %s", stat)
+		}
 	}
 	// Clean up: cancel what the restarted daemon started again.
 	for _, j := range all {

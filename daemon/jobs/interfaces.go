@@ -37,7 +37,8 @@ type Process interface {
 type Runner interface {
 	Start(ctx context.Context, req RunRequest) (Process, error)
 	// Reap kills whatever is left of a job attempt that was running when
-	// the daemon stopped, and says how many processes it killed.
+	// the daemon stopped (pid is its recorded leader, or 0 if none was
+	// recorded), and says how many processes it killed.
 	Reap(jobID string, pid int) (int, error)
 }
 

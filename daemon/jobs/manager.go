@@ -110,14 +110,15 @@ func (m *Manager) Recover() error {
 			}
 		case api.StateStarting, api.StateRunning:
 			reason := fmt.Sprintf("fusiond restarted while the job was %s; its process did not survive", j.State)
-			if j.PID > 0 {
-				n, err := m.runner.Reap(j.ID, j.PID)
-				switch {
-				case err != nil:
-					reason += fmt.Sprintf(" (cleaning up leftovers failed: %v)", err)
-				case n > 0:
-					reason += fmt.Sprintf(" (%d leftover processes killed)", n)
-				}
+			// The pid may not have been recorded yet (the daemon died
+			// between fork and the running transition): Reap finds the
+			// job's processes by their job ID then.
+			n, err := m.runner.Reap(j.ID, j.PID)
+			switch {
+			case err != nil:
+				reason += fmt.Sprintf(" (cleaning up leftovers failed: %v)", err)
+			case n > 0:
+				reason += fmt.Sprintf(" (%d leftover processes killed)", n)
 			}
 			if err := m.transition(j, api.StateLost, reason, func(j *api.Job) {
 				t := m.now()
