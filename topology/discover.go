@@ -290,6 +290,9 @@ func (d *discovery) l3(t *ghwtopology.Info) {
 	if t == nil {
 		return
 	}
+	if len(t.Nodes) < len(d.host.Nodes) {
+		d.warn("ghw topology returned %d of %d NUMA nodes (it stops at the first unreadable node file, e.g. a /proc/meminfo without Hugepagesize); L3 groups may be incomplete", len(t.Nodes), len(d.host.Nodes))
+	}
 	for _, n := range t.Nodes {
 		for _, c := range n.Caches {
 			if c.Level != 3 {
