@@ -33,9 +33,8 @@ import (
 // Shape of the simulated machine.
 const (
 	Sockets        = 2
-	CoresPerSocket = 56
+	CoresPerSocket = 56 // default; see WithCoresPerSocket
 	ThreadsPerCore = 2
-	CPUs           = Sockets * CoresPerSocket * ThreadsPerCore
 	// NodeMemKiB is each node's MemTotal in KiB (1 TiB less firmware
 	// reservations).
 	NodeMemKiB = 1056763472
@@ -152,7 +151,19 @@ func idsOf(k Kind) ids {
 // writer writes files below root and keeps the first error.
 type writer struct {
 	root string
+	dirs map[string]bool // directories already created
 	err  error
+}
+
+func (w *writer) mkdir(dir string) {
+	if w.dirs[dir] {
+		return
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		w.err = err
+		return
+	}
+	w.dirs[dir] = true
 }
 
 func (w *writer) file(p, content string) {
@@ -160,8 +171,7 @@ func (w *writer) file(p, content string) {
 		return
 	}
 	full := filepath.Join(w.root, p)
-	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-		w.err = err
+	if w.mkdir(filepath.Dir(full)); w.err != nil {
 		return
 	}
 	w.err = os.WriteFile(full, []byte(content), 0o644)
@@ -172,8 +182,7 @@ func (w *writer) link(p, target string) {
 		return
 	}
 	full := filepath.Join(w.root, p)
-	if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-		w.err = err
+	if w.mkdir(filepath.Dir(full)); w.err != nil {
 		return
 	}
 	w.err = os.Symlink(target, full)
@@ -182,15 +191,32 @@ func (w *writer) link(p, target string) {
 // ErrNotEmpty is returned when Write's directory already holds a tree.
 var ErrNotEmpty = errors.New("simhost: target directory is not empty")
 
+// Option changes the simulated machine.
+type Option func(*shape)
+
+// shape is the CPU shape of the machine.
+type shape struct{ cores int }
+
+// cpus is the number of logical CPUs.
+func (sh shape) cpus() int { return Sockets * sh.cores * ThreadsPerCore }
+
+// WithCoresPerSocket shrinks (or grows) the sockets: tests that write
+// many trees use a few cores to stay fast. n < 1 is taken as 1.
+func WithCoresPerSocket(n int) Option { return func(s *shape) { s.cores = max(n, 1) } }
+
 // Write creates the tree below dir (created if missing; it must be empty).
-func Write(dir string) error {
+func Write(dir string, opts ...Option) error {
 	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
 		return fmt.Errorf("%w: %s", ErrNotEmpty, dir)
 	}
-	w := &writer{root: dir}
-	writeCPUs(w)
-	writeNodes(w)
-	writePCI(w)
+	sh := shape{cores: CoresPerSocket}
+	for _, o := range opts {
+		o(&sh)
+	}
+	w := &writer{root: dir, dirs: map[string]bool{}}
+	sh.writeCPUs(w)
+	sh.writeNodes(w)
+	sh.writePCI(w)
 	w.file("/proc/sys/kernel/hostname", Hostname+"\n")
 	if w.err != nil {
 		return fmt.Errorf("simhost: write %s: %w", dir, w.err)
@@ -201,29 +227,29 @@ func Write(dir string) error {
 // cpuOf returns socket, core and thread of a logical CPU, numbered as
 // Linux numbers Intel CPUs: all first threads of socket 0, then of
 // socket 1, then the second threads.
-func cpuOf(cpu int) (socket, core, thread int) {
-	perThread := Sockets * CoresPerSocket
+func (sh shape) cpuOf(cpu int) (socket, core, thread int) {
+	perThread := Sockets * sh.cores
 	thread = cpu / perThread
-	socket = (cpu % perThread) / CoresPerSocket
-	core = cpu % CoresPerSocket
+	socket = (cpu % perThread) / sh.cores
+	core = cpu % sh.cores
 	return
 }
 
 // socketCPUs is the cpulist of a socket.
-func socketCPUs(s int) []int {
+func (sh shape) socketCPUs(s int) []int {
 	var out []int
-	for c := 0; c < CPUs; c++ {
-		if so, _, _ := cpuOf(c); so == s {
+	for c := 0; c < sh.cpus(); c++ {
+		if so, _, _ := sh.cpuOf(c); so == s {
 			out = append(out, c)
 		}
 	}
 	return out
 }
 
-func coreCPUs(s, core int) []int {
+func (sh shape) coreCPUs(s, core int) []int {
 	var out []int
 	for t := 0; t < ThreadsPerCore; t++ {
-		out = append(out, t*Sockets*CoresPerSocket+s*CoresPerSocket+core)
+		out = append(out, t*Sockets*sh.cores+s*sh.cores+core)
 	}
 	return out
 }
@@ -247,8 +273,8 @@ func cpuList(cpus []int) string {
 }
 
 // cpuMask formats CPUs as the kernel's comma-separated 32-bit hex words.
-func cpuMask(cpus []int) string {
-	words := make([]uint32, (CPUs+31)/32)
+func (sh shape) cpuMask(cpus []int) string {
+	words := make([]uint32, (sh.cpus()+31)/32)
 	for _, c := range cpus {
 		words[c/32] |= 1 << (c % 32)
 	}
@@ -259,16 +285,16 @@ func cpuMask(cpus []int) string {
 	return strings.Join(parts, ",")
 }
 
-func allCPUs() []int {
-	out := make([]int, CPUs)
+func (sh shape) allCPUs() []int {
+	out := make([]int, sh.cpus())
 	for i := range out {
 		out[i] = i
 	}
 	return out
 }
 
-func writeCPUs(w *writer) {
-	all := cpuList(allCPUs())
+func (sh shape) writeCPUs(w *writer) {
+	all := cpuList(sh.allCPUs())
 	for _, f := range []string{"online", "possible", "present"} {
 		w.file("/sys/devices/system/cpu/"+f, all+"\n")
 	}
@@ -286,28 +312,28 @@ func writeCPUs(w *writer) {
 		{2, "Unified", "2048K", 16, 2048, false},
 		{3, "Unified", "107520K", 15, 114688, true},
 	}
-	for c := 0; c < CPUs; c++ {
-		s, core, _ := cpuOf(c)
+	for c := 0; c < sh.cpus(); c++ {
+		s, core, _ := sh.cpuOf(c)
 		dir := fmt.Sprintf("/sys/devices/system/cpu/cpu%d", c)
 		if c != 0 {
 			w.file(dir+"/online", "1\n")
 		}
-		sib, pkg := coreCPUs(s, core), socketCPUs(s)
+		sib, pkg := sh.coreCPUs(s, core), sh.socketCPUs(s)
 		topo := map[string]string{
 			"physical_package_id": fmt.Sprint(s),
 			"die_id":              "0",
 			"core_id":             fmt.Sprint(core),
-			"thread_siblings":     cpuMask(sib), "thread_siblings_list": cpuList(sib),
-			"core_cpus": cpuMask(sib), "core_cpus_list": cpuList(sib),
-			"core_siblings": cpuMask(pkg), "core_siblings_list": cpuList(pkg),
-			"package_cpus": cpuMask(pkg), "package_cpus_list": cpuList(pkg),
-			"die_cpus": cpuMask(pkg), "die_cpus_list": cpuList(pkg),
+			"thread_siblings":     sh.cpuMask(sib), "thread_siblings_list": cpuList(sib),
+			"core_cpus": sh.cpuMask(sib), "core_cpus_list": cpuList(sib),
+			"core_siblings": sh.cpuMask(pkg), "core_siblings_list": cpuList(pkg),
+			"package_cpus": sh.cpuMask(pkg), "package_cpus_list": cpuList(pkg),
+			"die_cpus": sh.cpuMask(pkg), "die_cpus_list": cpuList(pkg),
 		}
 		for k, v := range topo {
 			w.file(dir+"/topology/"+k, v+"\n")
 		}
 		for i, ca := range caches {
-			shared, id := sib, s*CoresPerSocket+core
+			shared, id := sib, s*sh.cores+core
 			if ca.sharedBySocket {
 				shared, id = pkg, s
 			}
@@ -320,29 +346,29 @@ func writeCPUs(w *writer) {
 			w.file(cd+"physical_line_partition", "1\n")
 			w.file(cd+"ways_of_associativity", fmt.Sprintf("%d\n", ca.ways))
 			w.file(cd+"number_of_sets", fmt.Sprintf("%d\n", ca.sets))
-			w.file(cd+"shared_cpu_map", cpuMask(shared)+"\n")
+			w.file(cd+"shared_cpu_map", sh.cpuMask(shared)+"\n")
 			w.file(cd+"shared_cpu_list", cpuList(shared)+"\n")
 		}
 		fmt.Fprintf(&cpuinfo, "processor\t: %d\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"+
 			"model name\t: Intel(R) Xeon(R) Platinum 8480C\nstepping\t: 8\ncpu MHz\t\t: 2000.000\ncache size\t: 107520 KB\n"+
 			"physical id\t: %d\nsiblings\t: %d\ncore id\t\t: %d\ncpu cores\t: %d\napicid\t\t: %d\n"+
 			"flags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr sse sse2 ss ht syscall nx lm avx avx2 avx512f amx_tile\n\n",
-			c, s, CoresPerSocket*ThreadsPerCore, core, CoresPerSocket, s*256+core*2+c/(Sockets*CoresPerSocket))
+			c, s, sh.cores*ThreadsPerCore, core, sh.cores, s*256+core*2+c/(Sockets*sh.cores))
 	}
 	w.file("/proc/cpuinfo", cpuinfo.String())
 	w.file("/proc/meminfo", meminfo("", Sockets*NodeMemKiB))
 }
 
-func writeNodes(w *writer) {
+func (sh shape) writeNodes(w *writer) {
 	nodes := cpuList([]int{0, 1})
 	for _, f := range []string{"online", "possible", "has_cpu", "has_memory", "has_normal_memory"} {
 		w.file("/sys/devices/system/node/"+f, nodes+"\n")
 	}
 	for n := 0; n < Sockets; n++ {
 		dir := fmt.Sprintf("/sys/devices/system/node/node%d", n)
-		cpus := socketCPUs(n)
+		cpus := sh.socketCPUs(n)
 		w.file(dir+"/cpulist", cpuList(cpus)+"\n")
-		w.file(dir+"/cpumap", cpuMask(cpus)+"\n")
+		w.file(dir+"/cpumap", sh.cpuMask(cpus)+"\n")
 		dist := make([]string, Sockets)
 		for m := range dist {
 			dist[m] = "21"
@@ -369,7 +395,7 @@ func devicePath(byAddr map[string]Device, d Device) string {
 	return "/sys/devices/" + d.HostBridge + "/" + strings.Join(parts, "/")
 }
 
-func writePCI(w *writer) {
+func (sh shape) writePCI(w *writer) {
 	devs := Devices()
 	byAddr := map[string]Device{}
 	children := map[string][]string{}
@@ -381,7 +407,7 @@ func writePCI(w *writer) {
 	for _, d := range devs {
 		p := devicePath(byAddr, d)
 		id := idsOf(d.Kind)
-		cpus := socketCPUs(d.Node)
+		cpus := sh.socketCPUs(d.Node)
 		if !hostBridges[d.HostBridge] {
 			hostBridges[d.HostBridge] = true
 			w.file("/sys/devices/"+d.HostBridge+"/uevent", "")
@@ -396,7 +422,7 @@ func writePCI(w *writer) {
 			"revision":         "0x01",
 			"numa_node":        fmt.Sprint(d.Node),
 			"local_cpulist":    cpuList(cpus),
-			"local_cpus":       cpuMask(cpus),
+			"local_cpus":       sh.cpuMask(cpus),
 			"enable":           "1",
 			"modalias": fmt.Sprintf("pci:v%08Xd%08Xsv%08Xsd%08Xbc%02Xsc%02Xi%02X",
 				id.vendor, id.device, id.subVendor, id.subDev, id.class>>16, (id.class>>8)&0xff, id.class&0xff),
