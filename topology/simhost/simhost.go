@@ -18,7 +18,7 @@
 // cannot be reached through the switches' bridge bus ranges on real
 // hardware; the tree is consistent in its sysfs paths, which is what
 // topology reads, and the bridges' config space lists the true secondary
-// bus of each downstream port.
+// bus of each downstream port where it can (see busRange).
 package simhost
 
 import (
@@ -436,7 +436,8 @@ func (sh shape) writePCI(w *writer) {
 		for k, v := range files {
 			w.file(p+"/"+k, v+"\n")
 		}
-		w.file(p+"/config", string(configSpace(d, id, subtreeBuses(d.Addr, children))))
+		sec, sub := busRange(d.Addr, children)
+		w.file(p+"/config", string(configSpace(d, id, sec, sub)))
 		w.link("/sys/bus/pci/devices/"+d.Addr, "../../.."+strings.TrimPrefix(p, "/sys"))
 	}
 }
@@ -448,24 +449,39 @@ func busOf(addr string) int {
 	return bus
 }
 
-// subtreeBuses returns the buses below a device: its children's bus
-// first, then every deeper descendant's.
-func subtreeBuses(addr string, children map[string][]string) []int {
-	var out []int
-	for _, k := range children[addr] {
-		out = append(out, busOf(k))
+// busRange returns a bridge's secondary and subordinate bus numbers.
+// The secondary bus is the children's bus; where that is below the
+// bridge's own bus (the dgxh200 GPU bus IDs 00-07), which no real bridge
+// can have and hwloc rejects, a placeholder bus (own bus + 0x0c + the
+// port's device number) stands in, so every bridge stays a valid bridge
+// with an empty range. The subordinate bus is the highest bus below.
+func busRange(addr string, children map[string][]string) (secondary, subordinate int) {
+	own, kids := busOf(addr), children[addr]
+	if len(kids) == 0 {
+		return 0, 0
 	}
-	for _, k := range children[addr] {
-		out = append(out, subtreeBuses(k, children)...)
+	secondary = busOf(kids[0])
+	if secondary <= own {
+		var dev int
+		fmt.Sscanf(addr[8:10], "%x", &dev)
+		secondary = own + 0x0c + dev
 	}
-	return out
+	subordinate = secondary
+	for _, k := range kids {
+		if b := busOf(k); b > own {
+			subordinate = max(subordinate, b)
+		}
+		if len(children[k]) > 0 {
+			_, sub := busRange(k, children)
+			subordinate = max(subordinate, sub)
+		}
+	}
+	return secondary, subordinate
 }
 
 // configSpace returns the first 64 bytes of the function's PCI config
-// space: IDs, class, header type and, for bridges, the bus numbers
-// (secondary: the children's bus; subordinate: the highest bus below
-// that is not below the secondary bus).
-func configSpace(d Device, id ids, buses []int) []byte {
+// space: IDs, class, header type and, for bridges, the bus numbers.
+func configSpace(d Device, id ids, secondary, subordinate int) []byte {
 	b := make([]byte, 64)
 	binary.LittleEndian.PutUint16(b[0:], id.vendor)
 	binary.LittleEndian.PutUint16(b[2:], id.device)
@@ -474,15 +490,6 @@ func configSpace(d Device, id ids, buses []int) []byte {
 	b[9], b[10], b[11] = byte(id.class), byte(id.class>>8), byte(id.class>>16)
 	if id.class>>8 == 0x0604 {
 		b[0x0e] = 0x01 // PCI-to-PCI bridge header
-		secondary, subordinate := 0, 0
-		if len(buses) > 0 {
-			secondary, subordinate = buses[0], buses[0]
-		}
-		for _, bus := range buses {
-			if bus > subordinate {
-				subordinate = bus
-			}
-		}
 		b[0x18], b[0x19], b[0x1a] = byte(busOf(d.Addr)), byte(secondary), byte(subordinate)
 	} else {
 		binary.LittleEndian.PutUint16(b[0x2c:], id.subVendor)
