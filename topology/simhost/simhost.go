@@ -136,7 +136,7 @@ func idsOf(k Kind) ids {
 	case SwitchUp, SwitchDown:
 		return ids{0x1000, 0xc030, 0x060400, 0x1000, 0x100b, "32.0 GT/s PCIe", 16}
 	case GPU:
-		return ids{0x10de, 0x2335, 0x030200, 0x10de, 0x18be, "32.0 GT/s PCIe", 16}
+		return ids{0x10de, 0x2333, 0x030200, 0x10de, 0x18be, "32.0 GT/s PCIe", 16} // device id as the dgxh200 mock
 	case NIC:
 		return ids{0x15b3, 0x1021, 0x020000, 0x15b3, 0x0041, "32.0 GT/s PCIe", 16}
 	case NVMe:
