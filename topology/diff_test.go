@@ -179,7 +179,7 @@ func TestWatcherOnTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	gpu := simhost.GPUAddrs()[3]
-	remove("/sys/bus/pci/devices/" + gpu)(t, root)
+	remove("/sys/bus/pci/devices/"+gpu)(t, root)
 	offlineCPU(t, root, 9, "0-8,10-15\n", "0-3,8,10-11\n")
 	ev, err := w.Refresh(ctx)
 	if err != nil {
