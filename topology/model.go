@@ -40,7 +40,7 @@ type Host struct {
 	L3 []CacheGroup `json:"l3,omitempty"`
 	// OnlineCPUs and OfflineCPUs partition the possible CPUs.
 	OnlineCPUs  CPUSet `json:"online_cpus"`
-	OfflineCPUs CPUSet `json:"offline_cpus,omitempty"`
+	OfflineCPUs CPUSet `json:"offline_cpus,omitzero"`
 	// Devices is every PCI function, bridges included, in address order.
 	Devices []PCIDevice `json:"devices"`
 	// Links are direct device-to-device interconnects (NVLink) reported by
