@@ -391,8 +391,9 @@ func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB) (PCIDevice, bool
 		return dev, false
 	}
 	rel, err := filepath.Rel(d.fs.path("/"), target)
-	if err != nil {
-		rel = target
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)
+		return dev, false
 	}
 	hb, chain, err := parseDevicePath("/" + rel)
 	if err != nil || chain[len(chain)-1] != addr {

@@ -177,6 +177,21 @@ func TestDiscoverDamagedTrees(t *testing.T) {
 			},
 		},
 		{
+			name: "device symlink leaving the tree",
+			damage: func(t *testing.T, root string) {
+				outside := filepath.Join(t.TempDir(), "devices", "pci0000:99", gpu)
+				if err := os.MkdirAll(outside, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				remove(dev)(t, root)
+				if err := os.Symlink(outside, filepath.Join(root, dev)); err != nil {
+					t.Fatal(err)
+				}
+			},
+			warn:  "outside the tree",
+			check: func(h *Host) error { return expect(h.Device(PCIAddr(gpu)) == nil, "device kept") },
+		},
+		{
 			name:   "cpu online file missing",
 			damage: remove("/sys/devices/system/cpu/online"),
 			warn:   "/sys/devices/system/cpu/online",
