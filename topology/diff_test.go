@@ -180,7 +180,7 @@ func TestWatcherOnTree(t *testing.T) {
 	}
 	gpu := simhost.GPUAddrs()[3]
 	remove("/sys/bus/pci/devices/"+gpu)(t, root)
-	offlineCPU(t, root, 9, "0-8,10-15\n", "0-3,8,10-11\n")
+	offlineCPU(t, root, 5, "0-4,6-7\n", "0-1,4\n")
 	ev, err := w.Refresh(ctx)
 	if err != nil {
 		t.Fatal(err)

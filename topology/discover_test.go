@@ -13,7 +13,7 @@ import (
 	"github.com/fusiond/fusiond/topology/simhost"
 )
 
-const simCores = 4 // writeSimhost's default cores per socket
+const simCores = 2 // writeSimhost's default cores per socket
 
 func TestDiscoverSimhost(t *testing.T) {
 	h := discoverAt(t, writeSimhost(t))
@@ -206,6 +206,7 @@ func TestDiscoverDamagedTrees(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			root := writeSimhost(t)
 			tt.damage(t, root)
 			h := discoverAt(t, root, WithoutNames())
@@ -258,21 +259,21 @@ func offlineCPU(t *testing.T, root string, cpu int, online, node0 string) {
 
 func TestDiscoverOfflineCPU(t *testing.T) {
 	root := writeSimhost(t)
-	// 4 cores/socket: node0 = 0-3,8-11; take CPU 9 (core 1's sibling) offline.
-	offlineCPU(t, root, 9, "0-8,10-15\n", "0-3,8,10-11\n")
+	// 2 cores/socket: node0 = 0-1,4-5; take CPU 5 (core 1's sibling) offline.
+	offlineCPU(t, root, 5, "0-4,6-7\n", "0-1,4\n")
 	h := discoverAt(t, root, WithoutNames())
-	if !h.OfflineCPUs.Equal(NewCPUSet(9)) || h.OnlineCPUs.Contains(9) || h.Nodes[0].CPUs.Contains(9) {
+	if !h.OfflineCPUs.Equal(NewCPUSet(5)) || h.OnlineCPUs.Contains(5) || h.Nodes[0].CPUs.Contains(5) {
 		t.Fatalf("offline %s online %s node0 %s", h.OfflineCPUs, h.OnlineCPUs, h.Nodes[0].CPUs)
 	}
 	for _, c := range h.Cores {
-		if c.CPUs.Contains(9) {
-			t.Fatalf("offline CPU 9 in core %+v", c)
+		if c.CPUs.Contains(5) {
+			t.Fatalf("offline CPU 5 in core %+v", c)
 		}
 		if c.CPUs.Contains(1) && c.CPUs.Len() != 1 {
 			t.Fatalf("core of CPU 1 keeps its offline sibling: %+v", c)
 		}
 	}
-	if !hasWarning(h, "CPUs 9 are offline") {
+	if !hasWarning(h, "CPUs 5 are offline") {
 		t.Fatalf("warnings %q", h.Warnings)
 	}
 }
@@ -316,6 +317,7 @@ func TestDiscoverGhwSnapshots(t *testing.T) {
 	for _, snap := range ghwSnapshots(t) {
 		name := strings.TrimSuffix(filepath.Base(snap), ".tar.gz")
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			h := discoverAt(t, unpackSnapshot(t, snap))
 			if h.OnlineCPUs.IsEmpty() || len(h.Nodes) == 0 {
 				t.Fatalf("empty model: %+v", h)

@@ -11,12 +11,12 @@ import (
 )
 
 // writeSimhost writes a fresh simhost tree into a temporary directory,
-// with 4 cores per socket unless opts say otherwise (the full 56-core
+// with simCores cores per socket unless opts say otherwise (the full 56-core
 // tree has ~12k files and takes seconds on a busy machine).
 func writeSimhost(t testing.TB, opts ...simhost.Option) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "root")
-	if err := simhost.Write(dir, append([]simhost.Option{simhost.WithCoresPerSocket(4)}, opts...)...); err != nil {
+	if err := simhost.Write(dir, append([]simhost.Option{simhost.WithCoresPerSocket(simCores)}, opts...)...); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -240,6 +240,7 @@ func unpackSnapshot(t *testing.T, snap string) string {
 func TestHwlocCrossCheckGhwSnapshots(t *testing.T) {
 	for _, snap := range ghwSnapshots(t) {
 		t.Run(strings.TrimSuffix(filepath.Base(snap), ".tar.gz"), func(t *testing.T) {
+			t.Parallel()
 			crossCheck(t, unpackSnapshot(t, snap))
 		})
 	}
