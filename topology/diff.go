@@ -98,6 +98,9 @@ func diffNodes(old, new []Node) []Event {
 		if o.MemoryBytes != n.MemoryBytes {
 			what = append(what, fmt.Sprintf("memory_bytes %d -> %d", o.MemoryBytes, n.MemoryBytes))
 		}
+		if o.BlockMemoryBytes != n.BlockMemoryBytes {
+			what = append(what, fmt.Sprintf("block_memory_bytes %d -> %d", o.BlockMemoryBytes, n.BlockMemoryBytes))
+		}
 		if !slices.Equal(o.Distances, n.Distances) {
 			what = append(what, fmt.Sprintf("distances %v -> %v", o.Distances, n.Distances))
 		}

@@ -63,6 +63,11 @@ func TestDiff(t *testing.T) {
 			want:   []string{"cpus-online cpus 4"},
 		},
 		{
+			name:   "memory hot-added",
+			change: func(h *Host) { h.Nodes[0].MemoryBytes, h.Nodes[0].BlockMemoryBytes = 200, 256 },
+			want:   []string{"node-changed node0: memory_bytes 100 -> 200, block_memory_bytes 0 -> 256"},
+		},
+		{
 			name:   "node gone",
 			change: func(h *Host) { h.Nodes = h.Nodes[:1] },
 			want:   []string{"node-removed node1 cpus 2-3"},

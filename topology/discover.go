@@ -212,6 +212,7 @@ func (d *discovery) nodes() {
 		} else {
 			n.MemoryBytes = m
 		}
+		n.BlockMemoryBytes = d.blockMemory(dir)
 		if s, err := d.fs.read(dir + "/distance"); err != nil {
 			d.warn("%v; node%d distances unknown", err, id)
 		} else if row, err := ParseDistances(s); err != nil {
@@ -229,6 +230,35 @@ func (d *discovery) nodes() {
 	if rest := d.host.OnlineCPUs.Difference(covered); !rest.IsEmpty() {
 		d.warn("online CPUs %s belong to no NUMA node", rest)
 	}
+}
+
+// blockMemory sums the node's online memory blocks; 0 when the kernel
+// has no memory block devices (or the files are unreadable, warned).
+func (d *discovery) blockMemory(nodeDir string) uint64 {
+	ents, err := os.ReadDir(d.fs.path(nodeDir))
+	if err != nil {
+		return 0
+	}
+	var blocks uint64
+	for _, e := range ents {
+		if _, ok := numberedEntry(e.Name(), "memory"); !ok {
+			continue
+		}
+		// Blocks without an online file cannot be offlined: they are online.
+		if v, err := d.fs.readInt(nodeDir + "/" + e.Name() + "/online"); err == nil && v == 0 {
+			continue
+		}
+		blocks++
+	}
+	if blocks == 0 {
+		return 0
+	}
+	size, err := d.fs.readHex("/sys/devices/system/memory/block_size_bytes", 64)
+	if err != nil {
+		d.warn("%v; memory block sizes unknown", err)
+		return 0
+	}
+	return blocks * size
 }
 
 // nodeOfCPU returns the node holding cpu, or NoNode.

@@ -284,6 +284,10 @@ func TestDiscoverMemoryOnlyNode(t *testing.T) {
 	writeFile(t, root, n2+"/cpulist", "\n")
 	writeFile(t, root, n2+"/meminfo", "Node 2 MemTotal: 268435456 kB\n")
 	writeFile(t, root, n2+"/distance", "60 60 10\n")
+	writeFile(t, root, "/sys/devices/system/memory/block_size_bytes", "80000000\n")
+	writeFile(t, root, n2+"/memory32/online", "1\n")
+	writeFile(t, root, n2+"/memory33/online", "0\n")
+	writeFile(t, root, n2+"/memory34/uevent", "") // no online file: boot memory, online
 	writeFile(t, root, "/sys/devices/system/node/node0/distance", "10 21 60\n")
 	writeFile(t, root, "/sys/devices/system/node/node1/distance", "21 10 60\n")
 	h := discoverAt(t, root, WithoutNames())
@@ -291,7 +295,8 @@ func TestDiscoverMemoryOnlyNode(t *testing.T) {
 		t.Fatalf("%d nodes", len(h.Nodes))
 	}
 	n := h.Nodes[2]
-	if n.Socket != NoSocket || !n.CPUs.IsEmpty() || n.MemoryBytes != 268435456*1024 || h.NodeDistance(0, 2) != 60 {
+	if n.Socket != NoSocket || !n.CPUs.IsEmpty() || n.MemoryBytes != 268435456*1024 || h.NodeDistance(0, 2) != 60 ||
+		n.BlockMemoryBytes != 2*0x80000000 || h.Nodes[0].BlockMemoryBytes != 0 {
 		t.Fatalf("memory-only node %+v, distance %d", n, h.NodeDistance(0, 2))
 	}
 	if !hasWarning(h, "node2 has no online CPU") {

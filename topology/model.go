@@ -72,6 +72,13 @@ type Node struct {
 	// It is what hwloc reports too; /proc/meminfo's MemTotal is the
 	// host-wide sum and can differ (see docs/topology.md).
 	MemoryBytes uint64 `json:"memory_bytes"`
+	// BlockMemoryBytes is the size of the node's online memory blocks
+	// (/sys/devices/system/memory/block_size_bytes × online memoryN links
+	// under the node): the physical memory attached to the node, which can
+	// exceed MemoryBytes while the kernel has not yet taken all of it into
+	// its page allocator (hot-plug, unaccepted or ballooned memory in VMs).
+	// 0 when the kernel exposes no memory blocks.
+	BlockMemoryBytes uint64 `json:"block_memory_bytes,omitempty"`
 	// Distances is this node's row of the kernel's SLIT distance matrix,
 	// aligned with Host.Nodes (10 = local).
 	Distances []int `json:"distances"`
