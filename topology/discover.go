@@ -140,8 +140,8 @@ func (d *discovery) cpus() error {
 		return fmt.Errorf("%w: %s lists no online CPU", ErrNoCPUs, sysCPU+"/online")
 	}
 	d.host.OnlineCPUs = online
-	if possible, err := d.fs.readCPUList(sysCPU + "/present"); err == nil {
-		present = present.Union(possible)
+	if listed, err := d.fs.readCPUList(sysCPU + "/present"); err == nil {
+		present = present.Union(listed)
 	}
 	d.host.OfflineCPUs = present.Difference(online)
 	if !d.host.OfflineCPUs.IsEmpty() {

@@ -5,7 +5,8 @@
 // /proc/cpuinfo), so that topology.Discover, ghw and hwloc
 // (HWLOC_FSROOT) all read it like a live host.
 //
-// Layout: two sockets of 56 cores × 2 threads, one NUMA node each.
+// Layout: two sockets of 56 cores × 2 threads (by default; see
+// WithCoresPerSocket), one NUMA node each.
 // Each socket has two PCIe host bridges with one Broadcom PEX switch
 // behind each; every switch carries two H200 GPUs and one ConnectX-7
 // NIC. One NVMe drive per socket sits on a second root port of the
