@@ -13,8 +13,9 @@ import (
 // number in a sysfs file is malformed input, not a real machine.
 const MaxCPUs = 1 << 14
 
-// ErrSyntax is wrapped by every parse error of a cpulist or CPU bitmap.
-var ErrSyntax = errors.New("topology: malformed cpu set")
+// ErrSyntax is wrapped by every parse error of the text parsers (cpulist,
+// CPU bitmap, meminfo, distance row, PCI address, distance label).
+var ErrSyntax = errors.New("topology: syntax error")
 
 // CPUSet is an immutable set of logical CPU numbers. The zero value is the
 // empty set. It marshals to and from the kernel's cpulist form ("0-3,8").

@@ -12,7 +12,7 @@ import (
 
 // ErrMalformed is wrapped by errors about a sysfs or procfs file whose
 // content cannot be parsed; the error text names the file.
-var ErrMalformed = errors.New("malformed file")
+var ErrMalformed = errors.New("topology: malformed file")
 
 // fsRoot reads files below an injected root ("/" on the live host).
 type fsRoot struct{ root string }
