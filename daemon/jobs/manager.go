@@ -349,20 +349,28 @@ func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, erro
 	return cloneJob(j), nil
 }
 
-// List returns the jobs c may see that match opts, newest first.
+// List returns the jobs c may see that match opts, newest first. Only the
+// jobs returned are copied.
 func (m *Manager) List(_ context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]api.Job, 0, min(len(m.jobs), cmp.Or(opts.Limit, len(m.jobs))))
-	for _, j := range m.jobs {
-		if !visible(c, j) || !matches(j, opts) {
-			continue
-		}
-		out = append(out, cloneJob(j))
+	type hit struct {
+		n uint64
+		j *api.Job
 	}
-	slices.SortFunc(out, func(a, b api.Job) int { return cmp.Compare(idNum(b.ID), idNum(a.ID)) })
-	if opts.Limit > 0 && len(out) > opts.Limit {
-		out = out[:opts.Limit]
+	hits := make([]hit, 0, len(m.jobs))
+	for _, j := range m.jobs {
+		if visible(c, j) && matches(j, opts) {
+			hits = append(hits, hit{idNum(j.ID), j})
+		}
+	}
+	slices.SortFunc(hits, func(a, b hit) int { return cmp.Compare(b.n, a.n) })
+	if opts.Limit > 0 && len(hits) > opts.Limit {
+		hits = hits[:opts.Limit]
+	}
+	out := make([]api.Job, len(hits))
+	for i, h := range hits {
+		out[i] = cloneJob(h.j)
 	}
 	return out, nil
 }

@@ -3,7 +3,6 @@ package jobs
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -11,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"syscall"
-	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 )
@@ -268,28 +266,4 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-// WaitIdle is for tests: it waits until no job is placed, starting or
-// running, or ctx ends.
-func (m *Manager) WaitIdle(ctx context.Context) error {
-	for {
-		busy := false
-		m.mu.Lock()
-		for _, j := range m.jobs {
-			if j.State == api.StatePlaced || j.State == api.StateStarting || j.State == api.StateRunning {
-				busy = true
-				break
-			}
-		}
-		m.mu.Unlock()
-		if !busy {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.New("jobs still running")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
