@@ -156,6 +156,12 @@ func (e *Engine) Policy() Policy { return e.policy }
 // apply the decision with Commit. When no node fits it returns the
 // decision (with the filter counts) and an error wrapping ErrUnschedulable.
 func (e *Engine) Place(req *Request, nodes []*Node) (Decision, error) {
+	return e.PlaceExcept(req, nodes, nil)
+}
+
+// PlaceExcept is Place with the nodes whose index is in skip left out
+// (reserved for a waiting job); they count as ReasonReserved.
+func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (Decision, error) {
 	d := Decision{Request: req.ID, Policy: e.policy.Name(), Assignment: Assignment{NodeIdx: -1, FPGA: -1}}
 	if err := req.Validate(); err != nil {
 		return d, err
@@ -164,7 +170,13 @@ func (e *Engine) Place(req *Request, nodes []*Node) (Decision, error) {
 	var bestScored Scored
 	var counts [len(allReasons)]int
 	for i, n := range nodes {
-		if r := Filter(req, n); r != Fits {
+		r := Fits
+		if skip[i] {
+			r = ReasonReserved
+		} else {
+			r = Filter(req, n)
+		}
+		if r != Fits {
 			counts[reasonIndex(r)]++
 			if len(d.Rejected) < e.explain {
 				d.Rejected = append(d.Rejected, Rejection{Node: n.Name, Reason: r})

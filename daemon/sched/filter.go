@@ -17,11 +17,12 @@ const (
 	ReasonFPGA         FilterReason = "no free fpga region"
 	ReasonTopology     FilterReason = "topology policy cannot be met"
 	ReasonInvalidInput FilterReason = "invalid request"
+	ReasonReserved     FilterReason = "reserved for a waiting job"
 )
 
 // allReasons lists every non-empty FilterReason, for counting.
 var allReasons = [...]FilterReason{ReasonCPU, ReasonMemory, ReasonCores, ReasonGPUModel, ReasonGPUs, ReasonGPUShare,
-	ReasonGPUMemory, ReasonMIG, ReasonFPGA, ReasonTopology, ReasonInvalidInput}
+	ReasonGPUMemory, ReasonMIG, ReasonFPGA, ReasonTopology, ReasonInvalidInput, ReasonReserved}
 
 func reasonIndex(r FilterReason) int {
 	for i, x := range allReasons {
@@ -29,7 +30,7 @@ func reasonIndex(r FilterReason) int {
 			return i
 		}
 	}
-	return len(allReasons) - 1
+	return len(allReasons) - 2
 }
 
 // Filter applies every filter rule to one node, cheapest first, and

@@ -83,6 +83,8 @@ func (l *ShapeLearner) Model(coverage float64) *FragModel {
 // GPU), otherwise the idle share on GPUs too small for k — weighted by p_k.
 type FragModel struct {
 	Shapes []Shape
+	// Capacity selects the multi-copy measure (capacityFrag).
+	Capacity bool
 	// access caches, per GPU model, which shapes may use it.
 	access map[string][]bool
 }
@@ -108,6 +110,9 @@ func (f *FragModel) accessFor(model string) []bool {
 func (f *FragModel) NodeFrag(n *Node) float64 {
 	var buf [64]int64
 	free := gpuFreeList(n, buf[:0])
+	if f.Capacity {
+		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli, free)
+	}
 	return f.frag(n.GPUModel, n.CPUFreeMilli, free)
 }
 
@@ -170,5 +175,50 @@ func (f *FragModel) fragAfter(n *Node, req *Request, gpus []int) float64 {
 		}
 		free = append(free, m)
 	}
+	if f.Capacity {
+		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
+	}
 	return f.frag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
+}
+
+// capacityFrag is the multi-copy variant: for each typical shape, the idle
+// GPU milli left over if the node were filled with as many copies of that
+// shape as its GPUs and CPU allow.
+func (f *FragModel) capacityFrag(model string, cpuFree int64, free []int64) float64 {
+	var total int64
+	for _, m := range free {
+		total += m
+	}
+	if total == 0 {
+		return 0
+	}
+	acc := f.accessFor(model)
+	var out float64
+	for k := range f.Shapes {
+		s := &f.Shapes[k]
+		if s.GPUMilli == 0 || !acc[k] || cpuFree < s.CPUMilli {
+			out += s.P * float64(total)
+			continue
+		}
+		var slots int64
+		if s.GPUMilli < MilliPerGPU {
+			for _, m := range free {
+				slots += m / s.GPUMilli
+			}
+		} else {
+			full := int64(0)
+			for _, m := range free {
+				if m >= MilliPerGPU {
+					full++
+				}
+			}
+			slots = full / int64(s.GPUs)
+		}
+		if s.CPUMilli > 0 {
+			slots = min(slots, cpuFree/s.CPUMilli)
+		}
+		used := slots * int64(s.GPUs) * s.GPUMilli
+		out += s.P * float64(total-used)
+	}
+	return out
 }

@@ -26,7 +26,7 @@ func DefaultProfiles() Profiles {
 	return Profiles{
 		ClassTraining:  {DimCompute: 0.30, DimLocality: 0.30, DimFragmentation: 0.25, DimEnergy: 0.05, DimLoad: 0.05, DimPriority: 0.05},
 		ClassInference: {DimCompute: 0.10, DimLocality: 0.10, DimFragmentation: 0.35, DimEnergy: 0.15, DimLoad: 0.25, DimPriority: 0.05},
-		ClassBatch:     {DimCompute: 0.02, DimLocality: 0.02, DimFragmentation: 0.90, DimEnergy: 0.02, DimLoad: 0.02, DimPriority: 0.02},
+		ClassBatch:     {DimCompute: 0.01, DimLocality: 0.01, DimFragmentation: 0.96, DimEnergy: 0.01, DimLoad: 0.01, DimPriority: 0},
 		ClassService:   {DimCompute: 0.10, DimLocality: 0.15, DimFragmentation: 0.15, DimEnergy: 0.05, DimLoad: 0.30, DimPriority: 0.25},
 	}
 }
@@ -49,7 +49,12 @@ func NewWeighted(profiles Profiles, frag *FragModel) *Weighted {
 	}
 	w := &Weighted{Profiles: profiles, Capability: map[string]float64{}}
 	if frag != nil {
-		w.fs = &fragScorer{model: frag}
+		// fusiond judges fragmentation with the multi-copy (capacity)
+		// measure: the GPU share a node could not give to typical requests
+		// even if filled with them, which also sees CPU:GPU imbalance.
+		cm := NewFragModel(frag.Shapes)
+		cm.Capacity = true
+		w.fs = &fragScorer{model: cm}
 	}
 	return w
 }
@@ -73,12 +78,34 @@ func (p *Weighted) Dimensions(req *Request, n *Node, idx int) ([NumDims]float64,
 	default:
 		s[DimFragmentation] = 1 - float64(n.CPUFreeMilli-req.CPUMilli)/float64(max(n.CPUMilli, 1))
 	}
-	a, loc := assign(req, n, idx, gpu)
+	var gpus []int
+	var mig *MIGPick
+	loc := 1.0
+	var one [1]int
+	switch {
+	case req.GPUs > 1 || req.ExclusiveCores > 0 || req.MIGProfile != "" || req.Bitstream != "":
+		a, l := assign(req, n, idx, gpu)
+		gpus, mig, loc = a.GPUs, a.MIG, l
+	case req.GPUs == 1:
+		g := gpu
+		if g < 0 || !gpuFits(req, &n.GPUs[g]) {
+			if req.Shared() {
+				g = bestFitGPU(req, n)
+			} else {
+				g = firstFreeGPU(req, n)
+			}
+		}
+		if g >= 0 {
+			one[0] = g
+			gpus = one[:]
+		}
+	}
 	s[DimLocality] = loc
 	s[DimCompute] = p.compute(req, n)
-	s[DimEnergy] = energy(req, n, &a)
-	s[DimLoad] = 1 - loadOf(n, &a)
-	head := float64(n.CPUFreeMilli-a.CPUMilli) / float64(max(n.CPUMilli, 1))
+	s[DimEnergy] = energy(n, gpus, mig)
+	s[DimLoad] = 1 - loadOf(n, gpus)
+	taken := req.CPUMilli + int64(req.ExclusiveCores)*1000
+	head := float64(n.CPUFreeMilli-taken) / float64(max(n.CPUMilli, 1))
 	if req.Tier >= TierGuaranteed {
 		s[DimPriority] = head
 	} else {
@@ -139,12 +166,18 @@ func fpgaCompute(req *Request, n *Node) float64 {
 }
 
 // energy is the chosen GPUs' performance per watt, halved for each idle
-// GPU that would have to be woken (when its idle draw is known); a MIG
-// reconfiguration costs like waking.
-func energy(req *Request, n *Node, a *Assignment) float64 {
-	gpus := a.GPUs
-	if a.MIG != nil {
-		gpus = []int{a.MIG.GPU}
+// GPU that would have to be woken (when its idle draw is known); creating
+// a MIG instance (reconfiguration) halves it too.
+func energy(n *Node, gpus []int, mig *MIGPick) float64 {
+	if mig != nil {
+		g := n.GPUs[mig.GPU].PerfPerWatt
+		if g == 0 {
+			g = 0.5
+		}
+		if mig.Create {
+			g /= 2
+		}
+		return g
 	}
 	if len(gpus) == 0 {
 		return 1
@@ -160,17 +193,23 @@ func energy(req *Request, n *Node, a *Assignment) float64 {
 		}
 		s += e
 	}
-	if a.MIG != nil && a.MIG.Create {
-		s /= 2
-	}
-	_ = req
 	return s / float64(len(gpus))
 }
 
-func loadOf(n *Node, a *Assignment) float64 {
+func loadOf(n *Node, gpus []int) float64 {
 	l := n.Load
-	for _, g := range a.GPUs {
+	for _, g := range gpus {
 		l = max(l, n.GPUs[g].Load)
 	}
 	return l
+}
+
+// firstFreeGPU is the lowest-index GPU that fits a whole-GPU request.
+func firstFreeGPU(req *Request, n *Node) int {
+	for i := range n.GPUs {
+		if gpuFits(req, &n.GPUs[i]) {
+			return i
+		}
+	}
+	return -1
 }

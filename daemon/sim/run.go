@@ -42,8 +42,10 @@ type Options struct {
 	CSVDir string
 	// PlotPath, when set, receives an SVG of allocation vs arrived request.
 	PlotPath string
-	// Timed selects the time-ordered mode.
-	Timed bool
+	// Timed selects the time-ordered mode; LoadPct compresses its arrivals
+	// to that offered GPU load (see TimedOptions).
+	Timed   bool
+	LoadPct float64
 	// Workers bounds parallel runs (GOMAXPROCS by default).
 	Workers int
 	// RandomTies breaks score ties at random per decision (the stock
@@ -159,7 +161,7 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.Timed {
 		for _, pol := range o.Policies {
-			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage)
+			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct})
 			if err != nil {
 				return nil, err
 			}
