@@ -158,7 +158,7 @@ func ReadPods(r io.Reader) ([]Pod, error) {
 				return nil, err
 			}
 		}
-		if g > 64 || p.GPUMilli > sched.MilliPerGPU || (g > 1 && p.GPUMilli != sched.MilliPerGPU) {
+		if g > 64 || p.GPUMilli > sched.MilliPerGPU || (g > 1 && p.GPUMilli != sched.MilliPerGPU) || (g > 0 && p.GPUMilli == 0) {
 			return nil, fmt.Errorf("%w: line %d: %d GPUs × %d milli", ErrBadTrace, i+2, g, p.GPUMilli)
 		}
 		p.GPUs = int(g)
