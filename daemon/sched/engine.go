@@ -160,7 +160,8 @@ func (e *Engine) Place(req *Request, nodes []*Node) (Decision, error) {
 }
 
 // PlaceExcept is Place with the nodes whose index is in skip left out
-// (reserved for a waiting job); they count as ReasonReserved.
+// (reserved for a waiting job); those that would fit count as
+// ReasonReserved, the others under their own filter reason.
 func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (Decision, error) {
 	d := Decision{Request: req.ID, Policy: e.policy.Name(), Assignment: Assignment{NodeIdx: -1, FPGA: -1}}
 	if err := req.Validate(); err != nil {
@@ -170,11 +171,9 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 	var bestScored Scored
 	var counts [len(allReasons)]int
 	for i, n := range nodes {
-		r := Fits
-		if skip[i] {
+		r := Filter(req, n)
+		if r == Fits && skip[i] {
 			r = ReasonReserved
-		} else {
-			r = Filter(req, n)
 		}
 		if r != Fits {
 			counts[reasonIndex(r)]++

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -198,5 +199,21 @@ func TestPreemptionPicksMinimalVictims(t *testing.T) {
 	}
 	if n.FullyFreeGPUs() != 0 || n2.FullyFreeGPUs() != 0 {
 		t.Fatal("planning changed the nodes")
+	}
+}
+
+func TestWaitingExplains(t *testing.T) {
+	n := migNode()
+	n.GPUs[7].MIG.Instances = []MIGInstance{{Profile: "7g.40gb", Start: 0, Slices: 7, InUse: true}}
+	e := NewEngine(Options{Seed: 1})
+	q := &Queue{}
+	q.Push(Request{ID: "a", Priority: 5, MIGProfile: "1g.5gb", MIGSlices: 1}, 0)
+	q.Push(Request{ID: "b", Priority: 1, MIGProfile: "1g.5gb", MIGSlices: 1}, 0)
+	_, waiting := q.Schedule(0, e, []*Node{n})
+	if len(waiting) != 2 {
+		t.Fatalf("waiting %+v", waiting)
+	}
+	if got := waiting[1].String(); !strings.HasPrefix(got, "waiting: no GPU with a free 1g.5gb; 1 job ahead") {
+		t.Fatalf("got %q", got)
 	}
 }

@@ -98,7 +98,7 @@ func (q *Queue) Schedule(now int64, e *Engine, nodes []*Node) ([]Placement, []Wa
 			continue
 		}
 		keep = append(keep, j)
-		w := Waiting{ID: j.req.ID, Ahead: len(keep) - 1, Reason: reasonText(err, &d)}
+		w := Waiting{ID: j.req.ID, Ahead: len(keep) - 1, Reason: reasonText(err, &d, &j.req)}
 		if reservedFor == "" && errors.Is(err, ErrUnschedulable) {
 			if r := reserveFor(&j.req, nodes); r >= 0 {
 				reserved[r] = true
@@ -113,11 +113,31 @@ func (q *Queue) Schedule(now int64, e *Engine, nodes []*Node) ([]Placement, []Wa
 	return placed, waiting
 }
 
-func reasonText(err error, d *Decision) string {
-	if errors.Is(err, ErrUnschedulable) {
-		return d.WaitReason()
+func reasonText(err error, d *Decision, req *Request) string {
+	if !errors.Is(err, ErrUnschedulable) {
+		return fmt.Sprint(err)
 	}
-	return fmt.Sprint(err)
+	if rs := sortedReasons(d.Filtered); len(rs) > 0 && rs[0] == ReasonMIG {
+		return fmt.Sprintf("no GPU with a free %s", req.MIGProfile)
+	}
+	return d.WaitReason()
+}
+
+// String renders the wait for `fusionctl show JOB`, e.g.
+// "waiting: no GPU with a free 1g.18gb; 3 jobs ahead".
+func (w Waiting) String() string {
+	s := "waiting: " + w.Reason
+	switch w.Ahead {
+	case 0:
+	case 1:
+		s += "; 1 job ahead"
+	default:
+		s += fmt.Sprintf("; %d jobs ahead", w.Ahead)
+	}
+	if w.Reserved != "" {
+		s += "; " + w.Reserved + " reserved for it"
+	}
+	return s
 }
 
 // reserveFor picks the node to reserve for a job that fits nowhere now:

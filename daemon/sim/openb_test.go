@@ -1,13 +1,11 @@
 package sim
 
 import (
-	"bufio"
 	"context"
 	"math"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
+	"slices"
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -28,33 +26,18 @@ func openbDir(t testing.TB) string {
 	return dir
 }
 
-// expected reads FGD_expected_allocation.txt: trace → policy → allocation
-// at 100/110/120/130 %.
-func expected(t testing.TB, dir string) map[string]map[string][4]float64 {
+func expected(t testing.TB, dir string) Published {
 	t.Helper()
 	f, err := os.Open(filepath.Join(dir, "FGD_expected_allocation.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	out := map[string]map[string][4]float64{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fs := strings.Fields(sc.Text())
-		if len(fs) != 8 || !strings.HasPrefix(fs[0], "openb_") {
-			continue
-		}
-		_, pol, _ := strings.Cut(fs[1], "-")
-		var v [4]float64
-		for i := range 4 {
-			v[i], _ = strconv.ParseFloat(fs[4+i], 64)
-		}
-		if out[fs[0]] == nil {
-			out[fs[0]] = map[string][4]float64{}
-		}
-		out[fs[0]][strings.ToLower(pol)] = v
+	pub, err := ReadPublished(f)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return pub
 }
 
 // TestOpenBDefaultSeed42 runs one seed of the default trace for the
@@ -104,5 +87,36 @@ func TestOpenBValidationFull(t *testing.T) {
 				t.Errorf("%s %s: %.2f%% at 130%%, paper %.2f%%", trace, s.Policy, s.AllocPct[3], w[3])
 			}
 		}
+	}
+}
+
+// TestOpenBTable regenerates the 17 traces × policies table of
+// docs/benchmarks.md (mean of seeds 42..51 at 130 %). It takes about an
+// hour on 2 cores: it runs only when FUSIOND_SIM_TABLE names the markdown
+// file to write.
+func TestOpenBTable(t *testing.T) {
+	outPath := os.Getenv("FUSIOND_SIM_TABLE")
+	if outPath == "" {
+		t.Skip("set FUSIOND_SIM_TABLE=FILE.md to regenerate the benchmark table")
+	}
+	dir := openbDir(t)
+	pub := expected(t, dir)
+	var traces []string
+	for tr := range pub {
+		traces = append(traces, tr)
+	}
+	slices.Sort(traces)
+	var reps []*Report
+	for _, tr := range traces {
+		o := Options{NodesPath: filepath.Join(dir, "openb_node_list_gpu_node.csv"), PodsPath: filepath.Join(dir, tr+".csv"),
+			Policies: append(slices.Clone(sched.BaselineNames), "fusiond"), Seeds: []uint64{42, 43, 44, 45, 46, 47, 48, 49, 50, 51}}
+		rep, err := Simulate(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, rep)
+	}
+	if err := os.WriteFile(outPath, []byte(MarkdownTable(reps, pub)), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
