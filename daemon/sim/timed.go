@@ -41,32 +41,53 @@ type TimedOptions struct {
 	// MaxPoints bounds the utilisation samples kept.
 	MaxPoints int
 	// LoadPct, when > 0, compresses arrival times (lifetimes unchanged) so
-	// that the offered GPU load (Σ GPU × lifetime over the arrival span)
-	// is LoadPct % of the cluster's GPU capacity. The openb trace spans
-	// 149 days at about 1 % load, which no policy can tell apart.
+	// that the offered GPU load inside the arrival window is LoadPct % of
+	// the cluster's GPU capacity (see compress). The openb trace spans
+	// 149 days at a few % load, which no policy can tell apart.
 	LoadPct float64
 }
 
-// compress scales arrival times so the offered load is loadPct.
+// compress scales arrival times (lifetimes unchanged) by the factor k
+// for which the offered GPU load inside the compressed arrival window —
+// Σ GPU × min(lifetime, window) / (capacity × window) — is loadPct. That
+// load cannot exceed the trace's total request over capacity.
 func compress(pods []Pod, capMilli int64, loadPct float64) []Pod {
-	if loadPct <= 0 || len(pods) < 2 {
+	if loadPct <= 0 || len(pods) < 2 || capMilli <= 0 {
 		return pods
 	}
 	lo, hi := pods[0].Creation, pods[0].Creation
-	var work float64
 	for _, p := range pods {
 		lo, hi = min(lo, p.Creation), max(hi, p.Creation)
-		if p.Deletion > p.Creation {
-			work += float64(p.GPUMilliTotal()) * float64(p.Deletion-p.Creation)
+	}
+	span := float64(hi - lo)
+	if span <= 0 {
+		return pods
+	}
+	offered := func(k float64) float64 {
+		w := span / k
+		var sum float64
+		for _, p := range pods {
+			life := float64(p.Deletion - p.Creation)
+			if p.Deletion == 0 || life < 0 {
+				life = w
+			}
+			sum += float64(p.GPUMilliTotal()) * min(life, w)
+		}
+		return 100 * sum / (float64(capMilli) * w)
+	}
+	klo, khi := 1.0, 1e9
+	if offered(klo) >= loadPct {
+		return pods
+	}
+	for range 100 {
+		mid := math.Sqrt(klo * khi)
+		if offered(mid) < loadPct {
+			klo = mid
+		} else {
+			khi = mid
 		}
 	}
-	if hi == lo || work == 0 {
-		return pods
-	}
-	k := loadPct / 100 * float64(capMilli) * float64(hi-lo) / work
-	if k <= 1 {
-		return pods
-	}
+	k := khi
 	out := slices.Clone(pods)
 	for i := range out {
 		life := out[i].Deletion - out[i].Creation
@@ -97,8 +118,8 @@ func (h *finishHeap) Pop() any {
 	return x
 }
 
-// RunTimed replays pods in creation order (mean utilisation is taken over
-// the arrival window, first to last creation); each runs for its traced
+// RunTimed replays pods in creation order (mean utilisation is taken from
+// the first arrival until the last placement); each runs for its traced
 // lifetime (deletion − creation) from the moment it is placed, then leaves.
 // Pods that do not fit wait in a sched.Queue (priority with aging and
 // backfill). It reports GPU utilisation over time and queueing delay.
@@ -164,7 +185,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		if t >= math.MaxInt64/8 {
 			break // only never-ending pods remain
 		}
-		if next < len(order) { // utilisation is averaged over the arrival window
+		if next < len(order) || q.Len() > 0 { // averaged until the last pod is placed
 			utilArea += float64(alloc) * float64(t-last)
 			last = t
 		}
