@@ -171,6 +171,9 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 	var bestScored Scored
 	var counts [len(allReasons)]int
 	for i, n := range nodes {
+		if n == nil {
+			continue
+		}
 		r := Filter(req, n)
 		if r == Fits && skip[i] {
 			r = ReasonReserved
@@ -251,6 +254,9 @@ func (e *Engine) Commit(req *Request, a *Assignment, nodes []*Node) error {
 		return fmt.Errorf("%w: node index %d", ErrDoesNotFit, a.NodeIdx)
 	}
 	n := nodes[a.NodeIdx]
+	if n == nil {
+		return fmt.Errorf("%w: node %d is nil", ErrDoesNotFit, a.NodeIdx)
+	}
 	if err := n.Apply(a); err != nil {
 		return err
 	}
@@ -266,6 +272,9 @@ func (e *Engine) Release(req *Request, a *Assignment, nodes []*Node) {
 		return
 	}
 	n := nodes[a.NodeIdx]
+	if n == nil {
+		return
+	}
 	n.Release(a)
 	if o, ok := e.policy.(Observer); ok {
 		o.Released(req, n, a.NodeIdx)

@@ -118,7 +118,13 @@ func (f *fragScorer) compute(req *Request, n *Node, before float64) fragEntry {
 type FGD struct{ fs fragScorer }
 
 // NewFGD returns FGD over the typical shapes of model.
-func NewFGD(model *FragModel) *FGD { return &FGD{fs: fragScorer{model: model}} }
+// A nil model has no shapes: every node then scores alike.
+func NewFGD(model *FragModel) *FGD {
+	if model == nil {
+		model = NewFragModel(nil)
+	}
+	return &FGD{fs: fragScorer{model: model}}
+}
 
 // Name implements Policy.
 func (*FGD) Name() string { return "fgd" }
@@ -129,8 +135,18 @@ func (p *FGD) Score(req *Request, n *Node, idx int, _ *rand.Rand) Scored {
 	return Scored{Score: math.Trunc(e.sig * maxScore), GPU: e.gpu}
 }
 
+// NewFGDExact returns FGDExact over model (nil: no shapes).
+func NewFGDExact(model *FragModel) *FGDExact {
+	if model == nil {
+		model = NewFragModel(nil)
+	}
+	return &FGDExact{fs: fragScorer{model: model}}
+}
+
 // FGDExact is FGD without the integer score scale: the raw fragmentation
-// decrease decides.
+// decrease decides. It exists to show how much the paper's coarse scale
+// (and the node order that breaks its many ties) matters; see
+// docs/benchmarks.md.
 type FGDExact struct{ fs fragScorer }
 
 // Name implements Policy.

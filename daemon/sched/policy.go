@@ -53,6 +53,18 @@ type Observer interface {
 	Released(req *Request, n *Node, idx int)
 }
 
+var (
+	_ Policy = Random{}
+	_ Policy = BestFit{}
+	_ Policy = GpuPacking{}
+	_ Policy = DotProd{}
+	_ Policy = (*GpuClustering)(nil)
+	_ Policy = Spread{}
+	_ Policy = (*FGD)(nil)
+	_ Policy = (*FGDExact)(nil)
+	_ Policy = (*Weighted)(nil)
+)
+
 // Constants of the openb baselines' normalisation (the largest node).
 const (
 	maxSpecCPU = 128000.0
@@ -79,7 +91,7 @@ func PolicyByName(name string, frag *FragModel, profiles Profiles) (Policy, bool
 	case "fgd":
 		return NewFGD(frag), true
 	case "fgd-exact":
-		return &FGDExact{fs: fragScorer{model: frag}}, true
+		return NewFGDExact(frag), true
 	case "fusiond":
 		return NewWeighted(profiles, frag), true
 	case "spread", "k8s-spread":

@@ -285,3 +285,16 @@ func TestPropertyDeterministic(t *testing.T) {
 		t.Fatal("two runs with the same seed differ")
 	}
 }
+
+func TestPoliciesWithoutShapes(t *testing.T) {
+	for _, name := range []string{"fgd", "fgd-exact", "fusiond", "gpuclustering", "random"} {
+		p, _ := PolicyByName(name, nil, nil)
+		e := NewEngine(Options{Policy: p, Seed: 1})
+		nodes := []*Node{NewNode("a", 8000, 8192, 2, "T4"), nil}
+		req := Request{CPUMilli: 100, GPUs: 1, GPUMilli: 300}
+		d, err := e.Place(&req, nodes)
+		if err != nil || d.Assignment.Node != "a" {
+			t.Fatalf("%s: %v %+v", name, err, d.Assignment)
+		}
+	}
+}
