@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"math"
 	"math/rand/v2"
 )
 
@@ -37,7 +38,8 @@ type Weighted struct {
 	// Capability is each GPU model's relative compute (0..1); unknown
 	// models count 0.5.
 	Capability map[string]float64
-	fs         *fragScorer
+	fs         *fragScorer // FGD's single-copy measure
+	fsCap      *fragScorer // the multi-copy (capacity) measure
 }
 
 // NewWeighted returns the policy; frag may be nil (fragmentation is then
@@ -49,12 +51,15 @@ func NewWeighted(profiles Profiles, frag *FragModel) *Weighted {
 	}
 	w := &Weighted{Profiles: profiles, Capability: map[string]float64{}}
 	if frag != nil {
-		// fusiond judges fragmentation with the multi-copy (capacity)
-		// measure: the GPU share a node could not give to typical requests
-		// even if filled with them, which also sees CPU:GPU imbalance.
+		// fusiond judges fragmentation lexicographically: FGD's measure on
+		// its coarse 0..100 scale first, then, among options within one
+		// step of it, the multi-copy (capacity) measure — the GPU share a
+		// node could not give to typical requests even if filled with them,
+		// which also sees GPUs stranded by the CPU next to them.
+		w.fs = &fragScorer{model: frag}
 		cm := NewFragModel(frag.Shapes)
 		cm.Capacity = true
-		w.fs = &fragScorer{model: cm}
+		w.fsCap = &fragScorer{model: cm}
 	}
 	return w
 }
@@ -71,8 +76,9 @@ func (p *Weighted) Dimensions(req *Request, n *Node, idx int) ([NumDims]float64,
 	switch {
 	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0):
 		e := p.fs.gain(req, n, idx)
+		c := p.fsCap.gain(req, n, idx)
 		gpu = e.gpu
-		s[DimFragmentation] = e.sig
+		s[DimFragmentation] = (math.Trunc(e.sig*maxScore) + c.sig) / (maxScore + 1)
 	case len(n.GPUs) > 0:
 		s[DimFragmentation] = 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU)
 	default:
