@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/sim"
 )
 
 // DefaultSocket is where fusiond listens unless told otherwise.
@@ -85,6 +86,7 @@ and run jobs, watch them, read their logs, cancel them, and inspect the node.`,
 	root.AddCommand(
 		newSubmitCmd(o), newRunCmd(o), newListCmd(o), newShowCmd(o), newCancelCmd(o),
 		newLogsCmd(o), newStatusCmd(o), newVersionCmd(o), newEventsCmd(o), newNodeCmd(o),
+		sim.NewCommand(),
 	)
 	return root, o
 }
