@@ -200,3 +200,20 @@ func TestCommand(t *testing.T) {
 		t.Fatal("missing --nodes accepted")
 	}
 }
+
+func TestMarkdownTable(t *testing.T) {
+	pub, err := ReadPublished(strings.NewReader("header\nopenb_pod_list_x  05-BestFit  n=10 gpus=6212 90.00 91.00 92.00 93.00\nopenb_pod_list_x  06-FGD  n=10 gpus=6212 94.00 95.00 95.10 95.20\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &Report{Trace: "openb_pod_list_x", Summaries: []Summary{
+		{Policy: "bestfit", AllocPct: []float64{1, 2, 3, 92.5}},
+		{Policy: "fusiond", AllocPct: []float64{1, 2, 3, 95.7}},
+	}}
+	got := MarkdownTable([]*Report{rep}, pub)
+	for _, want := range []string{"| x | 92.50 (93.00) | 95.70 | +0.50 |", "| trace | bestfit | fusiond |"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("table lacks %q:\n%s", want, got)
+		}
+	}
+}
