@@ -419,7 +419,7 @@ func (s *Server) addBitstream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("bitstream added", "id", b.ID, "name", b.Name, "size", b.Size, "uid", caller(r).UID)
+	s.log.Debug("bitstream added", "id", b.ID, "name", b.Name, "size", b.Size, "uid", caller(r).UID)
 	writeJSON(w, http.StatusCreated, b)
 }
 
@@ -433,6 +433,6 @@ func (s *Server) removeBitstream(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.log.Info("bitstream removed", "id", b.ID, "name", b.Name, "uid", caller(r).UID)
+	s.log.Debug("bitstream removed", "id", b.ID, "name", b.Name, "uid", caller(r).UID)
 	writeJSON(w, http.StatusOK, b)
 }

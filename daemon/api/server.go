@@ -153,7 +153,9 @@ func (s *Server) ConnContext(ctx context.Context, c net.Conn) context.Context {
 	caller, err := peerCredentials(c)
 	if err == nil {
 		caller.User = s.names.name(caller.UID)
-		caller.Admin = caller.UID == 0
+		// root, and the daemon's own user (a development daemon that
+		// does not run as root), administer it.
+		caller.Admin = caller.UID == 0 || caller.UID == uint32(os.Geteuid())
 		if g := s.cfg.AdminGID; g != nil && (caller.GID == *g || slices.Contains(caller.Groups, *g)) {
 			caller.Admin = true
 		}

@@ -97,7 +97,9 @@ func (d *daemon) start() {
 	})
 	c := api.NewClient(d.socket)
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	// A simulated host writes its sysfs trees on first start: seconds on
+	// a loaded machine.
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := c.Ready(ctx)
