@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	osexec "os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -27,11 +28,16 @@ const wantMIGPlan = `MIG config "inference-split": 10 actions, would take 42s:
 Nothing was changed (mig apply carries it out).
 `
 
-// TestSimulatedHost runs fusiond --simulate dgxh200 (through the config
-// key) and drives the device commands of fusionctl against it.
+// TestSimulatedHost runs fusiond --simulate dgxh200 and drives the device
+// commands of fusionctl against it.
 func TestSimulatedHost(t *testing.T) {
 	dir := publicTempDir(t)
-	d := newDaemon(t, dir, "simulate: dgxh200\n")
+	d := newDaemon(t, dir, "")
+	bad := osexec.Command(filepath.Join(binDir, "fusiond"), "--config", d.config, "--simulate", "dgxz900")
+	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), "simulate") || !strings.Contains(string(out), "dgxh200") {
+		t.Errorf("--simulate dgxz900: %v %s; want a refusal naming the valid hosts", err, out)
+	}
+	d.args = []string{"--simulate", "dgxh200"}
 	d.start()
 	ok := func(args ...string) string {
 		t.Helper()

@@ -163,3 +163,37 @@ func TestCheckSimulate(t *testing.T) {
 		t.Errorf("Open with an unknown simulation: %v", err)
 	}
 }
+
+// BenchmarkOpenSimulated measures opening the simulated dgxh200 host once
+// its trees exist (every daemon start after the first).
+func BenchmarkOpenSimulated(b *testing.B) {
+	dir := b.TempDir()
+	h, err := host.Open(context.Background(), host.Config{StateDir: dir, Simulate: "dgxh200"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h.Close()
+	b.ResetTimer()
+	for b.Loop() {
+		h, err := host.Open(context.Background(), host.Config{StateDir: dir, Simulate: "dgxh200"}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.Close()
+	}
+}
+
+// BenchmarkDevices measures the node-status device list (8 GPUs, 4 FPGA
+// regions rediscovered).
+func BenchmarkDevices(b *testing.B) {
+	h, err := host.Open(context.Background(), host.Config{StateDir: b.TempDir(), Simulate: "dgxh200"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	for b.Loop() {
+		if len(h.Devices(context.Background())) != 12 {
+			b.Fatal("want 12 devices")
+		}
+	}
+}
