@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,12 +12,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/host"
+	"github.com/fusiond/fusiond/devices/fpga/bitstream"
+	"github.com/fusiond/fusiond/devices/fpga/bitstream/forge"
 	fpgasim "github.com/fusiond/fusiond/devices/fpga/simhost"
 )
 
@@ -277,5 +281,64 @@ func TestDeviceRoutesWithoutBackend(t *testing.T) {
 		if w.Code != http.StatusServiceUnavailable {
 			t.Errorf("%s %s without devices: %d, want 503", r.Method, path, w.Code)
 		}
+	}
+}
+
+// TestBitstreamUploadStreams uploads a 64 MiB bitstream of unknown length
+// (chunked) and checks the server never holds it in memory, then that a
+// chunked upload over max_bitstream_bytes is refused with 413.
+func TestBitstreamUploadStreams(t *testing.T) {
+	h := sharedSimHost(t)
+	dev := host.NewBackend(h, nil)
+	admin, _ := startDeviceServer(t, dev, 1<<30)
+	const size = 64 << 20
+	upload := func(hc *http.Client, name string, payload int64) (int, []byte) {
+		pr, pw := io.Pipe()
+		go func() {
+			pw.CloseWithError(forge.WriteGBS(pw, forge.GBS{InterfaceID: fpgasim.DFLInterface, AFUID: fpgasim.AFUDMA,
+				AFUName: name, PayloadSize: payload, Seed: 7}))
+		}()
+		// A reader of unknown length makes the request chunked.
+		req, err := http.NewRequest("POST", "http://x/v1/fpga/bitstreams?name="+name, struct{ io.Reader }{pr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, body
+	}
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	status, body := upload(admin, "big", size)
+	runtime.ReadMemStats(&after)
+	if status != 201 {
+		t.Fatalf("upload: %d %s", status, body)
+	}
+	var b bitstream.Bitstream
+	if err := json.Unmarshal(body, &b); err != nil || b.Size < size {
+		t.Fatalf("upload answered %s (%v)", body, err)
+	}
+	// Client, server and library together; the header prefix the parser
+	// keeps is 1 MiB.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+		t.Errorf("a %d MiB upload allocated %d MiB: the body is being buffered", size>>20, alloc>>20)
+	}
+	if _, err := dev.RemoveBitstream(context.Background(), "big"); err != nil {
+		t.Fatal(err)
+	}
+
+	small, _ := startDeviceServer(t, dev, 2<<20)
+	status, body = upload(small, "toobig", 4<<20)
+	if status != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), "max_bitstream_bytes") {
+		t.Errorf("chunked upload over the limit: %d %s", status, body)
+	}
+	if _, err := dev.RemoveBitstream(context.Background(), "toobig"); !errors.Is(err, api.ErrNotFound) {
+		t.Errorf("a refused upload left an entry: %v", err)
 	}
 }

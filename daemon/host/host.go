@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
@@ -182,14 +183,26 @@ func (h *Host) openTopology(ctx context.Context) error {
 		}
 		root, period = dir, -1
 	}
-	opts := []topology.Option{topology.WithRoot(root), topology.WithLogger(h.log.With("component", "topology"))}
+	tlog := h.log.With("component", "topology")
+	opts := []topology.Option{topology.WithRoot(root)}
 	if h.gpus != nil {
 		opts = append(opts, topology.WithLinkSource(h.gpus))
 	}
 	if period < 0 {
 		period = 0
 	}
-	h.topo = topology.NewWatcher(topology.WatcherConfig{Period: period, Options: opts, Logger: h.log.With("component", "topology")})
+	// Discovery logs what it could not read; say it at startup, not on
+	// every periodic refresh (the warnings stay in Host.Warnings, and
+	// changes are logged as events).
+	var discoveries atomic.Int64
+	discover := func(ctx context.Context) (*topology.Host, error) {
+		l := tlog
+		if discoveries.Add(1) > 1 {
+			l = slog.New(slog.DiscardHandler)
+		}
+		return topology.Discover(ctx, append(slices.Clip(opts), topology.WithLogger(l))...)
+	}
+	h.topo = topology.NewWatcher(topology.WatcherConfig{Period: period, Discover: discover, Logger: tlog})
 	if _, err := h.topo.Refresh(ctx); err != nil {
 		return fmt.Errorf("topology: %w", err)
 	}
