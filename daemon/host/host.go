@@ -88,8 +88,9 @@ type Host struct {
 	mu      sync.Mutex
 	regions int // FPGA regions found at the last listing
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
 // Open discovers the host (or writes and opens the simulated one) and
@@ -337,18 +338,22 @@ func (h *Host) start() {
 	}
 }
 
-// Close stops the background work and releases the drivers.
+// Close stops the background work and releases the drivers. Calls after
+// the first do nothing.
 func (h *Host) Close() error {
-	if h.cancel != nil {
-		h.cancel()
-	}
-	h.wg.Wait()
-	if h.gpus != nil {
-		if err := h.gpus.Close(); err != nil {
-			return fmt.Errorf("nvidia: %w", err)
+	var err error
+	h.closeOnce.Do(func() {
+		if h.cancel != nil {
+			h.cancel()
 		}
-	}
-	return nil
+		h.wg.Wait()
+		if h.gpus != nil {
+			if cerr := h.gpus.Close(); cerr != nil {
+				err = fmt.Errorf("nvidia: %w", cerr)
+			}
+		}
+	})
+	return err
 }
 
 // Topology is the current host model.

@@ -93,6 +93,19 @@ func TestOpenSimulated(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	// Close stops the sampler: the latest sweep no longer changes.
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	last := h.Telemetry()[0].At
+	time.Sleep(50 * time.Millisecond)
+	if at := h.Telemetry()[0].At; !at.Equal(last) {
+		t.Errorf("telemetry still sampled after Close (%v then %v)", last, at)
+	}
+	if err := h.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+
 	// Sample bitstreams exist for the demo but are not in the library.
 	if entries, err := os.ReadDir(h.SampleBitstreams()); err != nil || len(entries) < 3 {
 		t.Errorf("sample bitstreams in %s: %v %v", h.SampleBitstreams(), entries, err)
