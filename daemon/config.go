@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/host"
 )
 
 // DefaultConfigPath is where fusiond looks for its configuration.
@@ -46,6 +47,12 @@ type Config struct {
 	// MaxRequestBytes caps API request bodies.
 	MaxRequestBytes api.Bytes `json:"max_request_bytes"`
 	Retention       Retention `json:"retention"`
+	// Simulate runs over a simulated host instead of the real devices:
+	// "" (the real host), dgxa100, dgxh100, dgxh200 or dgxb200.
+	Simulate string `json:"simulate,omitempty"`
+	// MaxBitstreamBytes caps FPGA bitstream uploads (streamed to disk,
+	// so separate from MaxRequestBytes).
+	MaxBitstreamBytes api.Bytes `json:"max_bitstream_bytes"`
 }
 
 // LogConfig selects the log format and level.
@@ -96,10 +103,11 @@ func DefaultConfig() Config {
 			api.ClassTraining:  api.TierBurstable,
 			api.ClassBatch:     api.TierBestEffort,
 		},
-		CancelGrace:     Duration(10 * time.Second),
-		ShutdownTimeout: Duration(30 * time.Second),
-		MaxRequestBytes: api.DefaultMaxBodyBytes,
-		Retention:       Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
+		CancelGrace:       Duration(10 * time.Second),
+		ShutdownTimeout:   Duration(30 * time.Second),
+		MaxRequestBytes:   api.DefaultMaxBodyBytes,
+		MaxBitstreamBytes: api.DefaultMaxBitstreamBytes,
+		Retention:         Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
 	}
 }
 
@@ -182,6 +190,11 @@ func (c *Config) Validate() error {
 		return bad("retention.max_finished_jobs", "must not be negative")
 	case c.Retention.MaxAge < 0:
 		return bad("retention.max_age", "must not be negative")
+	case c.MaxBitstreamBytes < 1024:
+		return bad("max_bitstream_bytes", "at least 1Ki")
+	}
+	if err := host.CheckSimulate(c.Simulate); err != nil {
+		return bad("simulate", "%v", err)
 	}
 	return nil
 }

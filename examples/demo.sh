@@ -18,11 +18,31 @@ stop() {
   wait "$DAEMON_PIPE" 2>/dev/null || true
 }
 trap stop EXIT
-for _ in $(seq 1 100); do
+# The first start of the simulated host writes its sysfs trees (seconds).
+for _ in $(seq 1 300); do
   $CTL status >/dev/null 2>&1 && break
   sleep 0.1
 done
 $CTL status
+
+echo
+echo "==> the simulated host's topology: the PCIe tree of socket 0 (fusionctl topology)"
+$CTL topology | sed -n '/^PCIe/,/^  pci0000:30/p' | sed '$d' | sed 's/^/    /'
+echo "    ... (fusionctl topology --matrix prints the nvidia-smi-style distance matrix)"
+echo
+echo "==> GPUs (fusionctl gpu list)"
+$CTL gpu list | sed 's/^/    /'
+echo
+echo "==> a MIG layout in mig-parted format, planned but not applied"
+echo "    (fusionctl mig plan -f examples/mig-layouts.yaml -c inference-split)"
+$CTL mig plan -f examples/mig-layouts.yaml -c inference-split | sed 's/^/    /'
+echo
+echo "==> FPGA regions, and a sample bitstream added to the library and programmed"
+$CTL fpga list | sed 's/^/    /'
+# fusiond --simulate writes sample bitstreams for its simulated FPGAs here.
+$CTL fpga bitstream add "$RUN/state/sim/fpga-samples/dma.gbs" | sed 's/^/    /'
+$CTL fpga program dfl/0000:af:00.0/0 dma | sed 's/^/    /'
+$CTL fpga list | sed 's/^/    /'
 
 echo
 echo "==> submitting the mixed workload"

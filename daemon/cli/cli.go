@@ -86,6 +86,7 @@ and run jobs, watch them, read their logs, cancel them, and inspect the node.`,
 	root.AddCommand(
 		newSubmitCmd(o), newRunCmd(o), newListCmd(o), newShowCmd(o), newCancelCmd(o),
 		newLogsCmd(o), newStatusCmd(o), newVersionCmd(o), newEventsCmd(o), newNodeCmd(o),
+		newTopologyCmd(o), newGPUCmd(o), newMIGCmd(o), newFPGACmd(o),
 		sim.NewCommand(),
 	)
 	return root, o
