@@ -19,6 +19,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/exec"
 	"github.com/fusiond/fusiond/daemon/host"
 	"github.com/fusiond/fusiond/daemon/jobs"
+	"github.com/fusiond/fusiond/daemon/placement"
 	"github.com/fusiond/fusiond/daemon/store"
 )
 
@@ -54,8 +55,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	capacity.GPUs, capacity.FPGAs = hw.Capacity().GPUs, hw.Capacity().FPGAs
-	placer := jobs.NewCapacityPlacer(capacity)
+	placer := placement.New(hardwareOf(ctx, hw, capacity), placementOptions(hw))
 	runner := exec.NewProcessRunner(log, "/proc")
 	mgr := jobs.New(jobs.Config{
 		LogDir:       filepath.Join(cfg.StateDir, "jobs"),

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/fusiond/fusiond/daemon/api"
@@ -72,7 +73,8 @@ func (m *Manager) schedule() {
 		}
 		for i, member := range group {
 			alloc := allocs[i]
-			if err := m.transition(member, api.StatePlaced, "placed: "+cmp.Or(alloc.Explain, "resources reserved"), func(j *api.Job) {
+			summary, _, _ := strings.Cut(cmp.Or(alloc.Explain, "resources reserved"), "\n")
+			if err := m.transition(member, api.StatePlaced, "placed: "+summary, func(j *api.Job) {
 				j.Allocation = &alloc
 			}); err != nil {
 				m.placer.Release(member)

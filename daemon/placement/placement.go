@@ -83,6 +83,13 @@ type Options struct {
 	Profiles sched.Profiles
 	// Seed makes tie-breaking reproducible.
 	Seed uint64
+	// ResolveBitstream turns a spec's bitstream reference (name, ID
+	// prefix, UUID) into the library ID regions report as loaded. Nil
+	// leaves references as written.
+	ResolveBitstream func(ref string) (string, error)
+	// ProgramEstimate is the expected time to program bitstream ID into
+	// region; nil keeps each region's Hardware estimate.
+	ProgramEstimate func(region, bitstream string) float64
 }
 
 type held struct {
@@ -93,6 +100,7 @@ type held struct {
 // Placer places jobs on this host with the engine.
 type Placer struct {
 	mu      sync.Mutex
+	opts    Options
 	hw      Hardware
 	base    *sched.Node // nothing allocated
 	node    *sched.Node
@@ -107,7 +115,7 @@ var _ jobs.Placer = (*Placer)(nil)
 func New(hw Hardware, o Options) *Placer {
 	base := buildNode(hw)
 	p := &Placer{
-		hw: hw, base: base, node: base.Clone(),
+		opts: o, hw: hw, base: base, node: base.Clone(),
 		learner: sched.NewShapeLearner(),
 		held:    map[string]held{},
 	}
@@ -197,6 +205,11 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 	}
 	if f := r.FPGA; f != nil {
 		req.Bitstream = f.Bitstream
+		if p.opts.ResolveBitstream != nil {
+			if id, err := p.opts.ResolveBitstream(f.Bitstream); err == nil {
+				req.Bitstream = id
+			}
+		}
 	}
 	return req
 }
@@ -226,8 +239,15 @@ func (p *Placer) Admit(spec api.JobSpec) error {
 	if g := spec.Resources.GPU; g != nil && len(p.hw.GPUs) == 0 {
 		return unsatisfiable("resources.gpu", "this host has no GPUs")
 	}
-	if spec.Resources.FPGA != nil && len(p.hw.FPGAs) == 0 {
-		return unsatisfiable("resources.fpga", "this host has no FPGAs")
+	if f := spec.Resources.FPGA; f != nil {
+		if len(p.hw.FPGAs) == 0 {
+			return unsatisfiable("resources.fpga", "this host has no FPGAs")
+		}
+		if p.opts.ResolveBitstream != nil {
+			if _, err := p.opts.ResolveBitstream(f.Bitstream); err != nil {
+				return unsatisfiable("resources.fpga.bitstream", "%v (add it with: fusionctl fpga bitstream add FILE)", err)
+			}
+		}
 	}
 	if g := spec.Resources.GPU; g != nil && g.MIG != "" && !p.migSupported(g.MIG) {
 		return unsatisfiable("resources.gpu.mig", "no GPU of this host supports MIG profile %q", g.MIG)
@@ -267,6 +287,7 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
 		p.learner.Observe(&reqs[i])
 	}
+	p.estimateProgramming(reqs)
 	nodes := []*sched.Node{p.node}
 	var assigns []sched.Assignment
 	var explain []string
@@ -296,6 +317,22 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
 	}
 	return out, "", true
+}
+
+// estimateProgramming sets each region's programming-time estimate for the
+// bitstream being asked for, so the engine weighs the real cost.
+func (p *Placer) estimateProgramming(reqs []sched.Request) {
+	if p.opts.ProgramEstimate == nil {
+		return
+	}
+	for _, r := range reqs {
+		if r.Bitstream == "" {
+			continue
+		}
+		for i := range p.node.FPGAs {
+			p.node.FPGAs[i].ProgramMs = p.opts.ProgramEstimate(p.hw.FPGAs[i].ID, r.Bitstream)
+		}
+	}
 }
 
 // allocation names what an assignment holds.
