@@ -83,7 +83,7 @@ func Run(ctx context.Context, o Options) error {
 		AdminGID:          adminGID,
 		Version:           o.Version,
 		Logger:            log,
-		Devices:           host.NewBackend(hw, nil), // nothing held until allocations carry devices
+		Devices:           host.NewBackend(hw, mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
 	})
 	ln, err := listen(cfg)

@@ -561,3 +561,31 @@ func (m *Manager) collectGarbage() {
 	}
 	m.log.Info("forgot finished jobs", "count", len(drop))
 }
+
+// HeldDevices names every device that placed, starting or running jobs
+// hold: GPU UUIDs, MIG instance UUIDs and FPGA regions. MIG apply and FPGA
+// programming refuse to touch them.
+func (m *Manager) HeldDevices() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	held := map[string]bool{}
+	for _, j := range m.jobs {
+		a := j.Allocation
+		if a == nil || (j.State != api.StatePlaced && j.State != api.StateStarting && j.State != api.StateRunning) {
+			continue
+		}
+		for _, g := range a.GPUs {
+			held[g] = true
+		}
+		if s := a.GPUShare; s != nil {
+			held[s.GPU] = true
+		}
+		if mig := a.MIG; mig != nil && mig.Instance != "" {
+			held[mig.Instance] = true
+		}
+		if f := a.FPGA; f != nil {
+			held[f.Region] = true
+		}
+	}
+	return held
+}

@@ -64,7 +64,10 @@ func (m *Manager) schedule() {
 		}
 		allocs, why, ok := m.placer.Place(group)
 		if !ok {
-			if ahead > 0 {
+			switch {
+			case ahead == 1:
+				why += "; 1 job ahead"
+			case ahead > 1:
 				why = fmt.Sprintf("%s; %d jobs ahead", why, ahead)
 			}
 			m.setWaiting(group, "waiting: "+why)

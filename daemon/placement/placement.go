@@ -294,7 +294,7 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 	if len(reqs) == 1 {
 		d, err := p.eng.Place(&reqs[0], nodes)
 		if err != nil {
-			return nil, d.WaitReason(), false
+			return nil, waitReason(d, err), false
 		}
 		if err := p.eng.Commit(&reqs[0], &d.Assignment, nodes); err != nil {
 			return nil, err.Error(), false
@@ -317,6 +317,14 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
 	}
 	return out, "", true
+}
+
+// waitReason says why the one node of this host cannot take a request now.
+func waitReason(d sched.Decision, err error) string {
+	for r := range d.Filtered { // one node: at most one reason
+		return string(r)
+	}
+	return err.Error()
 }
 
 // estimateProgramming sets each region's programming-time estimate for the
@@ -342,29 +350,35 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 		alloc.NUMANode = numa
 	}
 	for _, g := range a.GPUs {
-		id := p.hw.GPUs[g].ID
+		gpu := p.hw.GPUs[g]
 		if req.Shared() {
-			id = fmt.Sprintf("%s/share=%d", id, req.GPUMilli)
+			alloc.GPUShare = &api.GPUShare{GPU: gpu.ID, Milli: int(req.GPUMilli), MemoryMB: req.GPUMemMiB}
+			alloc.Devices = append(alloc.Devices, fmt.Sprintf("%s (%d milli-GPU)", gpu.ID, req.GPUMilli))
+		} else {
+			alloc.GPUs = append(alloc.GPUs, gpu.ID)
+			alloc.Devices = append(alloc.Devices, gpu.ID)
 		}
-		alloc.Devices = append(alloc.Devices, id)
 		if alloc.NUMANode < 0 {
-			alloc.NUMANode = p.hw.GPUs[g].NUMA
+			alloc.NUMANode = gpu.NUMA
 		}
 	}
 	if m := a.MIG; m != nil {
 		g := p.hw.GPUs[m.GPU]
-		id := fmt.Sprintf("%s/mig=%s@%d", g.ID, req.MIGProfile, m.Start)
+		mig := &api.MIGAllocation{GPU: g.ID, Profile: req.MIGProfile}
 		if g.MIG != nil && !m.Create {
 			for _, in := range g.MIG.Instances {
 				if in.Start == m.Start && in.Slices == m.Slices {
-					id = in.ID
+					mig.Instance = in.ID
 				}
 			}
 		}
-		alloc.Devices = append(alloc.Devices, id)
+		alloc.MIG = mig
+		alloc.Devices = append(alloc.Devices, cmpOr(mig.Instance, fmt.Sprintf("%s %s (to create)", g.ID, req.MIGProfile)))
 	}
 	if a.FPGA >= 0 {
-		alloc.Devices = append(alloc.Devices, p.hw.FPGAs[a.FPGA].ID)
+		r := p.hw.FPGAs[a.FPGA]
+		alloc.FPGA = &api.FPGAAllocation{Region: r.ID, Bitstream: req.Bitstream, Program: a.Program}
+		alloc.Devices = append(alloc.Devices, r.ID)
 	}
 	return alloc
 }

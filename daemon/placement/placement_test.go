@@ -104,7 +104,7 @@ func TestSharesAndFPGAAffinity(t *testing.T) {
 		if !ok {
 			t.Fatalf("share %d: %s", i, why)
 		}
-		gpus = append(gpus, strings.SplitN(allocs[0].Devices[0], "/", 2)[0])
+		gpus = append(gpus, allocs[0].GPUShare.GPU)
 	}
 	if p.Allocated().GPUs != 1 {
 		t.Errorf("four quarter shares used %d GPUs (%v); they pack onto one", p.Allocated().GPUs, gpus)
