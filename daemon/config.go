@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/host"
 )
 
 // DefaultConfigPath is where fusiond looks for its configuration.
@@ -51,6 +52,12 @@ type Config struct {
 	// lives, relative to the cgroup mount: "" for the root; under systemd
 	// the unit's delegated subtree, e.g. system.slice/fusiond.service.
 	CgroupParent string `json:"cgroup_parent,omitempty"`
+	// Simulate runs over a simulated host instead of the real devices:
+	// "" (the real host), dgxa100, dgxh100, dgxh200 or dgxb200.
+	Simulate string `json:"simulate,omitempty"`
+	// MaxBitstreamBytes caps FPGA bitstream uploads (streamed to disk,
+	// so separate from MaxRequestBytes).
+	MaxBitstreamBytes api.Bytes `json:"max_bitstream_bytes"`
 }
 
 // LogConfig selects the log format and level.
@@ -101,10 +108,11 @@ func DefaultConfig() Config {
 			api.ClassTraining:  api.TierBurstable,
 			api.ClassBatch:     api.TierBestEffort,
 		},
-		CancelGrace:     Duration(10 * time.Second),
-		ShutdownTimeout: Duration(30 * time.Second),
-		MaxRequestBytes: api.DefaultMaxBodyBytes,
-		Retention:       Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
+		CancelGrace:       Duration(10 * time.Second),
+		ShutdownTimeout:   Duration(30 * time.Second),
+		MaxRequestBytes:   api.DefaultMaxBodyBytes,
+		MaxBitstreamBytes: api.DefaultMaxBitstreamBytes,
+		Retention:         Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
 	}
 }
 
@@ -189,6 +197,11 @@ func (c *Config) Validate() error {
 		return bad("retention.max_age", "must not be negative")
 	case c.CgroupParent != "" && (path.IsAbs(c.CgroupParent) || path.Clean(c.CgroupParent) != c.CgroupParent || strings.HasPrefix(c.CgroupParent, "..")):
 		return bad("cgroup_parent", "want a clean relative cgroup path such as system.slice/fusiond.service, got %q", c.CgroupParent)
+	case c.MaxBitstreamBytes < 1024:
+		return bad("max_bitstream_bytes", "at least 1Ki")
+	}
+	if err := host.CheckSimulate(c.Simulate); err != nil {
+		return bad("simulate", "%v", err)
 	}
 	return nil
 }

@@ -27,6 +27,13 @@ func TestLoadConfig(t *testing.T) {
 		cfg.Socket != DefaultConfig().Socket {
 		t.Errorf("file values not merged over the defaults: %+v", cfg)
 	}
+	cfg, err = LoadConfig(write("simulate: dgxh200\nmax_bitstream_bytes: 2Gi\n"), true)
+	if err != nil || cfg.Simulate != "dgxh200" || cfg.MaxBitstreamBytes != 2<<30 {
+		t.Errorf("simulate/max_bitstream_bytes not read: %+v %v", cfg, err)
+	}
+	if DefaultConfig().MaxBitstreamBytes != 1<<30 || DefaultConfig().Simulate != "" {
+		t.Errorf("defaults: %+v", DefaultConfig())
+	}
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), false); err != nil {
 		t.Errorf("missing default config must mean defaults: %v", err)
 	}
@@ -50,6 +57,8 @@ func TestLoadConfig(t *testing.T) {
 		"max_request_bytes: 10\n":                    "max_request_bytes",
 		"socket: " + strings.Repeat("x", 120) + "\n": "socket",
 		"state_dir: [1]\n":                           "state_dir",
+		"simulate: dgxz900\n":                        "simulate",
+		"max_bitstream_bytes: 1\n":                   "max_bitstream_bytes",
 		"- not a map\n":                              "",
 	}
 	for body, key := range bad {

@@ -16,7 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/host"
 	"github.com/fusiond/fusiond/daemon/jobs"
+	"github.com/fusiond/fusiond/daemon/placement"
 	"github.com/fusiond/fusiond/daemon/store"
 )
 
@@ -43,11 +45,16 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer st.Close()
 
+	hw, err := host.Open(ctx, host.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}, log)
+	if err != nil {
+		return err
+	}
+	defer hw.Close()
 	capacity, err := hostCapacity()
 	if err != nil {
 		return err
 	}
-	placer, runner, err := newExecutor(cfg, capacity, log)
+	placer, runner, err := newExecutor(cfg, placement.New(hardwareOf(ctx, hw, capacity), placementOptions(hw)), log)
 	if err != nil {
 		return err
 	}
@@ -71,12 +78,14 @@ func Run(ctx context.Context, o Options) error {
 		}
 		adminGID = &gid
 	}
-	svc := &service{Manager: mgr, placer: placer, version: o.Version.Version, started: time.Now().UTC()}
+	svc := &service{Manager: mgr, placer: placer, hw: hw, version: o.Version.Version, started: time.Now().UTC()}
 	srv := api.NewServer(svc, api.ServerConfig{
-		MaxBodyBytes: int64(cfg.MaxRequestBytes),
-		AdminGID:     adminGID,
-		Version:      o.Version,
-		Logger:       log,
+		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
+		AdminGID:          adminGID,
+		Version:           o.Version,
+		Logger:            log,
+		Devices:           host.NewBackend(hw, mgr), // MIG apply and FPGA programming spare what jobs hold
+		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
 	})
 	ln, err := listen(cfg)
 	if err != nil {
@@ -191,14 +200,15 @@ func listen(cfg Config) (net.Listener, error) {
 type service struct {
 	*jobs.Manager
 	placer  jobs.Placer
+	hw      *host.Host
 	version string
 	started time.Time
 }
 
 var _ api.Backend = (*service)(nil)
 
-// Node reports the host's capacity, allocation and job counts.
-func (s *service) Node(_ context.Context, _ api.Caller) (api.NodeStatus, error) {
+// Node reports the host's capacity, allocation, job counts and devices.
+func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error) {
 	host, _ := os.Hostname()
 	counts, cordoned := s.Counts()
 	return api.NodeStatus{
@@ -209,6 +219,8 @@ func (s *service) Node(_ context.Context, _ api.Caller) (api.NodeStatus, error) 
 		Capacity:  s.placer.Capacity(),
 		Allocated: s.placer.Allocated(),
 		Jobs:      counts,
-		Notes:     []string{"no GPU or FPGA drivers are wired into this build yet: jobs asking for devices are refused"},
+		Simulated: s.hw.Simulated() != "",
+		Devices:   s.hw.Devices(ctx),
+		Notes:     s.hw.Notes(),
 	}, nil
 }

@@ -8,21 +8,19 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
-	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/exec"
 	"github.com/fusiond/fusiond/daemon/jobs"
 )
 
-// newExecutor builds the placer and the monitor runner. As root on a host
-// with usable cgroups every job gets a cgroup under cfg.CgroupParent and
-// guaranteed jobs get exclusive cores; otherwise jobs run without cgroups
-// (and the daemon says so in its log).
-func newExecutor(cfg Config, capacity api.NodeResources, log *slog.Logger) (jobs.Placer, *exec.MonitorRunner, error) {
+// newExecutor builds the monitor runner and wraps the placer. As root on a
+// host with usable cgroups every job gets a cgroup under cfg.CgroupParent
+// and guaranteed jobs get exclusive cores; otherwise jobs run without
+// cgroups (and the daemon says so in its log).
+func newExecutor(cfg Config, placer jobs.Placer, log *slog.Logger) (jobs.Placer, *exec.MonitorRunner, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
 	}
-	var placer jobs.Placer = jobs.NewCapacityPlacer(capacity)
 	rcfg := exec.MonitorConfig{
 		JobsDir:      filepath.Join(cfg.StateDir, "jobs"),
 		Executable:   exe,

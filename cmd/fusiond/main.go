@@ -45,6 +45,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, stderr *os.File) 
 	socket := fs.String("socket", "", "API socket (default from config: /run/fusiond/fusiond.sock)")
 	logFormat := fs.String("log-format", "", "log format: text or json")
 	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error")
+	simulate := fs.String("simulate", "", "run over a simulated host: dgxa100, dgxh100, dgxh200 or dgxb200 (overrides the config)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -72,6 +73,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, stderr *os.File) 
 	override(&cfg.Socket, *socket)
 	override(&cfg.Log.Format, *logFormat)
 	override(&cfg.Log.Level, *logLevel)
+	override(&cfg.Simulate, *simulate)
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("flags: %w", err)
 	}

@@ -77,6 +77,11 @@ func (c *Client) send(ctx context.Context, method, path string, body []byte) (*h
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	return c.roundTrip(ctx, req)
+}
+
+// roundTrip performs req and turns non-2xx answers into *Error.
+func (c *Client) roundTrip(ctx context.Context, req *http.Request) (*http.Response, error) {
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -51,6 +52,16 @@ var Routes = []Route{
 	{"GET", "/v1/healthz", "liveness: 200 while the daemon answers"},
 	{"GET", "/v1/readyz", "readiness: 200 when the daemon takes work, else 503"},
 	{"GET", "/v1/version", "daemon version, commit, build date, API version"},
+	{"GET", "/v1/topology", "the host model: sockets, NUMA nodes, cores, PCIe tree, NVLinks"},
+	{"GET", "/v1/topology/matrix", "distance matrix of accelerators and NICs (nvidia-smi topo -m classes)"},
+	{"GET", "/v1/gpus", "GPU inventory with health, share mode, MIG instances and telemetry"},
+	{"POST", "/v1/mig/plan", "plan a mig-parted layout config (body: MIGRequest); nothing is applied"},
+	{"POST", "/v1/mig/apply", "apply a mig-parted layout config; GPUs holding jobs are refused (admin)"},
+	{"GET", "/v1/fpga/regions", "FPGA regions with loaded bitstream, health and busy state"},
+	{"POST", "/v1/fpga/regions/{id}/program", "program a region with a library bitstream (admin)"},
+	{"GET", "/v1/fpga/bitstreams", "the bitstream library"},
+	{"POST", "/v1/fpga/bitstreams", "upload a bitstream (body: the file; query: name, file) (admin)"},
+	{"DELETE", "/v1/fpga/bitstreams/{ref}", "remove a bitstream from the library (admin)"},
 }
 
 // ServerConfig tunes the HTTP server.
@@ -63,6 +74,11 @@ type ServerConfig struct {
 	Logger   *slog.Logger
 	// LogPoll is how often a followed log is checked for new output.
 	LogPoll time.Duration
+	// Devices serves the device routes; nil answers them with 503.
+	Devices DeviceBackend
+	// MaxBitstreamBytes caps bitstream uploads (413 past it); separate
+	// from MaxBodyBytes because uploads are streamed to disk.
+	MaxBitstreamBytes int64
 }
 
 // Server serves the API for a Backend.
@@ -89,6 +105,9 @@ func NewServer(b Backend, cfg ServerConfig) *Server {
 	if cfg.LogPoll <= 0 {
 		cfg.LogPoll = 100 * time.Millisecond
 	}
+	if cfg.MaxBitstreamBytes <= 0 {
+		cfg.MaxBitstreamBytes = DefaultMaxBitstreamBytes
+	}
 	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{})}
 	handlers := map[string]http.HandlerFunc{
 		"POST /v1/jobs":             s.submit,
@@ -104,6 +123,7 @@ func NewServer(b Backend, cfg ServerConfig) *Server {
 		"GET /v1/readyz":            s.readyz,
 		"GET /v1/version":           s.version,
 	}
+	maps.Copy(handlers, s.deviceHandlers())
 	paths := map[string]bool{}
 	for _, r := range Routes {
 		h, ok := handlers[r.Method+" "+r.Path]
@@ -133,7 +153,9 @@ func (s *Server) ConnContext(ctx context.Context, c net.Conn) context.Context {
 	caller, err := peerCredentials(c)
 	if err == nil {
 		caller.User = s.names.name(caller.UID)
-		caller.Admin = caller.UID == 0
+		// root, and the daemon's own user (a development daemon that
+		// does not run as root), administer it.
+		caller.Admin = caller.UID == 0 || caller.UID == uint32(os.Geteuid())
 		if g := s.cfg.AdminGID; g != nil && (caller.GID == *g || slices.Contains(caller.Groups, *g)) {
 			caller.Admin = true
 		}

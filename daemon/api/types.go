@@ -213,10 +213,43 @@ type Allocation struct {
 	CPUSet string `json:"cpuset,omitempty"`
 	// NUMANode is the node the job is aligned to, or -1.
 	NUMANode int `json:"numa_node"`
-	// Devices are device IDs (GPU UUIDs, MIG UUIDs, FPGA regions).
+	// Devices names every device held, for display (GPU and MIG UUIDs,
+	// shares, FPGA regions).
 	Devices []string `json:"devices,omitempty"`
-	// Explain is the engine's short account of the decision.
+	// GPUs are whole GPUs (UUIDs).
+	GPUs []string `json:"gpus,omitempty"`
+	// GPUShare is a share of one GPU.
+	GPUShare *GPUShare `json:"gpu_share,omitempty"`
+	// MIG is one MIG instance: an existing one, or one to create.
+	MIG *MIGAllocation `json:"mig,omitempty"`
+	// FPGA is one FPGA region and the bitstream it must hold.
+	FPGA *FPGAAllocation `json:"fpga,omitempty"`
+	// Explain is the engine's account of the decision: the chosen node's
+	// score per dimension and what was filtered out.
 	Explain string `json:"explain,omitempty"`
+}
+
+// GPUShare is a compute share and memory cap on one GPU.
+type GPUShare struct {
+	GPU      string `json:"gpu"`
+	Milli    int    `json:"milli"`
+	MemoryMB int64  `json:"memory_mb,omitempty"`
+}
+
+// MIGAllocation is a MIG instance of Profile on GPU; Instance is its UUID,
+// empty until the executor has created it.
+type MIGAllocation struct {
+	GPU      string `json:"gpu"`
+	Profile  string `json:"profile"`
+	Instance string `json:"instance,omitempty"`
+}
+
+// FPGAAllocation is an FPGA region that must hold Bitstream (a library ID).
+type FPGAAllocation struct {
+	Region    string `json:"region"`
+	Bitstream string `json:"bitstream"`
+	// Program is true when the region must be reprogrammed first.
+	Program bool `json:"program,omitempty"`
 }
 
 // ExitStatus is how a job's process ended.

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/sim"
 )
 
 // DefaultSocket is where fusiond listens unless told otherwise.
@@ -24,6 +25,7 @@ const DefaultSocket = "/run/fusiond/fusiond.sock"
 type options struct {
 	socket string
 	output string
+	quiet  bool
 	stdout io.Writer
 	stderr io.Writer
 	stdin  io.Reader
@@ -80,11 +82,25 @@ and run jobs, watch them, read their logs, cancel them, and inspect the node.`,
 	}
 	root.PersistentFlags().StringVar(&o.socket, "socket", sock, "fusiond's API socket (env FUSIOND_SOCKET)")
 	root.PersistentFlags().StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
+	root.PersistentFlags().BoolVarP(&o.quiet, "quiet", "q", false, "print only job IDs (submit, run, list, cancel)")
 	root.AddCommand(
 		newSubmitCmd(o), newRunCmd(o), newListCmd(o), newShowCmd(o), newCancelCmd(o),
 		newLogsCmd(o), newStatusCmd(o), newVersionCmd(o), newEventsCmd(o), newNodeCmd(o),
+		newTopologyCmd(o), newGPUCmd(o), newMIGCmd(o), newFPGACmd(o),
+		sim.NewCommand(),
 	)
 	return root, o
+}
+
+// printJobs prints jobs as a table, JSON, YAML, or IDs alone with --quiet.
+func (o *options) printJobs(jobs []api.Job) error {
+	if o.quiet {
+		for _, j := range jobs {
+			fmt.Fprintln(o.stdout, j.ID)
+		}
+		return nil
+	}
+	return o.print(jobs, func(w io.Writer) error { return jobTable(w, jobs) })
 }
 
 // print writes v as JSON or YAML, or calls table for the table format.

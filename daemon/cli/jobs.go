@@ -91,7 +91,7 @@ every field; an unknown or impossible field is refused with its name.`,
 					submitted = append(submitted, job)
 				}
 			}
-			return o.print(submitted, func(w io.Writer) error { return jobTable(w, submitted) })
+			return o.printJobs(submitted)
 		},
 	}
 }
@@ -190,7 +190,9 @@ func newRunCmd(o *options) *cobra.Command {
 					return jobExit(job)
 				}
 			}
-			if err := o.print(job, func(w io.Writer) error { return jobTable(w, []api.Job{job}) }); err != nil {
+			if o.quiet {
+				fmt.Fprintln(o.stdout, job.ID)
+			} else if err := o.print(job, func(w io.Writer) error { return jobTable(w, []api.Job{job}) }); err != nil {
 				return err
 			}
 			if wait {
@@ -283,7 +285,7 @@ func newListCmd(o *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return o.print(jobs, func(w io.Writer) error { return jobTable(w, jobs) })
+			return o.printJobs(jobs)
 		},
 	}
 	f := cmd.Flags()
@@ -481,7 +483,7 @@ func newCancelCmd(o *options) *cobra.Command {
 				}
 				out = append(out, j)
 			}
-			return o.print(out, func(w io.Writer) error { return jobTable(w, out) })
+			return o.printJobs(out)
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", true, "wait until the jobs have stopped")

@@ -62,9 +62,17 @@ func nodeTable(w io.Writer, n api.NodeStatus) error {
 	if len(n.Devices) > 0 {
 		fmt.Fprintln(w, "\nDevices:")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "  ID\tKIND\tMODEL\tHEALTHY\tDETAIL")
+		fmt.Fprintln(tw, "  ID\tKIND\tMODEL\tHEALTH\tDETAIL")
 		for _, d := range n.Devices {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%t\t%s\n", d.ID, d.Kind, d.Model, d.Healthy, d.Detail)
+			id := d.ID
+			if d.Kind == "gpu" {
+				id = short(id) // "GPU-3dee05d7"; fusionctl gpu list -o json has the full UUID
+			}
+			health := "ok"
+			if !d.Healthy {
+				health = "UNHEALTHY"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", id, d.Kind, d.Model, health, d.Detail)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -63,6 +63,8 @@ type daemon struct {
 	cmd          *osexec.Cmd
 	log          *bytes.Buffer
 	done         chan error
+	// args are extra fusiond flags.
+	args []string
 }
 
 // newDaemon writes a config for a daemon living in dir. extra is appended
@@ -90,7 +92,7 @@ func newDaemon(t *testing.T, dir, extra string) *daemon {
 func (d *daemon) start() {
 	d.t.Helper()
 	d.log = &bytes.Buffer{}
-	d.cmd = osexec.Command(filepath.Join(binDir, "fusiond"), "--config", d.config)
+	d.cmd = osexec.Command(filepath.Join(binDir, "fusiond"), append([]string{"--config", d.config}, d.args...)...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
@@ -109,7 +111,9 @@ func (d *daemon) start() {
 	})
 	c := api.NewClient(d.socket)
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	// A simulated host writes its sysfs trees on first start: seconds on
+	// a loaded machine.
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		err := c.Ready(ctx)

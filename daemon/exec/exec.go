@@ -166,27 +166,29 @@ func (r *ProcessRunner) Reap(jobID string, pid int) (int, error) {
 	return reapByEnv(r.procRoot, jobID, pid)
 }
 
-// reapByEnv kills the members of a job's process group (pgid = the
-// recorded pid) that carry the job's FUSIOND_JOB_ID in their environment,
-// so a recycled pid never gets an unrelated process killed.
+// reapByEnv kills the processes that carry the job's FUSIOND_JOB_ID in
+// their environment and, when the leader's pid was recorded, belong to its
+// process group (pgid = pid), so a recycled pid never gets an unrelated
+// process killed.
 func reapByEnv(procRoot, jobID string, pid int) (int, error) {
 	entries, err := os.ReadDir(procRoot)
 	if err != nil {
 		return 0, fmt.Errorf("scan processes: %w", err)
 	}
-	marker := []byte("FUSIOND_JOB_ID=" + jobID + "\x00")
+	marker := []byte("\x00FUSIOND_JOB_ID=" + jobID + "\x00")
 	killed := 0
 	for _, e := range entries {
 		p, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		pgid, err := syscall.Getpgid(p)
-		if err != nil || pgid != pid {
-			continue
+		if pid > 0 {
+			if pgid, err := syscall.Getpgid(p); err != nil || pgid != pid {
+				continue
+			}
 		}
 		environ, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "environ"))
-		if err != nil || !bytes.Contains(append(environ, 0), marker) {
+		if err != nil || !bytes.Contains(append(append([]byte{0}, environ...), 0), marker) {
 			continue
 		}
 		if err := syscall.Kill(p, syscall.SIGKILL); err == nil {

@@ -61,7 +61,7 @@ func (p *CapacityPlacer) Place(group []*api.Job) ([]api.Allocation, string, bool
 	}
 	freeCPU, freeMem := p.cap.CPU-p.used.CPU, p.cap.Memory-p.used.Memory
 	if cpu > freeCPU || mem > freeMem {
-		return nil, fmt.Sprintf("needs %s CPU and %s memory; %s CPU and %s free", cpu, mem, freeCPU, freeMem), false
+		return nil, fmt.Sprintf("needs %s CPU and %s memory; %s CPU and %s free", cpu, mem.Human(), freeCPU, freeMem.Human()), false
 	}
 	out := make([]api.Allocation, len(group))
 	for i, j := range group {

@@ -10,7 +10,9 @@ import (
 )
 
 // ExclusiveCPUPlacer wraps a Placer and gives every guaranteed job whole
-// cores of its own (from a cgroups.CPUAllocator): they fill the job's
+// cores of its own (from a cgroups.CPUAllocator), on the NUMA node of its
+// devices when the inner placer chose one (required there under the
+// single-numa-node and restricted policies): they fill the job's
 // Allocation.CPUSet and NUMANode and leave the shared pool while it runs.
 // After every change of the pool it calls onShared (the daemon rewrites the
 // burstable and best-effort cpusets there).
@@ -79,7 +81,11 @@ func (p *ExclusiveCPUPlacer) Place(group []*api.Job) ([]api.Allocation, string, 
 			continue
 		}
 		n := cgroups.CoresFor(int64(j.Spec.Resources.CPU))
-		cpus, err := p.alloc.Allocate(j.ID, -1, n)
+		// On the NUMA node of the job's devices when it has one.
+		cpus, err := p.alloc.Allocate(j.ID, allocs[i].NUMANode, n)
+		if err != nil && allocs[i].NUMANode >= 0 && j.Spec.Topology != api.TopologySingleNUMANode && j.Spec.Topology != api.TopologyRestricted {
+			cpus, err = p.alloc.Allocate(j.ID, -1, n)
+		}
 		if err != nil {
 			for _, m := range group[:i] {
 				p.alloc.Release(m.ID)

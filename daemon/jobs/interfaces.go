@@ -50,7 +50,8 @@ type Runner interface {
 	// neither is there.
 	Attach(jobID string, attempt int) (Process, error)
 	// Reap kills whatever is left of a job attempt that was running when
-	// the daemon stopped, and says how many processes it killed.
+	// the daemon stopped (pid is its recorded leader, or 0 if none was
+	// recorded), and says how many processes it killed.
 	Reap(jobID string, pid int) (int, error)
 }
 

@@ -416,20 +416,28 @@ func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, erro
 	return out, nil
 }
 
-// List returns the jobs c may see that match opts, newest first.
+// List returns the jobs c may see that match opts, newest first. Only the
+// jobs returned are copied.
 func (m *Manager) List(_ context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]api.Job, 0, min(len(m.jobs), cmp.Or(opts.Limit, len(m.jobs))))
-	for _, j := range m.jobs {
-		if !visible(c, j) || !matches(j, opts) {
-			continue
-		}
-		out = append(out, cloneJob(j))
+	type hit struct {
+		n uint64
+		j *api.Job
 	}
-	slices.SortFunc(out, func(a, b api.Job) int { return cmp.Compare(idNum(b.ID), idNum(a.ID)) })
-	if opts.Limit > 0 && len(out) > opts.Limit {
-		out = out[:opts.Limit]
+	hits := make([]hit, 0, len(m.jobs))
+	for _, j := range m.jobs {
+		if visible(c, j) && matches(j, opts) {
+			hits = append(hits, hit{idNum(j.ID), j})
+		}
+	}
+	slices.SortFunc(hits, func(a, b hit) int { return cmp.Compare(b.n, a.n) })
+	if opts.Limit > 0 && len(hits) > opts.Limit {
+		hits = hits[:opts.Limit]
+	}
+	out := make([]api.Job, len(hits))
+	for i, h := range hits {
+		out[i] = cloneJob(h.j)
 	}
 	return out, nil
 }
@@ -619,4 +627,32 @@ func (m *Manager) collectGarbage() {
 		}
 	}
 	m.log.Info("forgot finished jobs", "count", len(drop))
+}
+
+// HeldDevices names every device that placed, starting or running jobs
+// hold: GPU UUIDs, MIG instance UUIDs and FPGA regions. MIG apply and FPGA
+// programming refuse to touch them.
+func (m *Manager) HeldDevices() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	held := map[string]bool{}
+	for _, j := range m.jobs {
+		a := j.Allocation
+		if a == nil || (j.State != api.StatePlaced && j.State != api.StateStarting && j.State != api.StateRunning) {
+			continue
+		}
+		for _, g := range a.GPUs {
+			held[g] = true
+		}
+		if s := a.GPUShare; s != nil {
+			held[s.GPU] = true
+		}
+		if mig := a.MIG; mig != nil && mig.Instance != "" {
+			held[mig.Instance] = true
+		}
+		if f := a.FPGA; f != nil {
+			held[f.Region] = true
+		}
+	}
+	return held
 }

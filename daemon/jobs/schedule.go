@@ -3,15 +3,14 @@ package jobs
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
-	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 )
@@ -65,7 +64,10 @@ func (m *Manager) schedule() {
 		}
 		allocs, why, ok := m.placer.Place(group)
 		if !ok {
-			if ahead > 0 {
+			switch {
+			case ahead == 1:
+				why += "; 1 job ahead"
+			case ahead > 1:
 				why = fmt.Sprintf("%s; %d jobs ahead", why, ahead)
 			}
 			m.setWaiting(group, "waiting: "+why)
@@ -74,7 +76,8 @@ func (m *Manager) schedule() {
 		}
 		for i, member := range group {
 			alloc := allocs[i]
-			if err := m.transition(member, api.StatePlaced, "placed: "+cmp.Or(alloc.Explain, "resources reserved"), func(j *api.Job) {
+			summary, _, _ := strings.Cut(cmp.Or(alloc.Explain, "resources reserved"), "\n")
+			if err := m.transition(member, api.StatePlaced, "placed: "+summary, func(j *api.Job) {
 				j.Allocation = &alloc
 			}); err != nil {
 				m.placer.Release(member)
@@ -288,28 +291,4 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-// WaitIdle is for tests: it waits until no job is placed, starting or
-// running, or ctx ends.
-func (m *Manager) WaitIdle(ctx context.Context) error {
-	for {
-		busy := false
-		m.mu.Lock()
-		for _, j := range m.jobs {
-			if j.State == api.StatePlaced || j.State == api.StateStarting || j.State == api.StateRunning {
-				busy = true
-				break
-			}
-		}
-		m.mu.Unlock()
-		if !busy {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return errors.New("jobs still running")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }

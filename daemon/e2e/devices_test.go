@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"encoding/json"
+	osexec "os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// wantMIGPlan is what `fusionctl mig plan` prints for the example layout's
+// inference-split config on a fresh simulated dgxh200: stable across runs
+// (GPU indices and slots, never the mock's random UUIDs).
+const wantMIGPlan = `MIG config "inference-split": 10 actions, would take 42s:
+   1. gpu 0: set MIG mode enabled=true
+   2. gpu 1: set MIG mode enabled=true
+   3. gpu 0: create 2g.35gb at slot 0
+   4. gpu 0: create 1g.18gb at slot 2
+   5. gpu 0: create 1g.18gb at slot 3
+   6. gpu 0: create 3g.71gb at slot 4
+   7. gpu 1: create 2g.35gb at slot 0
+   8. gpu 1: create 1g.18gb at slot 2
+   9. gpu 1: create 1g.18gb at slot 3
+  10. gpu 1: create 3g.71gb at slot 4
+Nothing was changed (mig apply carries it out).
+`
+
+// TestSimulatedHost runs fusiond --simulate dgxh200 and drives the device
+// commands of fusionctl against it.
+func TestSimulatedHost(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "")
+	bad := osexec.Command(filepath.Join(binDir, "fusiond"), "--config", d.config, "--simulate", "dgxz900")
+	if out, err := bad.CombinedOutput(); err == nil || !strings.Contains(string(out), "simulate") || !strings.Contains(string(out), "dgxh200") {
+		t.Errorf("--simulate dgxz900: %v %s; want a refusal naming the valid hosts", err, out)
+	}
+	d.args = []string{"--simulate", "dgxh200"}
+	d.start()
+	ok := func(args ...string) string {
+		t.Helper()
+		r := d.ctl(nil, "", args...)
+		if r.code != 0 {
+			t.Fatalf("fusionctl %v: exit %d: %s%s", args, r.code, r.stdout, r.stderr)
+		}
+		return r.stdout
+	}
+
+	// Status: 8 simulated H200s and the 4 FPGA regions, said plainly.
+	var n api.NodeStatus
+	if err := json.Unmarshal([]byte(ok("status", "-o", "json")), &n); err != nil {
+		t.Fatal(err)
+	}
+	var gpus, fpgas int
+	for _, dev := range n.Devices {
+		switch dev.Kind {
+		case "gpu":
+			gpus++
+			if !strings.Contains(dev.Model, "H200") || !dev.Healthy {
+				t.Errorf("GPU %+v: want a healthy H200", dev)
+			}
+		case "fpga":
+			fpgas++
+		}
+	}
+	if !n.Simulated || n.Capacity.GPUs != 8 || n.Capacity.FPGAs != 4 || gpus != 8 || fpgas != 4 {
+		t.Errorf("status: simulated=%t capacity %+v, %d GPU and %d FPGA devices; want 8 and 4", n.Simulated, n.Capacity, gpus, fpgas)
+	}
+	status := ok("status")
+	for _, want := range []string{"SIMULATED", "GPUs:        0 of 8", "FPGAs:       0 of 4", "dfl/0000:3b:00.0/0", "Note: devices are SIMULATED (dgxh200)"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("status lacks %q:\n%s", want, status)
+		}
+	}
+
+	// Topology: the 8-GPU layout, two GPUs and a NIC per switch.
+	topo := ok("topology")
+	if !strings.Contains(topo, "Host sim-dgx-h200: 2 sockets, 2 NUMA nodes") || strings.Count(topo, "[GPU]") != 8 || strings.Count(topo, "[NIC]") != 4 {
+		t.Errorf("topology tree:\n%s", topo)
+	}
+	matrix := ok("topology", "--matrix")
+	if !strings.Contains(matrix, "GPU7") || !strings.Contains(matrix, "NV2") || !strings.Contains(matrix, "PIX") {
+		t.Errorf("matrix:\n%s", matrix)
+	}
+	var m api.TopologyMatrix
+	if err := json.Unmarshal([]byte(ok("topology", "--matrix", "-o", "json")), &m); err != nil || len(m.Devices) != 12 {
+		t.Errorf("matrix JSON: %v, %d devices", err, len(m.Devices))
+	}
+
+	// GPU list.
+	list := ok("gpu", "list")
+	if rows := strings.Count(list, "NVIDIA H200"); rows != 8 || !strings.Contains(list, "SIMULATED") {
+		t.Errorf("gpu list (%d H200 rows):\n%s", rows, list)
+	}
+
+	// MIG plan: stable output; nothing applied (a second plan is the same).
+	layout, err := filepath.Abs(filepath.Join("..", "..", "examples", "mig-layouts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if got := ok("mig", "plan", "-f", layout, "-c", "inference-split"); got != wantMIGPlan {
+			t.Errorf("mig plan printed\n%s\nwant\n%s", got, wantMIGPlan)
+		}
+	}
+	if r := d.ctl(nil, "", "mig", "plan", "-f", layout, "-c", "nope"); r.code == 0 || !strings.Contains(r.stderr, "inference-split") {
+		t.Errorf("plan of an unknown config: %d %s", r.code, r.stderr)
+	}
+
+	// FPGA: a sample bitstream added and programmed; a user cannot.
+	sample := filepath.Join(dir, "state", "sim", "fpga-samples", "dma.gbs")
+	nobodyCred := &syscall.Credential{Uid: nobody, Gid: nobody}
+	if r := d.ctl(nobodyCred, "", "fpga", "bitstream", "add", "/proc/self/exe"); r.code == 0 || !strings.Contains(r.stderr, "admin") {
+		t.Errorf("nobody could upload a bitstream: %d %s", r.code, r.stderr)
+	}
+	if out := ok("fpga", "bitstream", "add", sample); !strings.Contains(out, "added dma: gbs") {
+		t.Errorf("bitstream add: %s", out)
+	}
+	if r := d.ctl(nobodyCred, "", "fpga", "program", "dfl/0000:af:00.0/0", "dma"); r.code == 0 || !strings.Contains(r.stderr, "admin") {
+		t.Errorf("nobody could program a region: %d %s", r.code, r.stderr)
+	}
+	if out := ok("fpga", "program", "dfl/0000:af:00.0/0", "dma"); !strings.Contains(out, "now holds dma") {
+		t.Errorf("program: %s", out)
+	}
+	regions := ok("fpga", "list")
+	if !strings.Contains(regions, "dfl/0000:af:00.0/0") || !strings.Contains(regions, "dma") {
+		t.Errorf("fpga list:\n%s", regions)
+	}
+	if out := ok("fpga", "bitstream", "list"); !strings.Contains(out, "dma_afu") {
+		t.Errorf("bitstream list:\n%s", out)
+	}
+}

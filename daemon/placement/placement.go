@@ -1,0 +1,436 @@
+// Package placement connects the pure placement engine (daemon/sched) to
+// the daemon: it keeps this host as one sched.Node built from the host's
+// hardware, turns job specs into sched.Requests, places jobs and gangs
+// through the engine, and names the devices each allocation holds. It
+// implements jobs.Placer. It does no I/O: preparing devices (creating a MIG
+// instance, programming an FPGA) is the executor's job.
+package placement
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/jobs"
+	"github.com/fusiond/fusiond/daemon/sched"
+)
+
+// GPU is one GPU of the host as placement sees it.
+type GPU struct {
+	// ID is the device ID jobs get (the GPU UUID).
+	ID       string
+	Model    string
+	MemoryMB int64
+	NUMA     int
+	// MIG is set when the GPU is in MIG mode.
+	MIG *MIG
+	// PerfPerWatt (0..1) and IdleWatts feed the energy dimension.
+	PerfPerWatt float64
+	IdleWatts   float64
+	Healthy     bool
+}
+
+// MIG is a MIG-mode GPU's slices and existing instances.
+type MIG struct {
+	TotalSlices int
+	Instances   []MIGInstance
+	// ReconfigMs is the expected time to create an instance.
+	ReconfigMs float64
+	// Profiles maps each profile this GPU supports to its slice count.
+	Profiles map[string]int
+}
+
+// MIGInstance is an existing MIG instance.
+type MIGInstance struct {
+	ID      string
+	Profile string
+	Start   int
+	Slices  int
+}
+
+// FPGARegion is one reconfigurable FPGA region.
+type FPGARegion struct {
+	ID        string
+	Bitstream string
+	// ProgramMs estimates programming a new bitstream into the region.
+	ProgramMs float64
+	NUMA      int
+	Healthy   bool
+}
+
+// Hardware is the host's schedulable inventory.
+type Hardware struct {
+	Name   string
+	CPU    api.MilliCPU
+	Memory api.Bytes
+	// CoresPerNUMA is the number of whole cores on each NUMA node that
+	// guaranteed jobs may take exclusively.
+	CoresPerNUMA []int
+	GPUs         []GPU
+	// NVLink lists pairs of indices into GPUs joined by NVLink.
+	NVLink [][2]int
+	FPGAs  []FPGARegion
+}
+
+// Options tune the placer.
+type Options struct {
+	// Profiles overrides the engine's weight profile per job class.
+	Profiles sched.Profiles
+	// Seed makes tie-breaking reproducible.
+	Seed uint64
+	// ResolveBitstream turns a spec's bitstream reference (name, ID
+	// prefix, UUID) into the library ID regions report as loaded. Nil
+	// leaves references as written.
+	ResolveBitstream func(ref string) (string, error)
+	// ProgramEstimate is the expected time to program bitstream ID into
+	// region; nil keeps each region's Hardware estimate.
+	ProgramEstimate func(region, bitstream string) float64
+}
+
+type held struct {
+	req    sched.Request
+	assign sched.Assignment
+}
+
+// Placer places jobs on this host with the engine.
+type Placer struct {
+	mu      sync.Mutex
+	opts    Options
+	hw      Hardware
+	base    *sched.Node // nothing allocated
+	node    *sched.Node
+	eng     *sched.Engine
+	learner *sched.ShapeLearner
+	held    map[string]held
+}
+
+var _ jobs.Placer = (*Placer)(nil)
+
+// New returns a placer for hw.
+func New(hw Hardware, o Options) *Placer {
+	base := buildNode(hw)
+	p := &Placer{
+		opts: o, hw: hw, base: base, node: base.Clone(),
+		learner: sched.NewShapeLearner(),
+		held:    map[string]held{},
+	}
+	p.eng = sched.NewEngine(sched.Options{Policy: sched.NewWeighted(o.Profiles, nil), Seed: o.Seed, Explain: 3})
+	return p
+}
+
+func buildNode(hw Hardware) *sched.Node {
+	n := sched.NewNode(cmpOr(hw.Name, "local"), int64(hw.CPU), int64(hw.Memory>>20), 0, "")
+	n.FreeCores = slices.Clone(hw.CoresPerNUMA)
+	for _, g := range hw.GPUs {
+		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: g.NUMA,
+			PerfPerWatt: g.PerfPerWatt, IdleWatts: g.IdleWatts}
+		if !g.Healthy {
+			sg.MilliFree, sg.MemFreeMiB = 0, 0 // an unhealthy GPU takes no work
+		}
+		if m := g.MIG; m != nil {
+			sm := &sched.MIG{TotalSlices: m.TotalSlices, ReconfigCost: m.ReconfigMs}
+			for _, in := range m.Instances {
+				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slices, InUse: !g.Healthy})
+			}
+			sg.MIG = sm
+		}
+		n.GPUs = append(n.GPUs, sg)
+		if n.GPUModel == "" {
+			n.GPUModel = g.Model
+		}
+	}
+	n.NVLink = slices.Clone(hw.NVLink)
+	for _, f := range hw.FPGAs {
+		n.FPGAs = append(n.FPGAs, sched.FPGARegion{Bitstream: f.Bitstream, ProgramMs: f.ProgramMs, NUMA: f.NUMA, Busy: !f.Healthy})
+	}
+	return n
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+var tierOf = map[api.Tier]sched.Tier{
+	api.TierBestEffort: sched.TierBestEffort,
+	api.TierBurstable:  sched.TierBurstable,
+	api.TierGuaranteed: sched.TierGuaranteed,
+}
+
+var migSlicesRE = regexp.MustCompile(`^([1-8])g\.`)
+
+// request converts a job (its spec and effective tier) to an engine request.
+func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Request {
+	r := spec.Resources
+	req := sched.Request{
+		ID: id, Class: sched.Class(spec.Class), Tier: tierOf[tier], Priority: spec.Priority,
+		CPUMilli: int64(r.CPU), MemMiB: int64(math.Ceil(float64(r.Memory) / (1 << 20))),
+		Topology: sched.TopologyPolicy(spec.Topology),
+	}
+	if tier == api.TierGuaranteed && r.CPU%1000 == 0 && len(p.hw.CoresPerNUMA) > 0 {
+		// Whole-core guaranteed jobs get exclusive cores (counted in the
+		// millicores too).
+		req.ExclusiveCores = int(r.CPU / 1000)
+	}
+	if g := r.GPU; g != nil {
+		if g.Model != "" {
+			for _, hg := range p.hw.GPUs {
+				if strings.Contains(strings.ToLower(hg.Model), strings.ToLower(g.Model)) && !slices.Contains(req.GPUModels, hg.Model) {
+					req.GPUModels = append(req.GPUModels, hg.Model)
+				}
+			}
+			if len(req.GPUModels) == 0 {
+				req.GPUModels = []string{g.Model} // matches nothing: filtered as a model mismatch
+			}
+		}
+		switch {
+		case g.MIG != "":
+			req.MIGProfile = g.MIG
+			if m := migSlicesRE.FindStringSubmatch(g.MIG); m != nil {
+				req.MIGSlices, _ = strconv.Atoi(m[1])
+			}
+		case g.Share > 0:
+			req.GPUs, req.GPUMilli = 1, int64(g.Share)
+			req.GPUMemMiB = int64(g.Memory >> 20)
+		default:
+			req.GPUs, req.GPUMilli = g.Count, sched.MilliPerGPU
+		}
+	}
+	if f := r.FPGA; f != nil {
+		req.Bitstream = f.Bitstream
+		if p.opts.ResolveBitstream != nil {
+			if id, err := p.opts.ResolveBitstream(f.Bitstream); err == nil {
+				req.Bitstream = id
+			}
+		}
+	}
+	return req
+}
+
+// fieldOf names the spec field a filter reason is about.
+var fieldOf = map[sched.FilterReason]string{
+	sched.ReasonCPU:       "resources.cpu",
+	sched.ReasonMemory:    "resources.memory",
+	sched.ReasonCores:     "resources.cpu",
+	sched.ReasonGPUModel:  "resources.gpu.model",
+	sched.ReasonGPUs:      "resources.gpu.count",
+	sched.ReasonGPUShare:  "resources.gpu.share",
+	sched.ReasonGPUMemory: "resources.gpu.memory",
+	sched.ReasonMIG:       "resources.gpu.mig",
+	sched.ReasonFPGA:      "resources.fpga",
+	sched.ReasonTopology:  "topology",
+}
+
+// Admit refuses a spec that would not fit even on this host with nothing
+// else running: such a job could wait forever.
+func (p *Placer) Admit(spec api.JobSpec) error {
+	tier := spec.Tier
+	if tier == "" {
+		tier = api.TierBurstable
+	}
+	req := p.request("admit", spec, tier)
+	if g := spec.Resources.GPU; g != nil && len(p.hw.GPUs) == 0 {
+		return unsatisfiable("resources.gpu", "this host has no GPUs")
+	}
+	if f := spec.Resources.FPGA; f != nil {
+		if len(p.hw.FPGAs) == 0 {
+			return unsatisfiable("resources.fpga", "this host has no FPGAs")
+		}
+		if p.opts.ResolveBitstream != nil {
+			if _, err := p.opts.ResolveBitstream(f.Bitstream); err != nil {
+				return unsatisfiable("resources.fpga.bitstream", "%v (add it with: fusionctl fpga bitstream add FILE)", err)
+			}
+		}
+	}
+	if g := spec.Resources.GPU; g != nil && g.MIG != "" && !p.migSupported(g.MIG) {
+		return unsatisfiable("resources.gpu.mig", "no GPU of this host supports MIG profile %q", g.MIG)
+	}
+	if err := req.Validate(); err != nil {
+		return &api.Error{Code: api.CodeInvalid, Field: "resources", Message: err.Error()}
+	}
+	empty := p.base.Clone()
+	if r := sched.Filter(&req, empty); r != sched.Fits {
+		return unsatisfiable(cmpOr(fieldOf[r], "resources"), "this host could never run it: %s (host: %s CPU, %s memory, %d GPUs, %d FPGA regions)",
+			r, p.hw.CPU, p.hw.Memory.Human(), len(p.hw.GPUs), len(p.hw.FPGAs))
+	}
+	return nil
+}
+
+func (p *Placer) migSupported(profile string) bool {
+	for _, g := range p.hw.GPUs {
+		if g.MIG != nil {
+			if _, ok := g.MIG.Profiles[profile]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func unsatisfiable(field, format string, args ...any) *api.Error {
+	return &api.Error{Code: api.CodeUnsatisfiable, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Place places one job, or every member of a gang, or nothing.
+func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	reqs := make([]sched.Request, len(group))
+	for i, j := range group {
+		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
+		p.learner.Observe(&reqs[i])
+	}
+	p.estimateProgramming(reqs)
+	nodes := []*sched.Node{p.node}
+	var assigns []sched.Assignment
+	var explain []string
+	if len(reqs) == 1 {
+		d, err := p.eng.Place(&reqs[0], nodes)
+		if err != nil {
+			return nil, waitReason(d, err), false
+		}
+		if err := p.eng.Commit(&reqs[0], &d.Assignment, nodes); err != nil {
+			return nil, err.Error(), false
+		}
+		assigns = []sched.Assignment{d.Assignment}
+		explain = []string{strings.TrimSpace(d.Explain())}
+	} else {
+		as, err := p.eng.PlaceGang(reqs, nodes)
+		if err != nil {
+			return nil, fmt.Sprintf("gang of %d does not fit: %v", len(reqs), err), false
+		}
+		assigns = as
+		for range as {
+			explain = append(explain, fmt.Sprintf("gang of %d placed together", len(as)))
+		}
+	}
+	out := make([]api.Allocation, len(group))
+	for i, j := range group {
+		p.held[j.ID] = held{req: reqs[i], assign: assigns[i]}
+		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
+	}
+	return out, "", true
+}
+
+// waitReason says why the one node of this host cannot take a request now.
+func waitReason(d sched.Decision, err error) string {
+	for r := range d.Filtered { // one node: at most one reason
+		return string(r)
+	}
+	return err.Error()
+}
+
+// estimateProgramming sets each region's programming-time estimate for the
+// bitstream being asked for, so the engine weighs the real cost.
+func (p *Placer) estimateProgramming(reqs []sched.Request) {
+	if p.opts.ProgramEstimate == nil {
+		return
+	}
+	for _, r := range reqs {
+		if r.Bitstream == "" {
+			continue
+		}
+		for i := range p.node.FPGAs {
+			p.node.FPGAs[i].ProgramMs = p.opts.ProgramEstimate(p.hw.FPGAs[i].ID, r.Bitstream)
+		}
+	}
+}
+
+// allocation names what an assignment holds.
+func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain string) api.Allocation {
+	alloc := api.Allocation{CPU: api.MilliCPU(a.CPUMilli), Memory: api.Bytes(a.MemMiB << 20), NUMANode: -1, Explain: explain}
+	for numa := range a.Cores {
+		alloc.NUMANode = numa
+	}
+	for _, g := range a.GPUs {
+		gpu := p.hw.GPUs[g]
+		if req.Shared() {
+			alloc.GPUShare = &api.GPUShare{GPU: gpu.ID, Milli: int(req.GPUMilli), MemoryMB: req.GPUMemMiB}
+			alloc.Devices = append(alloc.Devices, fmt.Sprintf("%s (%d milli-GPU)", gpu.ID, req.GPUMilli))
+		} else {
+			alloc.GPUs = append(alloc.GPUs, gpu.ID)
+			alloc.Devices = append(alloc.Devices, gpu.ID)
+		}
+		if alloc.NUMANode < 0 {
+			alloc.NUMANode = gpu.NUMA
+		}
+	}
+	if m := a.MIG; m != nil {
+		g := p.hw.GPUs[m.GPU]
+		mig := &api.MIGAllocation{GPU: g.ID, Profile: req.MIGProfile}
+		if g.MIG != nil && !m.Create {
+			for _, in := range g.MIG.Instances {
+				if in.Start == m.Start && in.Slices == m.Slices {
+					mig.Instance = in.ID
+				}
+			}
+		}
+		alloc.MIG = mig
+		alloc.Devices = append(alloc.Devices, cmpOr(mig.Instance, fmt.Sprintf("%s %s (to create)", g.ID, req.MIGProfile)))
+	}
+	if a.FPGA >= 0 {
+		r := p.hw.FPGAs[a.FPGA]
+		alloc.FPGA = &api.FPGAAllocation{Region: r.ID, Bitstream: req.Bitstream, Program: a.Program}
+		alloc.Devices = append(alloc.Devices, r.ID)
+	}
+	return alloc
+}
+
+// Release returns a job's reservation; releasing twice is harmless.
+func (p *Placer) Release(j *api.Job) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h, ok := p.held[j.ID]
+	if !ok {
+		return
+	}
+	delete(p.held, j.ID)
+	p.eng.Release(&h.req, &h.assign, []*sched.Node{p.node})
+}
+
+// Capacity is the host's total.
+func (p *Placer) Capacity() api.NodeResources {
+	return api.NodeResources{CPU: p.hw.CPU, Memory: p.hw.Memory, GPUs: len(p.hw.GPUs), FPGAs: len(p.hw.FPGAs)}
+}
+
+// Allocated is what placed and running jobs hold.
+func (p *Placer) Allocated() api.NodeResources {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.node
+	gpus := 0
+	for i, g := range n.GPUs {
+		if g.MilliFree < p.base.GPUs[i].MilliFree || migUsed(g.MIG) {
+			gpus++
+		}
+	}
+	fpgas := 0
+	for _, h := range p.held {
+		if h.assign.FPGA >= 0 {
+			fpgas++
+		}
+	}
+	return api.NodeResources{
+		CPU: api.MilliCPU(n.CPUMilli - n.CPUFreeMilli), Memory: api.Bytes((n.MemMiB - n.MemFreeMiB) << 20),
+		GPUs: gpus, FPGAs: fpgas,
+	}
+}
+
+func migUsed(m *sched.MIG) bool {
+	if m == nil {
+		return false
+	}
+	for _, in := range m.Instances {
+		if in.InUse {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,274 @@
+package sched
+
+import "math/bits"
+
+// assign chooses the devices inside n for req. sharedGPU is the GPU a
+// policy chose for a shared request (-1: best fit). It returns the
+// assignment and a locality score in [0,1]. n must have passed Filter.
+func assign(req *Request, n *Node, idx, sharedGPU int) (Assignment, float64) {
+	a := Assignment{Node: n.Name, NodeIdx: idx, CPUMilli: req.CPUMilli + int64(req.ExclusiveCores)*1000, MemMiB: req.MemMiB, FPGA: -1}
+	loc := 1.0
+	homeNUMA := -1
+	switch {
+	case req.Shared():
+		g := sharedGPU
+		if g < 0 || g >= len(n.GPUs) || !gpuFits(req, &n.GPUs[g]) {
+			g = bestFitGPU(req, n)
+		}
+		a.GPUs = []int{g}
+		a.GPUMilli, a.GPUMemMiB = req.GPUMilli, req.GPUMemMiB
+		homeNUMA = n.GPUs[g].NUMA
+	case req.GPUs > 0:
+		a.GPUs, loc = pickWholeGPUs(req, n)
+		a.GPUMilli, a.GPUMemMiB = req.GPUMilli, req.GPUMemMiB
+		homeNUMA = n.GPUs[a.GPUs[0]].NUMA
+	}
+	if req.MIGProfile != "" {
+		if p, ok := pickMIG(req, n); ok {
+			a.MIG = &p
+			homeNUMA = n.GPUs[p.GPU].NUMA
+		}
+	}
+	if req.Bitstream != "" {
+		if r := pickFPGA(req, n); r >= 0 {
+			a.FPGA, a.Bitstream = r, req.Bitstream
+			a.Program = n.FPGAs[r].Bitstream != req.Bitstream
+			if homeNUMA < 0 {
+				homeNUMA = n.FPGAs[r].NUMA
+			} else if n.FPGAs[r].NUMA != homeNUMA {
+				loc *= 0.5
+			}
+		}
+	}
+	if req.ExclusiveCores > 0 {
+		var spread int
+		a.Cores, spread = pickCores(req, n, homeNUMA)
+		if spread > 1 {
+			loc *= 1 / float64(spread)
+		}
+	}
+	return a, loc
+}
+
+func gpuFits(req *Request, g *GPU) bool {
+	return g.MIG == nil && g.MilliFree >= req.GPUMilli && (g.MemMiB == 0 || g.MemFreeMiB >= req.GPUMemMiB)
+}
+
+// bestFitGPU is the fitting GPU with the least free share (lowest index
+// on ties), which keeps whole GPUs whole.
+func bestFitGPU(req *Request, n *Node) int {
+	best := -1
+	for i := range n.GPUs {
+		if gpuFits(req, &n.GPUs[i]) && (best < 0 || n.GPUs[i].MilliFree < n.GPUs[best].MilliFree) {
+			best = i
+		}
+	}
+	return best
+}
+
+// pickWholeGPUs chooses req.GPUs fitting GPUs: on one NUMA node when
+// possible, and among those the set with the most NVLink pairs, grown
+// greedily from each seed GPU. Locality is the fraction of NVLink-connected
+// pairs (1 without NVLink information) halved when NUMA nodes are mixed.
+func pickWholeGPUs(req *Request, n *Node) ([]int, float64) {
+	k := req.GPUs
+	if len(n.NVLink) == 0 && n.numaCount() == 1 {
+		out := make([]int, 0, k)
+		for i := range n.GPUs {
+			if len(out) < k && gpuFits(req, &n.GPUs[i]) {
+				out = append(out, i)
+			}
+		}
+		return out, 1
+	}
+	var link [64]uint64
+	for _, p := range n.NVLink {
+		if p[0] >= 0 && p[0] < 64 && p[1] >= 0 && p[1] < 64 {
+			link[p[0]] |= 1 << uint(p[1])
+			link[p[1]] |= 1 << uint(p[0])
+		}
+	}
+	var free uint64
+	for i := range n.GPUs {
+		if i < 64 && gpuFits(req, &n.GPUs[i]) {
+			free |= 1 << uint(i)
+		}
+	}
+	bestSet, bestScore := uint64(0), -1.0
+	for seed := range min(len(n.GPUs), 64) {
+		if free&(1<<uint(seed)) == 0 {
+			continue
+		}
+		set := uint64(1) << uint(seed)
+		numa := n.GPUs[seed].NUMA
+		for bits.OnesCount64(set) < k {
+			next, nextScore := -1, -1
+			for j := range min(len(n.GPUs), 64) {
+				if free&(1<<uint(j)) == 0 || set&(1<<uint(j)) != 0 {
+					continue
+				}
+				s := bits.OnesCount64(link[j]&set) * 2
+				if n.GPUs[j].NUMA == numa {
+					s++
+				}
+				if s > nextScore {
+					next, nextScore = j, s
+				}
+			}
+			if next < 0 {
+				break
+			}
+			set |= 1 << uint(next)
+		}
+		if bits.OnesCount64(set) < k {
+			continue
+		}
+		if s := setLocality(n, set, &link); s > bestScore {
+			bestSet, bestScore = set, s
+		}
+	}
+	out := make([]int, 0, k)
+	for set := bestSet; set != 0; set &= set - 1 {
+		out = append(out, bits.TrailingZeros64(set))
+	}
+	return out, bestScore
+}
+
+func setLocality(n *Node, set uint64, link *[64]uint64) float64 {
+	k := bits.OnesCount64(set)
+	if k <= 1 {
+		return 1
+	}
+	pairs, linked := 0, 0
+	numa := -1
+	mixed := false
+	for s := set; s != 0; s &= s - 1 {
+		i := bits.TrailingZeros64(s)
+		if numa < 0 {
+			numa = n.GPUs[i].NUMA
+		} else if n.GPUs[i].NUMA != numa {
+			mixed = true
+		}
+		linked += bits.OnesCount64(link[i] & set)
+		pairs += k - 1
+	}
+	l := 1.0
+	if len(n.NVLink) > 0 {
+		l = float64(linked) / float64(pairs)
+	}
+	if mixed {
+		l *= 0.5
+	}
+	return l
+}
+
+// pickCores takes exclusive cores from the home NUMA node first, then from
+// the others in index order (never for single-numa-node, which Filter has
+// already guaranteed fits on one node). It returns the per-NUMA counts and
+// how many NUMA nodes they span.
+func pickCores(req *Request, n *Node, home int) (map[int]int, int) {
+	need := req.ExclusiveCores
+	out := map[int]int{}
+	if home < 0 || home >= len(n.FreeCores) || (req.Topology == TopologySingleNUMANode && n.FreeCores[home] < need) {
+		home = -1
+		for i, c := range n.FreeCores {
+			if c >= need {
+				home = i
+				break
+			}
+		}
+	}
+	if home >= 0 {
+		t := min(need, n.FreeCores[home])
+		if t > 0 {
+			out[home] = t
+			need -= t
+		}
+	}
+	for i, c := range n.FreeCores {
+		if need == 0 {
+			break
+		}
+		if i == home || c == 0 {
+			continue
+		}
+		t := min(need, c)
+		out[i] = t
+		need -= t
+	}
+	return out, len(out)
+}
+
+// pickMIG chooses a MIG instance for req: an existing free instance of the
+// profile first (no reconfiguration), otherwise a new instance on free
+// slices, aligned to its size as NVIDIA places them, choosing the spot that
+// leaves the longest run of free slices on that GPU (and the cheapest
+// reconfiguration on ties).
+func pickMIG(req *Request, n *Node) (MIGPick, bool) {
+	for gi := range n.GPUs {
+		m := n.GPUs[gi].MIG
+		if m == nil {
+			continue
+		}
+		for _, in := range m.Instances {
+			if !in.InUse && in.Slices == req.MIGSlices && (in.Profile == "" || in.Profile == req.MIGProfile) {
+				return MIGPick{GPU: gi, Start: in.Start, Slices: in.Slices}, true
+			}
+		}
+	}
+	best, bestRun, bestCost, found := MIGPick{}, -1, 0.0, false
+	for gi := range n.GPUs {
+		m := n.GPUs[gi].MIG
+		if m == nil {
+			continue
+		}
+		used := m.usedMask()
+		for start := 0; start+req.MIGSlices <= m.TotalSlices; start += req.MIGSlices {
+			if !m.sliceRunFree(start, req.MIGSlices) {
+				continue
+			}
+			var run uint64
+			for s := start; s < start+req.MIGSlices; s++ {
+				run |= 1 << uint(s)
+			}
+			left := longestFreeRun(used|run, m.TotalSlices)
+			if !found || left > bestRun || (left == bestRun && m.ReconfigCost < bestCost) {
+				best = MIGPick{GPU: gi, Start: start, Slices: req.MIGSlices, Create: true}
+				bestRun, bestCost, found = left, m.ReconfigCost, true
+			}
+		}
+	}
+	return best, found
+}
+
+func longestFreeRun(used uint64, total int) int {
+	best, cur := 0, 0
+	for s := range total {
+		if used&(1<<uint(s)) == 0 {
+			cur++
+			best = max(best, cur)
+		} else {
+			cur = 0
+		}
+	}
+	return best
+}
+
+// pickFPGA returns a free region already holding req.Bitstream, or else
+// the free region that programs fastest; -1 when none is free.
+func pickFPGA(req *Request, n *Node) int {
+	best := -1
+	for i := range n.FPGAs {
+		r := &n.FPGAs[i]
+		if r.Busy {
+			continue
+		}
+		if r.Bitstream == req.Bitstream {
+			return i
+		}
+		if best < 0 || r.ProgramMs < n.FPGAs[best].ProgramMs {
+			best = i
+		}
+	}
+	return best
+}

@@ -1,0 +1,28 @@
+// Package sched is fusiond's placement engine. It is pure and deterministic:
+// it performs no I/O, reads no clock and holds no global state; every source
+// of randomness is a seed passed in by the caller, and logical time (for
+// gang reservations and queue aging) is a number the caller supplies.
+//
+// The same code places jobs on the one local host (the daemon passes a
+// single Node) and on the 1213 simulated nodes of the openb trace (the
+// simulator in daemon/sim passes them all).
+//
+// A placement runs filter → score → choose:
+//
+//   - Filter rejects nodes that cannot host the request (capacity, allowed
+//     GPU models, MIG profile, FPGA bitstream, topology policy) and records
+//     why (FilterReason).
+//   - Score rates each remaining node with a Policy. fusiond's own policy
+//     (Weighted) is Σ w_d·s_d over the dimensions compute, locality,
+//     fragmentation, energy, load and priority, each normalised to [0,1],
+//     with a weight Profile per job class. The paper baselines (Random,
+//     DotProd, GpuClustering, GpuPacking, BestFit, FGD) are Policies too.
+//   - Choose takes the best score; ties are broken with the engine's seeded
+//     generator. Inside the node the policy also picks which devices
+//     (Assignment): NVLink-connected GPU sets, cores on the GPUs' NUMA node,
+//     the MIG slot that keeps the rest of the GPU usable.
+//
+// Gangs (all-or-nothing with reserve/commit and a logical-time timeout), a
+// priority queue with aging and backfill, and preemption planning with a
+// victim budget build on Engine.Place.
+package sched

@@ -1,0 +1,159 @@
+package sched
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+)
+
+// fragKey identifies a request shape for the per-node score cache.
+type fragKey struct {
+	cpu, milli int64
+	gpus       int
+	models     string
+}
+
+type fragEntry struct {
+	gain float64 // before − after (higher is better)
+	sig  float64 // sigmoid(gain/1000)
+	gpu  int
+}
+
+type nodeFragCache struct {
+	node    *Node
+	version uint64
+	before  float64
+	// byShape[id] is valid when stamp[id] == version+1.
+	byShape []fragEntry
+	stamp   []uint64
+}
+
+// fragScorer computes, with a per-node cache, the fragmentation gain
+// (before − after) of placing a request on a node and the GPU that
+// maximises it. Request shapes are interned once per request so the
+// per-node lookup is an index.
+type fragScorer struct {
+	model  *FragModel
+	cache  []nodeFragCache
+	shapes map[fragKey]int
+	// last interned request, to intern once per Place and not per node.
+	lastReq *Request
+	lastKey fragKey
+	lastID  int
+}
+
+func (f *fragScorer) shapeID(req *Request) int {
+	k := fragKey{cpu: req.CPUMilli, milli: req.GPUMilli, gpus: req.GPUs}
+	if len(req.GPUModels) > 0 {
+		k.models = strings.Join(req.GPUModels, "|")
+	}
+	if f.lastReq == req && f.lastKey == k {
+		return f.lastID
+	}
+	if f.shapes == nil {
+		f.shapes = map[fragKey]int{}
+	}
+	id, ok := f.shapes[k]
+	if !ok {
+		id = len(f.shapes)
+		f.shapes[k] = id
+	}
+	f.lastReq, f.lastKey, f.lastID = req, k, id
+	return id
+}
+
+func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
+	if idx < 0 {
+		return f.compute(req, n, f.model.NodeFrag(n))
+	}
+	if idx >= len(f.cache) {
+		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
+	}
+	c := &f.cache[idx]
+	if c.node != n || c.version != n.Version {
+		c.node, c.version = n, n.Version
+		c.before = f.model.NodeFrag(n)
+		clear(c.stamp)
+	}
+	id := f.shapeID(req)
+	if id >= len(c.stamp) {
+		grow := max(id+1, 2*len(c.stamp))
+		c.stamp = append(c.stamp, make([]uint64, grow-len(c.stamp))...)
+		c.byShape = append(c.byShape, make([]fragEntry, grow-len(c.byShape))...)
+	}
+	if c.stamp[id] == 1 {
+		return c.byShape[id]
+	}
+	e := f.compute(req, n, c.before)
+	c.byShape[id], c.stamp[id] = e, 1
+	return e
+}
+
+func (f *fragScorer) compute(req *Request, n *Node, before float64) fragEntry {
+	if req.Shared() {
+		best := fragEntry{gain: math.Inf(-1), gpu: -1}
+		for i := range n.GPUs {
+			if !gpuFits(req, &n.GPUs[i]) {
+				continue
+			}
+			g := before - f.model.fragAfter(n, req, []int{i})
+			if g > best.gain {
+				best = fragEntry{gain: g, gpu: i}
+			}
+		}
+		best.sig = sigmoid(best.gain / 1000)
+		return best
+	}
+	var gpus []int
+	if req.GPUs > 0 {
+		gpus, _ = pickWholeGPUs(req, n)
+	}
+	g := before - f.model.fragAfter(n, req, gpus)
+	return fragEntry{gain: g, sig: sigmoid(g / 1000), gpu: -1}
+}
+
+// FGD is Fragmentation Gradient Descent (ATC'23): place where the expected
+// fragmentation grows least, scored as in the paper's simulator
+// (sigmoid of the decrease per 1000 milli, on an integer 0..100 scale).
+type FGD struct{ fs fragScorer }
+
+// NewFGD returns FGD over the typical shapes of model.
+// A nil model has no shapes: every node then scores alike.
+func NewFGD(model *FragModel) *FGD {
+	if model == nil {
+		model = NewFragModel(nil)
+	}
+	return &FGD{fs: fragScorer{model: model}}
+}
+
+// Name implements Policy.
+func (*FGD) Name() string { return "fgd" }
+
+// Score implements Policy.
+func (p *FGD) Score(req *Request, n *Node, idx int, _ *rand.Rand) Scored {
+	e := p.fs.gain(req, n, idx)
+	return Scored{Score: math.Trunc(e.sig * maxScore), GPU: e.gpu}
+}
+
+// NewFGDExact returns FGDExact over model (nil: no shapes).
+func NewFGDExact(model *FragModel) *FGDExact {
+	if model == nil {
+		model = NewFragModel(nil)
+	}
+	return &FGDExact{fs: fragScorer{model: model}}
+}
+
+// FGDExact is FGD without the integer score scale: the raw fragmentation
+// decrease decides. It exists to show how much the paper's coarse scale
+// (and the node order that breaks its many ties) matters; see
+// docs/benchmarks.md.
+type FGDExact struct{ fs fragScorer }
+
+// Name implements Policy.
+func (*FGDExact) Name() string { return "fgd-exact" }
+
+// Score implements Policy.
+func (p *FGDExact) Score(req *Request, n *Node, idx int, _ *rand.Rand) Scored {
+	e := p.fs.gain(req, n, idx)
+	return Scored{Score: e.gain, GPU: e.gpu}
+}

@@ -1,0 +1,174 @@
+package sched
+
+// FilterReason says why a node cannot host a request; "" means it can.
+type FilterReason string
+
+// Filter reasons, one per filter rule.
+const (
+	Fits               FilterReason = ""
+	ReasonCPU          FilterReason = "insufficient cpu"
+	ReasonMemory       FilterReason = "insufficient memory"
+	ReasonCores        FilterReason = "not enough free exclusive cores"
+	ReasonGPUModel     FilterReason = "gpu model not allowed"
+	ReasonGPUs         FilterReason = "not enough free whole gpus"
+	ReasonGPUShare     FilterReason = "no gpu with enough free share"
+	ReasonGPUMemory    FilterReason = "no gpu with enough free memory"
+	ReasonMIG          FilterReason = "no free or creatable MIG instance of the profile"
+	ReasonFPGA         FilterReason = "no free fpga region"
+	ReasonTopology     FilterReason = "topology policy cannot be met"
+	ReasonInvalidInput FilterReason = "invalid request"
+	ReasonReserved     FilterReason = "reserved for a waiting job"
+)
+
+// allReasons lists every non-empty FilterReason, for counting.
+var allReasons = [...]FilterReason{ReasonCPU, ReasonMemory, ReasonCores, ReasonGPUModel, ReasonGPUs, ReasonGPUShare,
+	ReasonGPUMemory, ReasonMIG, ReasonFPGA, ReasonTopology, ReasonInvalidInput, ReasonReserved}
+
+func reasonIndex(r FilterReason) int {
+	for i, x := range allReasons {
+		if x == r {
+			return i
+		}
+	}
+	return len(allReasons) - 2
+}
+
+// Filter applies every filter rule to one node, cheapest first, and
+// returns the first that fails, or Fits.
+func Filter(req *Request, n *Node) FilterReason {
+	if req.CPUMilli+int64(req.ExclusiveCores)*1000 > n.CPUFreeMilli {
+		return ReasonCPU
+	}
+	if req.MemMiB > n.MemFreeMiB {
+		return ReasonMemory
+	}
+	if req.ExclusiveCores > 0 {
+		total := 0
+		for _, c := range n.FreeCores {
+			total += c
+		}
+		if total < req.ExclusiveCores {
+			return ReasonCores
+		}
+	}
+	if req.GPUs > 0 || req.MIGProfile != "" {
+		if len(n.GPUs) == 0 || !req.ModelAllowed(n.GPUModel) {
+			return ReasonGPUModel
+		}
+	}
+	if req.GPUs > 0 {
+		fit, memShort := 0, false
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			if g.MIG != nil || g.MilliFree < req.GPUMilli {
+				continue
+			}
+			if g.MemMiB > 0 && g.MemFreeMiB < req.GPUMemMiB {
+				memShort = true
+				continue
+			}
+			fit++
+		}
+		if fit < req.GPUs {
+			switch {
+			case memShort:
+				return ReasonGPUMemory
+			case req.Shared():
+				return ReasonGPUShare
+			default:
+				return ReasonGPUs
+			}
+		}
+	}
+	if req.MIGProfile != "" {
+		if _, ok := pickMIG(req, n); !ok {
+			return ReasonMIG
+		}
+	}
+	if req.Bitstream != "" && pickFPGA(req, n) < 0 {
+		return ReasonFPGA
+	}
+	if !topologyOK(req, n) {
+		return ReasonTopology
+	}
+	return Fits
+}
+
+// numaCount is the number of NUMA nodes the node describes.
+func (n *Node) numaCount() int {
+	c := len(n.FreeCores)
+	for i := range n.GPUs {
+		c = max(c, n.GPUs[i].NUMA+1)
+	}
+	return max(c, 1)
+}
+
+// fitsOnNUMA reports whether the GPUs and exclusive cores of req fit on
+// NUMA node numa alone.
+func fitsOnNUMA(req *Request, n *Node, numa int) bool {
+	if req.ExclusiveCores > 0 && (numa >= len(n.FreeCores) || n.FreeCores[numa] < req.ExclusiveCores) {
+		return false
+	}
+	if req.GPUs > 0 {
+		c := 0
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			if g.NUMA == numa && g.MIG == nil && g.MilliFree >= req.GPUMilli && (g.MemMiB == 0 || g.MemFreeMiB >= req.GPUMemMiB) {
+				c++
+			}
+		}
+		if c < req.GPUs {
+			return false
+		}
+	}
+	return true
+}
+
+// topologyOK applies the Topology Manager policy: single-numa-node needs
+// the devices and exclusive cores on one NUMA node; restricted needs that
+// too whenever one NUMA node of the machine could hold the request at all
+// (the preferred, narrowest alignment); best-effort and none always pass
+// (best-effort is rewarded in the locality score instead).
+func topologyOK(req *Request, n *Node) bool {
+	if req.GPUs == 0 && req.ExclusiveCores == 0 {
+		return true
+	}
+	switch req.Topology {
+	case TopologySingleNUMANode:
+		return anyNUMAFits(req, n)
+	case TopologyRestricted:
+		if !numaCouldEverHold(req, n) {
+			return true
+		}
+		return anyNUMAFits(req, n)
+	default:
+		return true
+	}
+}
+
+func anyNUMAFits(req *Request, n *Node) bool {
+	for numa := range n.numaCount() {
+		if fitsOnNUMA(req, n, numa) {
+			return true
+		}
+	}
+	return false
+}
+
+// numaCouldEverHold reports whether some NUMA node of the empty machine
+// has enough GPUs for req (cores are not known when empty, so only GPUs
+// are considered).
+func numaCouldEverHold(req *Request, n *Node) bool {
+	per := make([]int, n.numaCount())
+	for i := range n.GPUs {
+		if n.GPUs[i].MIG == nil {
+			per[n.GPUs[i].NUMA]++
+		}
+	}
+	for _, c := range per {
+		if c >= req.GPUs {
+			return true
+		}
+	}
+	return false
+}

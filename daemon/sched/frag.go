@@ -1,0 +1,224 @@
+package sched
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+)
+
+// Shape is a typical request shape and its popularity P (the shapes of a
+// FragModel sum to 1).
+type Shape struct {
+	CPUMilli int64   `json:"cpu_milli"`
+	GPUs     int     `json:"gpus"`
+	GPUMilli int64   `json:"gpu_milli"`
+	Models   string  `json:"models,omitempty"` // "|"-separated allowed models, "" = any
+	P        float64 `json:"p"`
+}
+
+func (s Shape) allows(model string) bool {
+	if s.Models == "" {
+		return true
+	}
+	if model == "" {
+		return false
+	}
+	for m := range strings.SplitSeq(s.Models, "|") {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// ShapeLearner counts the request shapes it observes; the daemon feeds it
+// every job it sees, the simulator may prime it with the whole trace (as
+// FGD does).
+type ShapeLearner struct {
+	counts map[Shape]float64
+	total  float64
+}
+
+// NewShapeLearner returns an empty learner.
+func NewShapeLearner() *ShapeLearner { return &ShapeLearner{counts: map[Shape]float64{}} }
+
+// Observe records one request.
+func (l *ShapeLearner) Observe(r *Request) {
+	k := Shape{CPUMilli: r.CPUMilli, GPUs: r.GPUs, GPUMilli: r.GPUMilli, Models: strings.Join(r.GPUModels, "|")}
+	l.counts[k]++
+	l.total++
+}
+
+// Model returns the most popular shapes covering at least coverage (0..1]
+// of the observed requests, popularity renormalised to sum to 1, most
+// popular first (ties in a fixed order).
+func (l *ShapeLearner) Model(coverage float64) *FragModel {
+	shapes := make([]Shape, 0, len(l.counts))
+	for k, c := range l.counts {
+		k.P = c
+		shapes = append(shapes, k)
+	}
+	slices.SortFunc(shapes, func(a, b Shape) int {
+		if c := cmp.Compare(b.P, a.P); c != 0 {
+			return c
+		}
+		return cmp.Or(cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.GPUMilli, b.GPUMilli), cmp.Compare(a.CPUMilli, b.CPUMilli), cmp.Compare(a.Models, b.Models))
+	})
+	var cum float64
+	n := 0
+	for n < len(shapes) && cum < coverage*l.total {
+		cum += shapes[n].P
+		n++
+	}
+	shapes = shapes[:n]
+	for i := range shapes {
+		shapes[i].P /= cum
+	}
+	return NewFragModel(shapes)
+}
+
+// FragModel measures fragmentation the FGD way: for each typical shape k
+// with popularity p_k, the idle GPU share of a node that shape k cannot use
+// there — all of it when k does not fit the node at all (or asks for no
+// GPU), otherwise the idle share on GPUs too small for k — weighted by p_k.
+type FragModel struct {
+	Shapes []Shape
+	// Capacity selects the multi-copy measure (capacityFrag).
+	Capacity bool
+	// access caches, per GPU model, which shapes may use it.
+	access map[string][]bool
+}
+
+// NewFragModel returns a model over shapes.
+func NewFragModel(shapes []Shape) *FragModel {
+	return &FragModel{Shapes: shapes, access: map[string][]bool{}}
+}
+
+func (f *FragModel) accessFor(model string) []bool {
+	if a, ok := f.access[model]; ok {
+		return a
+	}
+	a := make([]bool, len(f.Shapes))
+	for i, s := range f.Shapes {
+		a[i] = s.allows(model)
+	}
+	f.access[model] = a
+	return a
+}
+
+// NodeFrag is the expected fragmented GPU milli of n.
+func (f *FragModel) NodeFrag(n *Node) float64 {
+	var buf [64]int64
+	free := gpuFreeList(n, buf[:0])
+	if f.Capacity {
+		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli, free)
+	}
+	return f.frag(n.GPUModel, n.CPUFreeMilli, free)
+}
+
+func gpuFreeList(n *Node, buf []int64) []int64 {
+	for i := range n.GPUs {
+		if n.GPUs[i].MIG == nil {
+			buf = append(buf, n.GPUs[i].MilliFree)
+		}
+	}
+	return buf
+}
+
+func (f *FragModel) frag(model string, cpuFree int64, free []int64) float64 {
+	var total int64
+	for _, m := range free {
+		total += m
+	}
+	if total == 0 {
+		return 0
+	}
+	acc := f.accessFor(model)
+	var out float64
+	for k := range f.Shapes {
+		s := &f.Shapes[k]
+		if s.GPUMilli == 0 || !acc[k] || cpuFree < s.CPUMilli {
+			out += s.P * float64(total)
+			continue
+		}
+		fit := 0
+		var small int64
+		for _, m := range free {
+			if m >= s.GPUMilli {
+				fit++
+			} else {
+				small += m
+			}
+		}
+		if fit >= s.GPUs {
+			out += s.P * float64(small)
+		} else {
+			out += s.P * float64(total)
+		}
+	}
+	return out
+}
+
+// FragDelta returns the fragmentation increase on n if req takes GPU gpu
+// (shared) or the GPUs in whole (whole-GPU requests), together with the
+// fragmentation before.
+func (f *FragModel) fragAfter(n *Node, req *Request, gpus []int) float64 {
+	var buf [64]int64
+	free := buf[:0]
+	for i := range n.GPUs {
+		if n.GPUs[i].MIG != nil {
+			continue
+		}
+		m := n.GPUs[i].MilliFree
+		if slices.Contains(gpus, i) {
+			m -= req.GPUMilli
+		}
+		free = append(free, m)
+	}
+	if f.Capacity {
+		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
+	}
+	return f.frag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
+}
+
+// capacityFrag is the multi-copy variant: for each typical shape, the idle
+// GPU milli left over if the node were filled with as many copies of that
+// shape as its GPUs and CPU allow.
+func (f *FragModel) capacityFrag(model string, cpuFree int64, free []int64) float64 {
+	var total int64
+	for _, m := range free {
+		total += m
+	}
+	if total == 0 {
+		return 0
+	}
+	acc := f.accessFor(model)
+	var out float64
+	for k := range f.Shapes {
+		s := &f.Shapes[k]
+		if s.GPUMilli == 0 || !acc[k] || cpuFree < s.CPUMilli {
+			out += s.P * float64(total)
+			continue
+		}
+		var slots int64
+		if s.GPUMilli < MilliPerGPU {
+			for _, m := range free {
+				slots += m / s.GPUMilli
+			}
+		} else {
+			full := int64(0)
+			for _, m := range free {
+				if m >= MilliPerGPU {
+					full++
+				}
+			}
+			slots = full / int64(s.GPUs)
+		}
+		if s.CPUMilli > 0 {
+			slots = min(slots, cpuFree/s.CPUMilli)
+		}
+		used := slots * int64(s.GPUs) * s.GPUMilli
+		out += s.P * float64(total-used)
+	}
+	return out
+}

@@ -1,0 +1,8 @@
+// Package sim replays GPU-cluster traces in the openb CSV format (the
+// Alibaba trace of the FGD paper, ATC'23) through the daemon/sched engine,
+// offline and deterministic for a seed. It implements the paper's protocol
+// (Run) — pods resampled to a target share of GPU capacity, shuffled by
+// seed, arriving one by one and never leaving — and a time-ordered mode
+// (RunTimed) that honours creation and deletion times. NewCommand exposes
+// both as `fusionctl simulate`.
+package sim

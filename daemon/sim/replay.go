@@ -1,0 +1,152 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/sched"
+)
+
+// Workload applies the paper's protocol to a pod list: sorted by name,
+// then pods drawn uniformly at random (with replacement, seeded) appended
+// until the total GPU request reaches targetPct of capacityMilli, then the
+// whole list shuffled with the same seed. Lists already above the target
+// are kept whole: the measurement at targetPct is read as the arrived
+// request passes it, which for a shuffled list equals a random prune.
+func Workload(pods []Pod, seed uint64, targetPct float64, capacityMilli int64) []Pod {
+	out := slices.Clone(pods)
+	slices.SortFunc(out, func(a, b Pod) int { return strings.Compare(a.Name, b.Name) })
+	rng := rand.New(rand.NewPCG(seed, 0x0be))
+	var total int64
+	for i := range out {
+		total += out[i].GPUMilliTotal()
+	}
+	target := int64(targetPct / 100 * float64(capacityMilli))
+	if len(pods) > 0 && capacityMilli > 0 {
+		hasGPU := slices.ContainsFunc(pods, func(p Pod) bool { return p.GPUMilliTotal() > 0 })
+		for hasGPU && total < target {
+			p := out[rng.IntN(len(pods))]
+			p.Name = fmt.Sprintf("%s-r%d", p.Name, len(out))
+			out = append(out, p)
+			total += p.GPUMilliTotal()
+		}
+	}
+	rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}
+
+// ShapeModel learns the typical shapes of a workload (coverage 0.95 as the
+// paper's simulator does), priming FGD and fusiond the way the paper does.
+func ShapeModel(pods []Pod, coverage float64) *sched.FragModel {
+	l := sched.NewShapeLearner()
+	for i := range pods {
+		r := pods[i].Request()
+		l.Observe(&r)
+	}
+	return l.Model(coverage)
+}
+
+// CurvePoint is the allocation when the arrived request reached ArrivedPct.
+type CurvePoint struct {
+	ArrivedPct float64 `json:"arrived_pct"`
+	AllocPct   float64 `json:"alloc_pct"`
+}
+
+// RunResult is one policy × seed run of the protocol.
+type RunResult struct {
+	Trace     string `json:"trace"`
+	Policy    string `json:"policy"`
+	Seed      uint64 `json:"seed"`
+	Pods      int    `json:"pods"`
+	Failed    int    `json:"failed"`
+	FailedGPU int    `json:"failed_gpu_pods"`
+	// AllocPct[i] and FragPct[i] are read when the arrived GPU request
+	// first reaches Thresholds[i] percent of capacity (NaN if never).
+	Thresholds      []float64    `json:"thresholds"`
+	AllocPct        []float64    `json:"alloc_pct"`
+	FragPct         []float64    `json:"frag_pct"`
+	Seconds         float64      `json:"seconds"`
+	DecisionsPerSec float64      `json:"decisions_per_sec"`
+	Curve           []CurvePoint `json:"curve,omitempty"`
+}
+
+// RunProtocol places workload pods one by one with the named policy on
+// fresh nodes and never removes them.
+func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy string, seed uint64, frag *sched.FragModel, thresholds []float64, tie sched.TieBreak) (RunResult, error) {
+	p, ok := sched.PolicyByName(policy, frag, nil)
+	if !ok {
+		return RunResult{}, fmt.Errorf("%w: unknown policy %q", ErrBadOption, policy)
+	}
+	nodes := BuildNodes(specs)
+	var capMilli int64
+	for i := range nodes {
+		capMilli += int64(len(nodes[i].GPUs)) * sched.MilliPerGPU
+	}
+	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
+	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds}
+	res.AllocPct = make([]float64, len(thresholds))
+	res.FragPct = make([]float64, len(thresholds))
+	for i := range thresholds {
+		res.AllocPct[i], res.FragPct[i] = nan(), nan()
+	}
+	var arrived, alloc int64
+	next := 0
+	nextCurve := 0.0
+	start := time.Now()
+	for i := range workload {
+		if i%256 == 0 && ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		req := workload[i].Request()
+		arrived += req.GPUMilliTotal()
+		d, err := eng.Place(&req, nodes)
+		if err == nil {
+			err = eng.Commit(&req, &d.Assignment, nodes)
+		}
+		if err != nil {
+			res.Failed++
+			if req.GPUs > 0 {
+				res.FailedGPU++
+			}
+		} else {
+			alloc += req.GPUMilliTotal()
+		}
+		if capMilli == 0 {
+			continue
+		}
+		arrivedPct := 100 * float64(arrived) / float64(capMilli)
+		allocPct := 100 * float64(alloc) / float64(capMilli)
+		for next < len(thresholds) && arrivedPct >= thresholds[next] {
+			res.AllocPct[next] = allocPct
+			res.FragPct[next] = clusterFragPct(nodes, frag)
+			next++
+		}
+		if arrivedPct >= nextCurve {
+			res.Curve = append(res.Curve, CurvePoint{ArrivedPct: arrivedPct, AllocPct: allocPct})
+			nextCurve = arrivedPct + 1
+		}
+	}
+	res.Seconds = time.Since(start).Seconds()
+	if res.Seconds > 0 {
+		res.DecisionsPerSec = float64(len(workload)) / res.Seconds
+	}
+	return res, nil
+}
+
+// clusterFragPct is the paper's fragmentation ratio: fragmented idle GPU
+// milli over all idle GPU milli, in percent.
+func clusterFragPct(nodes []*sched.Node, frag *sched.FragModel) float64 {
+	var f, idle float64
+	for _, n := range nodes {
+		f += frag.NodeFrag(n)
+		idle += float64(n.GPUMilliFree())
+	}
+	if idle == 0 {
+		return 0
+	}
+	return 100 * f / idle
+}

@@ -1,0 +1,381 @@
+package sim
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/fusiond/fusiond/daemon/sched"
+)
+
+// ErrBadOption means an option is invalid.
+var ErrBadOption = errors.New("sim: bad option")
+
+// Options configure Run.
+type Options struct {
+	NodesPath string
+	PodsPath  string
+	Policies  []string
+	Seeds     []uint64
+	// TargetPct is the resampling target (% of GPU capacity), 130 by default.
+	TargetPct float64
+	// Thresholds are the arrived-request points reported, 100/110/120/130
+	// by default.
+	Thresholds []float64
+	// Coverage is the share of requests the typical shapes cover (0.95).
+	Coverage float64
+	// Format is table, json or csv.
+	Format string
+	// CSVDir, when set, receives one CSV file (the allocation curve) per run.
+	CSVDir string
+	// PlotPath, when set, receives an SVG of allocation vs arrived request.
+	PlotPath string
+	// Timed selects the time-ordered mode; LoadPct compresses its arrivals
+	// to that offered GPU load (see TimedOptions).
+	Timed   bool
+	LoadPct float64
+	// Workers bounds parallel runs (GOMAXPROCS by default).
+	Workers int
+	// RandomTies breaks score ties at random per decision (the stock
+	// Kubernetes scheduler) instead of by a seeded node ranking (the FGD
+	// paper's simulator, the default).
+	RandomTies bool
+	Logger     *slog.Logger
+}
+
+func (o *Options) defaults() error {
+	if o.TargetPct == 0 {
+		o.TargetPct = 130
+	}
+	if len(o.Thresholds) == 0 {
+		o.Thresholds = []float64{100, 110, 120, 130}
+	}
+	if o.Coverage == 0 {
+		o.Coverage = 0.95
+	}
+	if len(o.Seeds) == 0 {
+		o.Seeds = []uint64{42}
+	}
+	if len(o.Policies) == 0 {
+		o.Policies = []string{"fusiond"}
+	}
+	if o.Format == "" {
+		o.Format = "table"
+	}
+	if o.Workers <= 0 {
+		o.Workers = runtime.GOMAXPROCS(0)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch o.Format {
+	case "table", "json", "csv":
+	default:
+		return fmt.Errorf("%w: output format %q (table|json|csv)", ErrBadOption, o.Format)
+	}
+	for _, p := range o.Policies {
+		if _, ok := sched.PolicyByName(p, nil, nil); !ok {
+			return fmt.Errorf("%w: unknown policy %q", ErrBadOption, p)
+		}
+	}
+	if o.NodesPath == "" || o.PodsPath == "" {
+		return fmt.Errorf("%w: --nodes and --pods are required", ErrBadOption)
+	}
+	return nil
+}
+
+// Summary is the mean over seeds of one policy.
+type Summary struct {
+	Trace           string    `json:"trace"`
+	Policy          string    `json:"policy"`
+	Seeds           int       `json:"seeds"`
+	Thresholds      []float64 `json:"thresholds"`
+	AllocPct        []float64 `json:"alloc_pct"`
+	FragPct         []float64 `json:"frag_pct"`
+	Failed          float64   `json:"failed"`
+	Seconds         float64   `json:"seconds"`
+	DecisionsPerSec float64   `json:"decisions_per_sec"`
+}
+
+// Report is what Run writes.
+type Report struct {
+	Trace     string        `json:"trace"`
+	Nodes     int           `json:"nodes"`
+	GPUs      int           `json:"gpus"`
+	Shapes    string        `json:"shapes"`
+	Summaries []Summary     `json:"summaries"`
+	Runs      []RunResult   `json:"runs"`
+	Timed     []TimedResult `json:"timed,omitempty"`
+}
+
+func load(o *Options) ([]NodeSpec, []Pod, error) {
+	nf, err := os.Open(o.NodesPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sim: nodes: %w", err)
+	}
+	defer nf.Close()
+	specs, err := ReadNodes(nf)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sim: %s: %w", o.NodesPath, err)
+	}
+	pf, err := os.Open(o.PodsPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sim: pods: %w", err)
+	}
+	defer pf.Close()
+	pods, err := ReadPods(pf)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sim: %s: %w", o.PodsPath, err)
+	}
+	return specs, pods, nil
+}
+
+// Simulate runs every policy × seed of the protocol and returns the
+// report without writing it.
+func Simulate(ctx context.Context, o Options) (*Report, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	specs, pods, err := load(&o)
+	if err != nil {
+		return nil, err
+	}
+	trace := strings.TrimSuffix(filepath.Base(o.PodsPath), ".csv")
+	rep := &Report{Trace: trace, Nodes: len(specs), Shapes: fmt.Sprintf("learned from the resampled workload of each seed (top %.0f%% of requests), as FGD is primed", o.Coverage*100)}
+	var capMilli int64
+	for _, s := range specs {
+		rep.GPUs += s.GPUs
+		capMilli += int64(s.GPUs) * sched.MilliPerGPU
+	}
+	if o.Timed {
+		for _, pol := range o.Policies {
+			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct})
+			if err != nil {
+				return nil, err
+			}
+			rep.Timed = append(rep.Timed, r)
+		}
+		return rep, nil
+	}
+	type job struct {
+		pol  string
+		seed uint64
+		slot int
+	}
+	rep.Runs = make([]RunResult, len(o.Policies)*len(o.Seeds))
+	jobs := make(chan job)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var firstErr error
+	for range min(o.Workers, len(rep.Runs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				wl := Workload(pods, j.seed, o.TargetPct, capMilli)
+				frag := ShapeModel(wl, o.Coverage)
+				tie := sched.TieRanked
+				if o.RandomTies {
+					tie = sched.TieRandom
+				}
+				r, err := RunProtocol(ctx, specs, wl, j.pol, j.seed, frag, o.Thresholds, tie)
+				r.Trace = trace
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				rep.Runs[j.slot] = r
+				mu.Unlock()
+				o.Logger.Info("run done", "trace", trace, "policy", j.pol, "seed", j.seed, "seconds", r.Seconds)
+			}
+		}()
+	}
+	slot := 0
+	for _, pol := range o.Policies {
+		for _, s := range o.Seeds {
+			jobs <- job{pol: pol, seed: s, slot: slot}
+			slot++
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	for i, pol := range o.Policies {
+		rep.Summaries = append(rep.Summaries, summarise(trace, pol, o.Thresholds, rep.Runs[i*len(o.Seeds):(i+1)*len(o.Seeds)]))
+	}
+	return rep, nil
+}
+
+func summarise(trace, pol string, th []float64, runs []RunResult) Summary {
+	s := Summary{Trace: trace, Policy: pol, Seeds: len(runs), Thresholds: th, AllocPct: make([]float64, len(th)), FragPct: make([]float64, len(th))}
+	for _, r := range runs {
+		for i := range th {
+			s.AllocPct[i] += r.AllocPct[i] / float64(len(runs))
+			s.FragPct[i] += r.FragPct[i] / float64(len(runs))
+		}
+		s.Failed += float64(r.Failed) / float64(len(runs))
+		s.Seconds += r.Seconds / float64(len(runs))
+		s.DecisionsPerSec += r.DecisionsPerSec / float64(len(runs))
+	}
+	return s
+}
+
+// Run simulates and writes the report to w in o.Format, plus the per-run
+// CSV files and the SVG plot when asked.
+func Run(ctx context.Context, o Options, w io.Writer) error {
+	rep, err := Simulate(ctx, o)
+	if err != nil {
+		return err
+	}
+	_ = o.defaults()
+	if o.CSVDir != "" {
+		if err := writeRunCSVs(o.CSVDir, rep); err != nil {
+			return err
+		}
+	}
+	if o.PlotPath != "" && len(rep.Runs) > 0 {
+		f, err := os.Create(o.PlotPath)
+		if err != nil {
+			return fmt.Errorf("sim: plot: %w", err)
+		}
+		werr := WriteSVG(f, rep)
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return fmt.Errorf("sim: plot: %w", werr)
+		}
+	}
+	return WriteReport(w, rep, o.Format)
+}
+
+// WriteReport writes rep as table, json or csv.
+func WriteReport(w io.Writer, rep *Report, format string) error {
+	switch format {
+	case "json":
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(rep)
+	case "csv":
+		return writeCSV(w, rep)
+	default:
+		return writeTable(w, rep)
+	}
+}
+
+func fmtPct(v float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+func writeTable(w io.Writer, rep *Report) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if len(rep.Timed) > 0 {
+		fmt.Fprintf(tw, "policy\tpods\tplaced\tnever placed\tmean GPU util %%\tpeak GPU util %%\twait p50 s\twait p95 s\tmean wait s\t\n")
+		for _, t := range rep.Timed {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.WaitP50, t.WaitP95, t.WaitMean)
+		}
+		return tw.Flush()
+	}
+	fmt.Fprintf(w, "trace %s: %d nodes, %d GPUs; typical shapes %s\n", rep.Trace, rep.Nodes, rep.GPUs, rep.Shapes)
+	hdr := "policy\tseeds"
+	if len(rep.Summaries) > 0 {
+		for _, t := range rep.Summaries[0].Thresholds {
+			hdr += fmt.Sprintf("\talloc@%g%%", t)
+		}
+		for _, t := range rep.Summaries[0].Thresholds {
+			hdr += fmt.Sprintf("\tfrag@%g%%", t)
+		}
+	}
+	fmt.Fprintln(tw, hdr+"\tfailed\ts/run\tdecisions/s\t")
+	for _, s := range rep.Summaries {
+		line := fmt.Sprintf("%s\t%d", s.Policy, s.Seeds)
+		for _, v := range s.AllocPct {
+			line += "\t" + fmtPct(v)
+		}
+		for _, v := range s.FragPct {
+			line += "\t" + fmtPct(v)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%.0f\t\n", line, s.Failed, s.Seconds, s.DecisionsPerSec)
+	}
+	return tw.Flush()
+}
+
+func runRecord(r *RunResult) []string {
+	rec := []string{r.Trace, r.Policy, strconv.FormatUint(r.Seed, 10), strconv.Itoa(r.Pods), strconv.Itoa(r.Failed)}
+	for _, v := range r.AllocPct {
+		rec = append(rec, fmtPct(v))
+	}
+	for _, v := range r.FragPct {
+		rec = append(rec, fmtPct(v))
+	}
+	return append(rec, strconv.FormatFloat(r.Seconds, 'f', 3, 64), strconv.FormatFloat(r.DecisionsPerSec, 'f', 0, 64))
+}
+
+func writeCSV(w io.Writer, rep *Report) error {
+	cw := csv.NewWriter(w)
+	if len(rep.Timed) > 0 {
+		_ = cw.Write([]string{"policy", "time_s", "gpu_util_pct", "queued"})
+		for _, t := range rep.Timed {
+			for _, p := range t.Util {
+				_ = cw.Write([]string{t.Policy, strconv.FormatInt(p.Time, 10), fmtPct(p.UtilPct), strconv.Itoa(p.Queued)})
+			}
+		}
+		cw.Flush()
+		return cw.Error()
+	}
+	hdr := []string{"trace", "policy", "seed", "pods", "failed"}
+	if len(rep.Runs) > 0 {
+		for _, t := range rep.Runs[0].Thresholds {
+			hdr = append(hdr, fmt.Sprintf("alloc_%g", t))
+		}
+		for _, t := range rep.Runs[0].Thresholds {
+			hdr = append(hdr, fmt.Sprintf("frag_%g", t))
+		}
+	}
+	_ = cw.Write(append(hdr, "seconds", "decisions_per_sec"))
+	for i := range rep.Runs {
+		_ = cw.Write(runRecord(&rep.Runs[i]))
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+func writeRunCSVs(dir string, rep *Report) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sim: csv dir: %w", err)
+	}
+	for i := range rep.Runs {
+		r := &rep.Runs[i]
+		name := filepath.Join(dir, fmt.Sprintf("%s_%s_seed%d.csv", r.Trace, r.Policy, r.Seed))
+		var b strings.Builder
+		cw := csv.NewWriter(&b)
+		_ = cw.Write([]string{"arrived_pct", "alloc_pct"})
+		for _, p := range r.Curve {
+			_ = cw.Write([]string{strconv.FormatFloat(p.ArrivedPct, 'f', 3, 64), strconv.FormatFloat(p.AllocPct, 'f', 3, 64)})
+		}
+		cw.Flush()
+		if err := os.WriteFile(name, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("sim: csv: %w", err)
+		}
+	}
+	return nil
+}
+
+func nan() float64 { return math.NaN() }

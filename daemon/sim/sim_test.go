@@ -1,0 +1,219 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fusiond/fusiond/daemon/sched"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/golden.csv")
+
+func tinyOptions() Options {
+	return Options{
+		NodesPath: "testdata/nodes.csv",
+		PodsPath:  "testdata/pods.csv",
+		Policies:  append(append([]string{}, sched.BaselineNames...), "fusiond"),
+		Seeds:     []uint64{1, 2, 3},
+		Format:    "csv",
+		Workers:   1,
+	}
+}
+
+// goldenCSV renders the deterministic part of a report (no timings).
+func goldenCSV(rep *Report) string {
+	var b strings.Builder
+	b.WriteString("policy,seed,pods,failed,alloc_100,alloc_110,alloc_120,alloc_130,frag_130\n")
+	for _, r := range rep.Runs {
+		rec := runRecord(&r)
+		// trace,policy,seed,pods,failed,alloc×4,frag×4,seconds,dps
+		b.WriteString(strings.Join(append(rec[1:9], rec[12]), ",") + "\n")
+	}
+	return b.String()
+}
+
+func TestGoldenTinyTrace(t *testing.T) {
+	rep, err := Simulate(context.Background(), tinyOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := goldenCSV(rep)
+	if *update {
+		if err := os.WriteFile("testdata/golden.csv", []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile("testdata/golden.csv")
+	if err != nil {
+		t.Fatalf("golden file: %v (run go test -run TestGoldenTinyTrace -update)", err)
+	}
+	if got != string(want) {
+		t.Fatalf("simulation differs from testdata/golden.csv:\n got:\n%s\nwant:\n%s", got, want)
+	}
+	// The golden numbers are sane: nothing allocated beyond what arrived.
+	for _, r := range rep.Runs {
+		for i, a := range r.AllocPct {
+			if !math.IsNaN(a) && (a < 0 || a > r.Thresholds[i]+1e-9) {
+				t.Fatalf("%s seed %d: alloc %.2f at %.0f%% arrived", r.Policy, r.Seed, a, r.Thresholds[i])
+			}
+		}
+	}
+}
+
+func TestRunOutputs(t *testing.T) {
+	dir := t.TempDir()
+	o := tinyOptions()
+	o.Policies = []string{"bestfit", "fusiond"}
+	o.Seeds = []uint64{1}
+	o.CSVDir = filepath.Join(dir, "runs")
+	o.PlotPath = filepath.Join(dir, "plot.svg")
+	for _, format := range []string{"table", "json", "csv"} {
+		o.Format = format
+		var out bytes.Buffer
+		if err := Run(context.Background(), o, &out); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), "fusiond") {
+			t.Fatalf("%s output lacks the policy:\n%s", format, out.String())
+		}
+	}
+	svg, err := os.ReadFile(o.PlotPath)
+	if err != nil || !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("polyline")) || !bytes.Contains(svg, []byte("bestfit")) {
+		t.Fatalf("plot: %v\n%.300s", err, svg)
+	}
+	runs, _ := filepath.Glob(filepath.Join(o.CSVDir, "*.csv"))
+	if len(runs) != 2 {
+		t.Fatalf("per-run CSVs: %v", runs)
+	}
+}
+
+func TestTimedMode(t *testing.T) {
+	o := tinyOptions()
+	o.Policies = []string{"fusiond", "spread"}
+	o.Timed = true
+	o.LoadPct = 200
+	rep, err := Simulate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Timed) != 2 {
+		t.Fatalf("timed results: %+v", rep.Timed)
+	}
+	for _, r := range rep.Timed {
+		if r.Placed+r.NeverPlaced != r.Pods || r.Pods != 60 {
+			t.Fatalf("%s: placed %d + never %d != %d", r.Policy, r.Placed, r.NeverPlaced, r.Pods)
+		}
+		if r.PeakUtilPct <= 0 || r.PeakUtilPct > 100 || r.MeanUtilPct > r.PeakUtilPct || r.WaitP95 < r.WaitP50 {
+			t.Fatalf("%s: implausible %+v", r.Policy, r)
+		}
+	}
+}
+
+func TestOptionsAndParsing(t *testing.T) {
+	for _, s := range []string{"", "x", "5-3", "1-x"} {
+		if _, err := ParseSeeds(s); !errors.Is(err, ErrBadOption) {
+			t.Errorf("ParseSeeds(%q) = %v", s, err)
+		}
+	}
+	seeds, err := ParseSeeds("42-44,7")
+	if err != nil || len(seeds) != 4 || seeds[0] != 42 || seeds[3] != 7 {
+		t.Fatalf("seeds %v %v", seeds, err)
+	}
+	o := tinyOptions()
+	o.Policies = []string{"nosuch"}
+	if _, err := Simulate(context.Background(), o); !errors.Is(err, ErrBadOption) {
+		t.Fatalf("unknown policy: %v", err)
+	}
+	o = tinyOptions()
+	o.Format = "yaml"
+	if _, err := Simulate(context.Background(), o); !errors.Is(err, ErrBadOption) {
+		t.Fatalf("bad format: %v", err)
+	}
+	if _, err := ReadPods(strings.NewReader("name,cpu_milli\nx,1\n")); !errors.Is(err, ErrBadTrace) {
+		t.Fatalf("missing columns: %v", err)
+	}
+	if _, err := ReadPods(strings.NewReader("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,1,2,500\n")); !errors.Is(err, ErrBadTrace) {
+		t.Fatalf("fractional multi-GPU: %v", err)
+	}
+	if _, err := ReadNodes(strings.NewReader("sn,cpu_milli,memory_mib,gpu\nn,-5,1,1\n")); !errors.Is(err, ErrBadTrace) {
+		t.Fatalf("negative cpu: %v", err)
+	}
+}
+
+func TestWorkloadProtocol(t *testing.T) {
+	f, err := os.Open("testdata/pods.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	pods, err := ReadPods(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const capMilli = 29000
+	wl := Workload(pods, 42, 130, capMilli)
+	var total int64
+	for _, p := range wl {
+		total += p.GPUMilliTotal()
+	}
+	if float64(total) < 1.3*capMilli {
+		t.Fatalf("workload %d below 130%% of %d", total, capMilli)
+	}
+	again := Workload(pods, 42, 130, capMilli)
+	other := Workload(pods, 43, 130, capMilli)
+	same, diff := true, false
+	for i := range wl {
+		same = same && wl[i].Name == again[i].Name
+		if i < len(other) && wl[i].Name != other[i].Name {
+			diff = true
+		}
+	}
+	if !same || !diff {
+		t.Fatalf("resampling not seeded: same=%v diff=%v", same, diff)
+	}
+}
+
+func TestCommand(t *testing.T) {
+	cmd := NewCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"--nodes", "testdata/nodes.csv", "--pods", "testdata/pods.csv", "--policy", "fgd,bestfit", "--seeds", "1-2", "-o", "table"})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "alloc@130%") || !strings.Contains(out.String(), "fgd") {
+		t.Fatalf("output:\n%s", out.String())
+	}
+	cmd = NewCommand()
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"--pods", "testdata/pods.csv"})
+	if err := cmd.Execute(); err == nil {
+		t.Fatal("missing --nodes accepted")
+	}
+}
+
+func TestMarkdownTable(t *testing.T) {
+	pub, err := ReadPublished(strings.NewReader("header\nopenb_pod_list_x  05-BestFit  n=10 gpus=6212 90.00 91.00 92.00 93.00\nopenb_pod_list_x  06-FGD  n=10 gpus=6212 94.00 95.00 95.10 95.20\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := &Report{Trace: "openb_pod_list_x", Summaries: []Summary{
+		{Policy: "bestfit", AllocPct: []float64{1, 2, 3, 92.5}},
+		{Policy: "fusiond", AllocPct: []float64{1, 2, 3, 95.7}},
+	}}
+	got := MarkdownTable([]*Report{rep}, pub)
+	for _, want := range []string{"| x | 92.50 (93.00) | 95.70 | +0.50 |", "| trace | bestfit | fusiond |"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("table lacks %q:\n%s", want, got)
+		}
+	}
+}

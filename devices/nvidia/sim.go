@@ -1,0 +1,337 @@
+package nvidia
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxb200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// SimulatedHosts lists the names Simulated accepts.
+func SimulatedHosts() []string { return []string{"dgxa100", "dgxh100", "dgxh200", "dgxb200"} }
+
+// SimHost is a simulated NVIDIA host: one of go-nvml's mock servers with
+// the parts of NVML the mock leaves out (PCI bus IDs, NUMA, power, clocks,
+// utilization, NVLink, MIG device handles, events) filled in. It satisfies
+// nvml.Interface, so the production code runs over it unchanged, and it can
+// inject faults for health tests and demos.
+type SimHost struct {
+	*server.Server
+	name string
+
+	mu     sync.Mutex
+	events chan nvml.EventData
+	state  []*simGPU
+	devs   []*simDevice
+}
+
+type simGPU struct {
+	lost       bool
+	dbe        uint64
+	powerLimit uint32 // milliwatts
+	migDevs    map[string]*mock.Device
+}
+
+var _ nvml.Interface = (*SimHost)(nil)
+
+// Simulated returns a simulated 8-GPU host: "dgxa100", "dgxh100", "dgxh200"
+// or "dgxb200".
+func Simulated(name string) (nvml.Interface, error) {
+	return NewSimHost(name)
+}
+
+// NewSimHost is Simulated with the concrete type, for callers that inject
+// faults.
+func NewSimHost(name string) (*SimHost, error) {
+	var s *server.Server
+	switch name {
+	case "dgxa100":
+		s = dgxa100.New()
+	case "dgxh100":
+		s = dgxh100.New()
+	case "dgxh200":
+		s = dgxh200.New()
+	case "dgxb200":
+		s = dgxb200.New()
+	default:
+		return nil, fmt.Errorf("nvidia: unknown simulated host %q (want one of %v)", name, SimulatedHosts())
+	}
+	h := &SimHost{Server: s, name: name, events: make(chan nvml.EventData, 64)}
+	for i, d := range s.Devices {
+		h.state = append(h.state, &simGPU{powerLimit: simTDP(name), migDevs: map[string]*mock.Device{}})
+		sd := &simDevice{Device: d.(*server.Device), h: h, i: i}
+		h.devs = append(h.devs, sd)
+		h.wireDevice(i, sd.Device)
+	}
+	s.DeviceGetHandleByIndexFunc = func(index int) (nvml.Device, nvml.Return) {
+		if index < 0 || index >= len(h.devs) {
+			return nil, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return h.devs[index], nvml.SUCCESS
+	}
+	s.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &simEventSet{h: h}, nvml.SUCCESS
+	}
+	return h, nil
+}
+
+// simEventSet delivers injected events. Its methods shadow the mock's so
+// that frequent calls are not recorded by the mock (which keeps every call
+// in memory).
+type simEventSet struct {
+	mock.EventSet
+	h *SimHost
+}
+
+func (e *simEventSet) Wait(timeoutMs uint32) (nvml.EventData, nvml.Return) {
+	select {
+	case ev := <-e.h.events:
+		return ev, nvml.SUCCESS
+	case <-time.After(time.Duration(timeoutMs) * time.Millisecond):
+		return nvml.EventData{}, nvml.ERROR_TIMEOUT
+	}
+}
+
+func (e *simEventSet) Free() nvml.Return { return nvml.SUCCESS }
+
+// simDevice answers the queries telemetry and health probes make many
+// times a second directly, without the mock's call recording, so a
+// long-running simulated daemon does not grow without bound.
+type simDevice struct {
+	*server.Device
+	h *SimHost
+	i int
+}
+
+var _ nvml.Device = (*simDevice)(nil)
+
+func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
+	return d.Device.MemoryInfo, nvml.SUCCESS
+}
+
+func (d *simDevice) GetPowerUsage() (uint32, nvml.Return) {
+	return simTDP(d.h.name) / 5, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetPowerManagementLimit() (uint32, nvml.Return) {
+	d.h.mu.Lock()
+	defer d.h.mu.Unlock()
+	return d.h.state[d.i].powerLimit, nvml.SUCCESS
+}
+
+func (d *simDevice) GetEnforcedPowerLimit() (uint32, nvml.Return) { return d.GetPowerManagementLimit() }
+
+func (d *simDevice) GetTemperature(nvml.TemperatureSensors) (uint32, nvml.Return) {
+	return 34, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetClockInfo(t nvml.ClockType) (uint32, nvml.Return) {
+	if t == nvml.CLOCK_MEM {
+		return 2619, d.h.lostOr(d.i)
+	}
+	return 1980, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
+	return nvml.Utilization{}, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
+	return nil, d.h.lostOr(d.i)
+}
+
+func (d *simDevice) GetTotalEccErrors(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
+	d.h.mu.Lock()
+	defer d.h.mu.Unlock()
+	if t == nvml.MEMORY_ERROR_TYPE_UNCORRECTED && c == nvml.VOLATILE_ECC {
+		return d.h.state[d.i].dbe, nvml.SUCCESS
+	}
+	return 0, nvml.SUCCESS
+}
+
+// Name is the simulated host's name.
+func (h *SimHost) Name() string { return h.name }
+
+// simTDP is the board power limit of the simulated model in milliwatts.
+func simTDP(name string) uint32 {
+	switch name {
+	case "dgxa100":
+		return 400_000
+	case "dgxb200":
+		return 1_000_000
+	default:
+		return 700_000
+	}
+}
+
+func (h *SimHost) wireDevice(i int, d *server.Device) {
+	n := len(h.Server.Devices)
+	st := h.state[i]
+	tdp := simTDP(h.name)
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		return simPci(d.PciBusID, d.Config.PciDeviceId), nvml.SUCCESS
+	}
+	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return i * 2 / n, nvml.SUCCESS }
+	d.GetPowerManagementLimitConstraintsFunc = func() (uint32, uint32, nvml.Return) {
+		return tdp / 2, tdp, nvml.SUCCESS
+	}
+	d.SetPowerManagementLimitFunc = func(mw uint32) nvml.Return {
+		if mw < tdp/2 || mw > tdp {
+			return nvml.ERROR_INVALID_ARGUMENT
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		st.powerLimit = mw
+		return nvml.SUCCESS
+	}
+	// NVLink: every GPU reaches every other over two links (an NVSwitch
+	// fabric seen from the GPU side).
+	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+		if link < 0 || link >= 2*(n-1) {
+			return nvml.FEATURE_DISABLED, nvml.ERROR_INVALID_ARGUMENT
+		}
+		return nvml.FEATURE_ENABLED, nvml.SUCCESS
+	}
+	d.GetNvLinkRemotePciInfoFunc = func(link int) (nvml.PciInfo, nvml.Return) {
+		if link < 0 || link >= 2*(n-1) {
+			return nvml.PciInfo{}, nvml.ERROR_INVALID_ARGUMENT
+		}
+		peer := link / 2
+		if peer >= i {
+			peer++
+		}
+		pd := h.Server.Devices[peer].(*server.Device)
+		return simPci(pd.PciBusID, pd.Config.PciDeviceId), nvml.SUCCESS
+	}
+	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
+	d.GetMigDeviceHandleByIndexFunc = func(idx int) (nvml.Device, nvml.Return) {
+		devs := h.migDevices(i, d)
+		if idx < 0 || idx >= len(devs) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return devs[idx], nvml.SUCCESS
+	}
+}
+
+// migDevices lists MIG device handles for the mock's current GPU and
+// compute instances, ordered by (GI, CI), with stable UUIDs.
+func (h *SimHost) migDevices(i int, d *server.Device) []nvml.Device {
+	type key struct{ gi, ci uint32 }
+	var keys []key
+	d.RLock()
+	for gi := range d.GpuInstances {
+		gi.RLock()
+		for ci := range gi.ComputeInstances {
+			keys = append(keys, key{gi.Info.Id, ci.Info.Id})
+		}
+		gi.RUnlock()
+	}
+	d.RUnlock()
+	sort.Slice(keys, func(a, b int) bool {
+		if keys[a].gi != keys[b].gi {
+			return keys[a].gi < keys[b].gi
+		}
+		return keys[a].ci < keys[b].ci
+	})
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.state[i]
+	out := make([]nvml.Device, 0, len(keys))
+	for _, k := range keys {
+		sum := sha256.Sum256([]byte(fmt.Sprintf("%s/%d/%d", d.UUID, k.gi, k.ci)))
+		uuid := fmt.Sprintf("MIG-%x-%x-%x-%x-%x", sum[0:4], sum[4:6], sum[6:8], sum[8:10], sum[10:16])
+		md, ok := st.migDevs[uuid]
+		if !ok {
+			gi, ci := int(k.gi), int(k.ci)
+			md = &mock.Device{
+				GetUUIDFunc:              func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+				GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return gi, nvml.SUCCESS },
+				GetComputeInstanceIdFunc: func() (int, nvml.Return) { return ci, nvml.SUCCESS },
+			}
+			st.migDevs[uuid] = md
+		}
+		out = append(out, md)
+	}
+	return out
+}
+
+func simPci(busID string, devID uint32) nvml.PciInfo {
+	p := nvml.PciInfo{PciDeviceId: devID}
+	var dom, bus, dev, fn uint32
+	fmt.Sscanf(busID, "%x:%x:%x.%x", &dom, &bus, &dev, &fn)
+	p.Domain, p.Bus, p.Device = dom, bus, dev
+	for j := 0; j < len(busID) && j < len(p.BusId)-1; j++ {
+		p.BusId[j] = int8(busID[j])
+	}
+	return p
+}
+
+func (h *SimHost) lostOr(i int) nvml.Return {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state[i].lost {
+		return nvml.ERROR_GPU_IS_LOST
+	}
+	return nvml.SUCCESS
+}
+
+func (h *SimHost) device(index int) (nvml.Device, error) {
+	if index < 0 || index >= len(h.devs) {
+		return nil, fmt.Errorf("simulated GPU %d: %w", index, ErrUnknownDevice)
+	}
+	return h.devs[index], nil
+}
+
+// InjectXid delivers a critical Xid event for GPU index, as the driver
+// would after a fault. Lost marks the GPU as no longer answering until
+// ResetGPU (Xid 79, "fallen off the bus").
+func (h *SimHost) InjectXid(index int, xid uint64, lost bool) error {
+	d, err := h.device(index)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.state[index].lost = h.state[index].lost || lost
+	h.mu.Unlock()
+	h.events <- nvml.EventData{Device: d, EventType: nvml.EventTypeXidCriticalError, EventData: xid,
+		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	return nil
+}
+
+// InjectDoubleBitECC records an uncorrectable ECC error on GPU index and
+// delivers the event; the volatile counter stays non-zero until ResetGPU.
+func (h *SimHost) InjectDoubleBitECC(index int) error {
+	d, err := h.device(index)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.state[index].dbe++
+	h.mu.Unlock()
+	h.events <- nvml.EventData{Device: d, EventType: nvml.EventTypeDoubleBitEccError,
+		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	return nil
+}
+
+// ResetGPU is what an operator's GPU reset does: the GPU answers again and
+// its volatile ECC counters are cleared.
+func (h *SimHost) ResetGPU(index int) error {
+	if _, err := h.device(index); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.state[index].lost = false
+	h.state[index].dbe = 0
+	return nil
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The README's main job: build fusiond and fusionctl, start the daemon on
+# the development config (everything under ./_run, no root needed), submit
+# the mixed workload in examples/workload, show it flowing through the
+# lifecycle, then stop the daemon. Set DEMO_KEEP=1 to leave it running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=./_run
+CTL="./bin/fusionctl --socket $RUN/fusiond.sock"
+mkdir -p "$RUN"
+rm -rf "$RUN/state" "$RUN/fusiond.sock"
+
+echo "==> starting fusiond (development config: examples/dev-config.yaml)"
+./bin/fusiond --config examples/dev-config.yaml "$@" 2>&1 | sed -u 's/^/    [fusiond] /' &
+DAEMON_PIPE=$!
+stop() {
+  pkill -TERM -f "bin/fusiond --config examples/dev-config.yaml" 2>/dev/null || true
+  wait "$DAEMON_PIPE" 2>/dev/null || true
+}
+trap stop EXIT
+# The first start of the simulated host writes its sysfs trees (seconds).
+for _ in $(seq 1 300); do
+  $CTL status >/dev/null 2>&1 && break
+  sleep 0.1
+done
+$CTL status
+
+echo
+echo "==> the simulated host's topology: the PCIe tree of socket 0 (fusionctl topology)"
+$CTL topology | sed -n '/^PCIe/,/^  pci0000:30/p' | sed '$d' | sed 's/^/    /'
+echo "    ... (fusionctl topology --matrix prints the nvidia-smi-style distance matrix)"
+echo
+echo "==> GPUs (fusionctl gpu list)"
+$CTL gpu list | sed 's/^/    /'
+echo
+echo "==> a MIG layout in mig-parted format, planned but not applied"
+echo "    (fusionctl mig plan -f examples/mig-layouts.yaml -c inference-split)"
+$CTL mig plan -f examples/mig-layouts.yaml -c inference-split | sed 's/^/    /'
+echo
+echo "==> FPGA regions, and a sample bitstream added to the library and programmed"
+$CTL fpga list | sed 's/^/    /'
+# fusiond --simulate writes sample bitstreams for its simulated FPGAs here.
+$CTL fpga bitstream add "$RUN/state/sim/fpga-samples/dma.gbs" | sed 's/^/    /'
+$CTL fpga program dfl/0000:af:00.0/0 dma | sed 's/^/    /'
+$CTL fpga list | sed 's/^/    /'
+
+echo
+echo "==> submitting the mixed workload"
+for f in examples/workload/*.yaml; do
+  ids=$($CTL submit -q "$f")
+  echo "    $f → job $(echo $ids | tr ' ' ,)"
+done
+FLAKY=$(echo "$ids" | tail -1) # flaky-fetch is the last job of the last file
+NOTEBOOK=$($CTL run -q --name sleepy-notebook --class batch --cpu 100m --memory 32Mi -- sleep 600)
+echo "    sleepy-notebook → job $NOTEBOOK (will be cancelled)"
+
+echo
+echo "==> a job that asks for more than this host has is refused at once:"
+$CTL run --name too-big --cpu 4096 --memory 1Gi -- true 2>&1 | sed 's/^/    /' || true
+
+sleep 1
+echo
+echo "==> jobs in flight"
+$CTL ps
+$CTL cancel -q "$NOTEBOOK" >/dev/null
+echo "    cancelled sleepy-notebook (job $NOTEBOOK)"
+
+for _ in $(seq 1 60); do
+  [ -z "$($CTL ps -q --state pending,placed,starting,running)" ] && break
+  sleep 1
+done
+echo
+echo "==> final state"
+$CTL ps
+echo
+echo "==> the flaky job's history (restarted after a failure):"
+$CTL show "$FLAKY"
+echo
+echo "==> the training gang's output:"
+for id in $($CTL ps -q --class training); do
+  $CTL logs "$id" | sed "s/^/    [job $id] /"
+done
+echo
+$CTL status
+if [ "${DEMO_KEEP:-}" = 1 ]; then
+  echo "==> DEMO_KEEP=1: fusiond keeps running; try: $CTL ps   (Ctrl-C to stop)"
+  wait "$DAEMON_PIPE"
+fi

@@ -1,0 +1,598 @@
+package topology
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jaypipes/ghw"
+	ghwtopology "github.com/jaypipes/ghw/pkg/topology"
+	"github.com/jaypipes/pcidb"
+
+	"github.com/fusiond/fusiond/devices"
+)
+
+// ErrNoCPUs is returned when a tree has no usable CPU information at all
+// (no /sys/devices/system/cpu): nothing sensible can be modelled.
+var ErrNoCPUs = errors.New("topology: no CPU information")
+
+// LinkSource reports direct device-to-device links (NVLink), typically
+// implemented by the GPU driver layer. topology never talks to drivers.
+type LinkSource interface {
+	DeviceLinks(ctx context.Context) ([]devices.Link, error)
+}
+
+// Option configures Discover.
+type Option func(*options)
+
+type options struct {
+	root    string
+	logger  *slog.Logger
+	links   LinkSource
+	pciids  string
+	noNames bool
+}
+
+// WithRoot makes discovery read sysfs and procfs below dir instead of "/"
+// (a fixture tree, an unpacked ghw snapshot, a simhost tree).
+func WithRoot(dir string) Option { return func(o *options) { o.root = dir } }
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithLinkSource adds NVLink-style links to the model.
+func WithLinkSource(s LinkSource) Option { return func(o *options) { o.links = s } }
+
+// WithPCIIDs names the pci.ids file used for vendor and device names. By
+// default $PCIDB_PATH, then the tree's own and the host's standard
+// locations (/usr/share/misc/pci.ids, /usr/share/hwdata/pci.ids) are
+// tried; the network is never used.
+func WithPCIIDs(path string) Option { return func(o *options) { o.pciids = path } }
+
+// WithoutNames skips the pci.ids lookup (names stay empty); Watcher uses
+// it for cheap periodic refreshes when names are not wanted.
+func WithoutNames() Option { return func(o *options) { o.noNames = true } }
+
+// discovery carries the state of one Discover call.
+type discovery struct {
+	ctx  context.Context
+	fs   fsRoot
+	o    options
+	log  *slog.Logger
+	host *Host
+}
+
+func (d *discovery) warn(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	d.log.Warn("topology: " + msg)
+	d.host.Warnings = append(d.host.Warnings, msg)
+}
+
+// Discover builds the Host model from the tree (see WithRoot). It fails
+// only when the tree has no CPU information (ErrNoCPUs) or ctx is done;
+// everything else that is missing or malformed is explained in
+// Host.Warnings and left out of the model.
+func Discover(ctx context.Context, opts ...Option) (*Host, error) {
+	o := options{root: "/"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	d := &discovery{ctx: ctx, fs: fsRoot{root: o.root}, o: o, log: o.logger, host: &Host{}}
+	if err := d.cpus(); err != nil {
+		return nil, err
+	}
+	d.nodes()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d.cores()
+	d.sockets()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d.pci()
+	d.deviceLinks()
+	if hn, err := d.fs.read("/proc/sys/kernel/hostname"); err == nil {
+		d.host.Hostname = hn
+	}
+	slices.Sort(d.host.Warnings)
+	d.host.Warnings = slices.Compact(d.host.Warnings)
+	return d.host, ctx.Err()
+}
+
+const (
+	sysCPU  = "/sys/devices/system/cpu"
+	sysNode = "/sys/devices/system/node"
+	sysPCI  = "/sys/bus/pci/devices"
+)
+
+// cpus reads the online and offline CPU sets.
+func (d *discovery) cpus() error {
+	if _, err := os.Stat(d.fs.path(sysCPU)); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrNoCPUs, sysCPU, err)
+	}
+	present := d.listedCPUs()
+	online, err := d.fs.readCPUList(sysCPU + "/online")
+	if err != nil {
+		d.warn("%v; treating every cpuN directory without online=0 as online", err)
+		online = CPUSet{}
+		for _, c := range present.List() {
+			if v, err := d.fs.readInt(fmt.Sprintf("%s/cpu%d/online", sysCPU, c)); err == nil && v == 0 {
+				continue
+			}
+			online = online.Union(NewCPUSet(c))
+		}
+	}
+	if online.IsEmpty() {
+		return fmt.Errorf("%w: %s lists no online CPU", ErrNoCPUs, sysCPU+"/online")
+	}
+	d.host.OnlineCPUs = online
+	if listed, err := d.fs.readCPUList(sysCPU + "/present"); err == nil {
+		present = present.Union(listed)
+	}
+	d.host.OfflineCPUs = present.Difference(online)
+	if !d.host.OfflineCPUs.IsEmpty() {
+		d.warn("CPUs %s are offline and left out of cores, nodes and sockets", d.host.OfflineCPUs)
+	}
+	return nil
+}
+
+// listedCPUs returns the CPUs that have a cpuN directory.
+func (d *discovery) listedCPUs() CPUSet {
+	ents, _ := os.ReadDir(d.fs.path(sysCPU))
+	var ids []int
+	for _, e := range ents {
+		if n, ok := numberedEntry(e.Name(), "cpu"); ok {
+			ids = append(ids, n)
+		}
+	}
+	return NewCPUSet(ids...)
+}
+
+// numberedEntry parses names like "cpu12" or "node1".
+func numberedEntry(name, prefix string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, prefix)
+	if !ok || rest == "" || strings.Trim(rest, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n < MaxCPUs
+}
+
+// nodes reads NUMA nodes: CPUs, memory and distances.
+func (d *discovery) nodes() {
+	ents, err := os.ReadDir(d.fs.path(sysNode))
+	var ids []int
+	for _, e := range ents {
+		if n, ok := numberedEntry(e.Name(), "node"); ok {
+			ids = append(ids, n)
+		}
+	}
+	sort.Ints(ids)
+	if err != nil || len(ids) == 0 {
+		d.warn("no NUMA nodes under %s (kernel without CONFIG_NUMA?); modelling one node 0 with all CPUs and /proc/meminfo's memory", sysNode)
+		n := Node{ID: 0, CPUs: d.host.OnlineCPUs, Distances: []int{10}}
+		if s, err := d.fs.read("/proc/meminfo"); err != nil {
+			d.warn("%v; node 0 memory unknown", err)
+		} else if m, err := ParseMeminfoTotal(s); err != nil {
+			d.warn("/proc/meminfo: %v", err)
+		} else {
+			n.MemoryBytes = m
+		}
+		d.host.Nodes = []Node{n}
+		return
+	}
+	var covered CPUSet
+	for _, id := range ids {
+		dir := fmt.Sprintf("%s/node%d", sysNode, id)
+		n := Node{ID: NodeID(id), Socket: NoSocket}
+		if c, err := d.fs.readCPUList(dir + "/cpulist"); err != nil {
+			d.warn("%v; node%d has no CPUs in the model", err, id)
+		} else {
+			n.CPUs = c.Intersection(d.host.OnlineCPUs)
+		}
+		covered = covered.Union(n.CPUs)
+		if s, err := d.fs.read(dir + "/meminfo"); err != nil {
+			d.warn("%v; node%d memory unknown", err, id)
+		} else if m, err := ParseMeminfoTotal(s); err != nil {
+			d.warn("%s/meminfo: %v", dir, err)
+		} else {
+			n.MemoryBytes = m
+		}
+		n.BlockMemoryBytes = d.blockMemory(dir)
+		if s, err := d.fs.read(dir + "/distance"); err != nil {
+			d.warn("%v; node%d distances unknown", err, id)
+		} else if row, err := ParseDistances(s); err != nil {
+			d.warn("%s/distance: %v", dir, err)
+		} else if len(row) != len(ids) {
+			d.warn("%s/distance: %d entries for %d nodes; ignored", dir, len(row), len(ids))
+		} else {
+			n.Distances = row
+		}
+		if n.CPUs.IsEmpty() {
+			d.warn("node%d has no online CPU (memory-only node, or all its CPUs offline)", id)
+		}
+		d.host.Nodes = append(d.host.Nodes, n)
+	}
+	if rest := d.host.OnlineCPUs.Difference(covered); !rest.IsEmpty() {
+		d.warn("online CPUs %s belong to no NUMA node", rest)
+	}
+}
+
+// blockMemory sums the node's online memory blocks; 0 when the kernel
+// has no memory block devices (or the files are unreadable, warned).
+func (d *discovery) blockMemory(nodeDir string) uint64 {
+	ents, err := os.ReadDir(d.fs.path(nodeDir))
+	if err != nil {
+		return 0
+	}
+	var blocks uint64
+	for _, e := range ents {
+		if _, ok := numberedEntry(e.Name(), "memory"); !ok {
+			continue
+		}
+		// Blocks without an online file cannot be offlined: they are online.
+		if v, err := d.fs.readInt(nodeDir + "/" + e.Name() + "/online"); err == nil && v == 0 {
+			continue
+		}
+		blocks++
+	}
+	if blocks == 0 {
+		return 0
+	}
+	size, err := d.fs.readHex("/sys/devices/system/memory/block_size_bytes", 64)
+	if err != nil {
+		d.warn("%v; memory block sizes unknown", err)
+		return 0
+	}
+	return blocks * size
+}
+
+// nodeOfCPU returns the node holding cpu, or NoNode.
+func (h *Host) nodeOfCPU(cpu int) NodeID {
+	for _, n := range h.Nodes {
+		if n.CPUs.Contains(cpu) {
+			return n.ID
+		}
+	}
+	return NoNode
+}
+
+func (d *discovery) ghwOpts() []any {
+	return []any{ghw.WithChroot(d.o.root), ghw.WithLogger(d.log)}
+}
+
+// cores takes sockets, cores and SMT siblings from ghw's CPU view and L3
+// groups from ghw's topology view.
+func (d *discovery) cores() {
+	info, err := ghw.CPU(d.ghwOpts()...)
+	if err != nil {
+		d.warn("ghw CPU discovery: %v; no cores in the model", err)
+		return
+	}
+	var seen CPUSet
+	for _, p := range info.Processors {
+		for _, c := range p.Cores {
+			cpus := NewCPUSet(c.LogicalProcessors...).Intersection(d.host.OnlineCPUs)
+			if cpus.IsEmpty() {
+				continue
+			}
+			seen = seen.Union(cpus)
+			d.host.Cores = append(d.host.Cores, Core{
+				Socket: SocketID(p.ID), ID: c.ID, CPUs: cpus,
+				Node: d.host.nodeOfCPU(cpus.List()[0]), L3: -1,
+			})
+		}
+	}
+	if rest := d.host.OnlineCPUs.Difference(seen); !rest.IsEmpty() {
+		d.warn("online CPUs %s have no core (missing /proc/cpuinfo entry or cpuN/topology files)", rest)
+	}
+	slices.SortFunc(d.host.Cores, func(a, b Core) int {
+		return cmp.Or(cmp.Compare(a.Socket, b.Socket), cmp.Compare(a.ID, b.ID), cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]))
+	})
+	d.l3(d.ghwTopology())
+}
+
+func (d *discovery) ghwTopology() *ghwtopology.Info {
+	t, err := ghw.Topology(d.ghwOpts()...)
+	if err != nil {
+		d.warn("ghw topology discovery: %v; no L3 groups in the model", err)
+		return nil
+	}
+	return t
+}
+
+// l3 records each distinct last-level (L3) cache and points cores at it.
+func (d *discovery) l3(t *ghwtopology.Info) {
+	if t == nil {
+		return
+	}
+	if len(t.Nodes) < len(d.host.Nodes) {
+		d.warn("ghw topology returned %d of %d NUMA nodes (it stops at the first unreadable node file, e.g. a /proc/meminfo without Hugepagesize); L3 groups may be incomplete", len(t.Nodes), len(d.host.Nodes))
+	}
+	for _, n := range t.Nodes {
+		for _, c := range n.Caches {
+			if c.Level != 3 {
+				continue
+			}
+			ids := make([]int, len(c.LogicalProcessors))
+			for i, p := range c.LogicalProcessors {
+				ids[i] = int(p)
+			}
+			cpus := NewCPUSet(ids...).Intersection(d.host.OnlineCPUs)
+			if cpus.IsEmpty() || slices.ContainsFunc(d.host.L3, func(g CacheGroup) bool { return g.CPUs.Equal(cpus) }) {
+				continue
+			}
+			d.host.L3 = append(d.host.L3, CacheGroup{Level: 3, SizeBytes: c.SizeBytes, CPUs: cpus})
+		}
+	}
+	if len(d.host.L3) == 0 {
+		d.warn("no L3 cache groups under %s/cpuN/cache (ghw found none); cores have l3 -1", sysCPU)
+		return
+	}
+	slices.SortFunc(d.host.L3, func(a, b CacheGroup) int { return cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]) })
+	for i := range d.host.L3 {
+		d.host.L3[i].ID = CacheID(i)
+	}
+	for i := range d.host.Cores {
+		for _, g := range d.host.L3 {
+			if d.host.Cores[i].CPUs.IsSubsetOf(g.CPUs) {
+				d.host.Cores[i].L3 = g.ID
+			}
+		}
+	}
+}
+
+// sockets groups cores into sockets and ties nodes to their socket.
+func (d *discovery) sockets() {
+	bySocket := map[SocketID]CPUSet{}
+	for _, c := range d.host.Cores {
+		bySocket[c.Socket] = bySocket[c.Socket].Union(c.CPUs)
+	}
+	for id, cpus := range bySocket {
+		d.host.Sockets = append(d.host.Sockets, Socket{ID: id, CPUs: cpus})
+	}
+	slices.SortFunc(d.host.Sockets, func(a, b Socket) int { return cmp.Compare(a.ID, b.ID) })
+	for i := range d.host.Nodes {
+		n := &d.host.Nodes[i]
+		for j := range d.host.Sockets {
+			s := &d.host.Sockets[j]
+			if n.CPUs.Intersects(s.CPUs) {
+				n.Socket = s.ID
+				s.Nodes = append(s.Nodes, n.ID)
+				break
+			}
+		}
+	}
+}
+
+// pci walks /sys/bus/pci/devices.
+func (d *discovery) pci() {
+	ents, err := os.ReadDir(d.fs.path(sysPCI))
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			d.warn("%s: %v; no PCI devices in the model", sysPCI, err)
+		}
+		return
+	}
+	names := d.pciNames()
+	var unknownNode []string
+	for _, e := range ents {
+		addr, err := ParsePCIAddr(e.Name())
+		if err != nil {
+			d.warn("%s/%s: %v; skipped", sysPCI, e.Name(), err)
+			continue
+		}
+		dev, ok := d.pciDevice(addr, names)
+		if !ok {
+			continue
+		}
+		if dev.Node == NoNode && len(d.host.Nodes) > 1 {
+			unknownNode = append(unknownNode, string(addr))
+		}
+		d.host.Devices = append(d.host.Devices, dev)
+	}
+	slices.SortFunc(d.host.Devices, func(a, b PCIDevice) int { return cmp.Compare(a.Addr, b.Addr) })
+	if len(unknownNode) > 0 {
+		d.warn("numa_node is -1 and local_cpulist names no single node for %s; their NUMA node is unknown", strings.Join(unknownNode, ", "))
+	}
+}
+
+// pciDevice reads one device; ok is false when it must be skipped.
+func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB) (PCIDevice, bool) {
+	dir := sysPCI + "/" + string(addr)
+	dev := PCIDevice{Addr: addr, Node: NoNode}
+	target, err := filepath.EvalSymlinks(d.fs.path(dir))
+	if err != nil {
+		d.warn("%s: %v; device skipped", dir, err)
+		return dev, false
+	}
+	rel, err := filepath.Rel(d.fs.path("/"), target)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)
+		return dev, false
+	}
+	hb, chain, err := parseDevicePath("/" + rel)
+	if err != nil || chain[len(chain)-1] != addr {
+		d.warn("%s resolves to %s, not a /sys/devices/pciDDDD:BB/... path ending in the device; device skipped", dir, "/"+rel)
+		return dev, false
+	}
+	dev.HostBridge = hb
+	dev.Upstream = chain[:len(chain)-1]
+	if len(dev.Upstream) == 0 {
+		dev.Upstream = nil
+	}
+	class, err := d.fs.readHex(dir+"/class", 32)
+	if err != nil {
+		d.warn("%v; class unknown", err)
+	}
+	vendor, err := d.fs.readHex(dir+"/vendor", 16)
+	if err != nil {
+		d.warn("%v; vendor unknown", err)
+	}
+	device, err := d.fs.readHex(dir+"/device", 16)
+	if err != nil {
+		d.warn("%v; device id unknown", err)
+	}
+	dev.Class, dev.VendorID, dev.DeviceID = uint32(class), uint16(vendor), uint16(device)
+	dev.Kind = classify(dev.Class, dev.VendorID)
+	d.nameDevice(&dev, names)
+	if c, err := d.fs.readCPUList(dir + "/local_cpulist"); err == nil {
+		dev.LocalCPUs = c
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		d.warn("%v", err)
+	}
+	dev.Node = d.deviceNode(dir, dev.LocalCPUs)
+	if s, err := d.fs.read(dir + "/current_link_speed"); err == nil && !strings.HasPrefix(s, "Unknown") {
+		dev.LinkSpeed = s
+	}
+	if s, err := d.fs.read(dir + "/max_link_speed"); err == nil && !strings.HasPrefix(s, "Unknown") {
+		dev.MaxLinkSpeed = s
+	}
+	dev.LinkWidth = d.linkWidth(dir + "/current_link_width")
+	dev.MaxLinkWidth = d.linkWidth(dir + "/max_link_width")
+	return dev, true
+}
+
+func (d *discovery) linkWidth(p string) int {
+	n, err := d.fs.readInt(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return 0
+	case err != nil:
+		d.warn("%v", err)
+		return 0
+	case n < 0 || n > 32:
+		d.warn("%s: %v: width %d", p, ErrMalformed, n)
+		return 0
+	}
+	return n
+}
+
+// deviceNode resolves a device's NUMA node: numa_node when the kernel
+// knows it; on a single-node host node 0; otherwise the one node whose
+// CPUs contain local_cpulist, else NoNode.
+func (d *discovery) deviceNode(dir string, local CPUSet) NodeID {
+	n, err := d.fs.readInt(dir + "/numa_node")
+	switch {
+	case err == nil && n >= 0:
+		if d.host.Node(NodeID(n)) == nil {
+			d.warn("%s/numa_node: node %d does not exist", dir, n)
+			return NoNode
+		}
+		return NodeID(n)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		d.warn("%v", err)
+	}
+	if len(d.host.Nodes) == 1 {
+		return d.host.Nodes[0].ID
+	}
+	local = local.Intersection(d.host.OnlineCPUs)
+	if local.IsEmpty() || local.Equal(d.host.OnlineCPUs) {
+		return NoNode
+	}
+	found := NoNode
+	for _, nd := range d.host.Nodes {
+		if local.IsSubsetOf(nd.CPUs) && !nd.CPUs.IsEmpty() {
+			if found != NoNode {
+				return NoNode
+			}
+			found = nd.ID
+		}
+	}
+	return found
+}
+
+// pciNames loads pci.ids; nil (with a warning) when none is found.
+func (d *discovery) pciNames() *pcidb.PCIDB {
+	if d.o.noNames {
+		return nil
+	}
+	var candidates []string
+	if d.o.pciids != "" {
+		candidates = append(candidates, d.o.pciids)
+	}
+	if p := os.Getenv("PCIDB_PATH"); p != "" {
+		candidates = append(candidates, p)
+	}
+	for _, r := range []string{d.o.root, "/"} {
+		for _, p := range []string{"/usr/share/hwdata/pci.ids", "/usr/share/misc/pci.ids", "/usr/share/pci.ids"} {
+			candidates = append(candidates, filepath.Join(r, p))
+		}
+	}
+	for _, p := range candidates {
+		if _, err := os.Stat(p); err != nil {
+			continue
+		}
+		db, err := pcidb.New(pcidb.WithDirectPath(p), pcidb.WithCacheOnly())
+		if err == nil {
+			return db
+		}
+		d.warn("pci.ids %s: %v", p, err)
+	}
+	d.warn("no pci.ids found (install the pci.ids package or set PCIDB_PATH); device names are empty")
+	return nil
+}
+
+func (d *discovery) nameDevice(dev *PCIDevice, db *pcidb.PCIDB) {
+	if db == nil {
+		return
+	}
+	vid := fmt.Sprintf("%04x", dev.VendorID)
+	if v, ok := db.Vendors[vid]; ok {
+		dev.VendorName = v.Name
+		for _, p := range v.Products {
+			if p.ID == fmt.Sprintf("%04x", dev.DeviceID) {
+				dev.DeviceName = p.Name
+				break
+			}
+		}
+	}
+	if c, ok := db.Classes[fmt.Sprintf("%02x", dev.Class>>16)]; ok {
+		dev.ClassName = c.Name
+		for _, s := range c.Subclasses {
+			if s.ID == fmt.Sprintf("%02x", (dev.Class>>8)&0xff) {
+				dev.ClassName = s.Name
+				break
+			}
+		}
+	}
+}
+
+func (d *discovery) deviceLinks() {
+	if d.o.links == nil {
+		return
+	}
+	links, err := d.o.links.DeviceLinks(d.ctx)
+	if err != nil {
+		d.warn("device links: %v", err)
+		return
+	}
+	for _, l := range links {
+		a, errA := ParsePCIAddr(l.A)
+		b, errB := ParsePCIAddr(l.B)
+		if errA != nil || errB != nil {
+			d.warn("device link %s-%s: bad PCI address; ignored", l.A, l.B)
+			continue
+		}
+		if d.host.Device(a) == nil || d.host.Device(b) == nil {
+			d.warn("device link %s-%s: device not on the PCI bus; ignored", a, b)
+			continue
+		}
+		l.A, l.B = string(a), string(b)
+		d.host.Links = append(d.host.Links, l)
+	}
+}

@@ -1,0 +1,12 @@
+// Package topology is fusiond's model of the host: sockets, NUMA nodes
+// (CPU sets, memory, the kernel's distance matrix), cores with their SMT
+// siblings, L3 cache groups and the PCIe tree with accelerators and NICs
+// marked. Discover builds a Host from a sysfs/procfs tree (the live host or
+// a fixture, see WithRoot) using github.com/jaypipes/ghw for CPU topology
+// and direct sysfs reads for what ghw lacks; Locality answers "how far
+// apart are these two devices" in nvidia-smi topo -m vocabulary (NV#, PIX,
+// PXB, PHB, NODE, SYS); Diff and Watcher publish changes; WriteTree and
+// WriteMatrix render a Host for the CLI.
+//
+// Everything but discovery is a pure function of a Host value.
+package topology

@@ -1,0 +1,70 @@
+package simhost_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/fusiond/fusiond/topology/simhost"
+)
+
+// TestGPUAddrsMatchNVMLMock pins the contract with the daemon's simulated
+// NVML host: GPU i of go-nvml's dgxh200 mock has bus ID GPUAddrs()[i]
+// and the same PCI device id. (Test-only import; topology itself never
+// imports go-nvml.)
+func TestGPUAddrsMatchNVMLMock(t *testing.T) {
+	s := dgxh200.New()
+	addrs := simhost.GPUAddrs()
+	if len(s.Devices) != len(addrs) {
+		t.Fatalf("mock has %d GPUs, simhost %d", len(s.Devices), len(addrs))
+	}
+	for i, d := range s.Devices {
+		dev := d.(*server.Device)
+		if dev.PciBusID != addrs[i] {
+			t.Errorf("GPU %d: mock bus ID %q, simhost %q", i, dev.PciBusID, addrs[i])
+		}
+		if id := dev.Config.PciDeviceId >> 16; id != 0x2333 {
+			t.Errorf("GPU %d: mock device id %#x, simhost writes 0x2333", i, id)
+		}
+	}
+}
+
+func TestWriteLayout(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "root")
+	if err := simhost.Write(dir, simhost.WithCoresPerSocket(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := simhost.Write(dir); !errors.Is(err, simhost.ErrNotEmpty) {
+		t.Fatalf("second Write into %s: %v, want ErrNotEmpty", dir, err)
+	}
+	for _, d := range simhost.Devices() {
+		link := filepath.Join(dir, "sys/bus/pci/devices", d.Addr)
+		target, err := os.Readlink(link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(target, "../../../devices/"+d.HostBridge+"/") || !strings.HasSuffix(target, "/"+d.Addr) {
+			t.Errorf("%s -> %s", d.Addr, target)
+		}
+		if d.Parent != "" && !strings.Contains(target, "/"+d.Parent+"/") {
+			t.Errorf("%s -> %s does not pass its parent %s", d.Addr, target, d.Parent)
+		}
+		cfg, err := os.ReadFile(filepath.Join(link, "config"))
+		if err != nil || len(cfg) < 64 {
+			t.Fatalf("%s config: %d bytes, %v", d.Addr, len(cfg), err)
+		}
+		if binary.LittleEndian.Uint16(cfg) == 0 || cfg[0x0e] == 1 && (cfg[0x19] <= cfg[0x18] || cfg[0x1a] < cfg[0x19]) {
+			t.Errorf("%s config: bad ids or bus range %x/%x/%x", d.Addr, cfg[0x18], cfg[0x19], cfg[0x1a])
+		}
+	}
+	n, err := os.ReadFile(filepath.Join(dir, "sys/devices/system/node/node1/cpulist"))
+	if err != nil || strings.TrimSpace(string(n)) != "1,3" {
+		t.Fatalf("node1 cpulist %q, %v (1 core/socket, 2 threads)", n, err)
+	}
+}
