@@ -58,3 +58,39 @@ func TestExclusiveCPUPlacer(t *testing.T) {
 		t.Errorf("after reclaim the pool is %v", got)
 	}
 }
+
+// nodePlacer places every job on NUMA node 1 (as the engine does for a job
+// whose GPU sits there).
+type nodePlacer struct{ *jobs.CapacityPlacer }
+
+func (p nodePlacer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
+	a, why, ok := p.CapacityPlacer.Place(group)
+	for i := range a {
+		a[i].NUMANode = 1
+	}
+	return a, why, ok
+}
+
+func TestExclusiveCPUPlacerFollowsDeviceNode(t *testing.T) {
+	cores := []cgroups.Core{{Node: 0, CPUs: []int{0}}, {Node: 0, CPUs: []int{1}}, {Node: 1, CPUs: []int{2}}, {Node: 1, CPUs: []int{3}}}
+	p, err := jobs.NewExclusiveCPUPlacer(nodePlacer{jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 1 << 30})},
+		cores, 1, nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &api.Job{ID: "g", Tier: api.TierGuaranteed, Spec: api.JobSpec{Resources: api.Resources{CPU: 2000, Memory: 1 << 20}}}
+	a, why, ok := p.Place([]*api.Job{g})
+	if !ok || a[0].CPUSet != "2-3" || a[0].NUMANode != 1 {
+		t.Fatalf("placed %v (%s): want node 1's cores 2-3", a, why)
+	}
+	// Node 1 is full: a single-numa-node job must wait, a best-effort
+	// topology job takes cores elsewhere.
+	strict := &api.Job{ID: "s", Tier: api.TierGuaranteed, Spec: api.JobSpec{Topology: api.TopologySingleNUMANode, Resources: api.Resources{CPU: 1000, Memory: 1 << 20}}}
+	if _, _, ok := p.Place([]*api.Job{strict}); ok {
+		t.Error("single-numa-node job got cores off its devices' node")
+	}
+	loose := &api.Job{ID: "l", Tier: api.TierGuaranteed, Spec: api.JobSpec{Topology: api.TopologyBestEffort, Resources: api.Resources{CPU: 1000, Memory: 1 << 20}}}
+	if a, why, ok := p.Place([]*api.Job{loose}); !ok || a[0].CPUSet != "0" || a[0].NUMANode != 0 {
+		t.Errorf("best-effort topology job: %v (%s), want core 0 on node 0", a, why)
+	}
+}
