@@ -52,6 +52,10 @@ type Config struct {
 	// lives, relative to the cgroup mount: "" for the root; under systemd
 	// the unit's delegated subtree, e.g. system.slice/fusiond.service.
 	CgroupParent string `json:"cgroup_parent,omitempty"`
+	// LeaveJobsOnShutdown leaves running jobs to their monitors on a
+	// graceful stop (for an upgrade or restart); the next fusiond
+	// re-attaches to them. Default: jobs are terminated.
+	LeaveJobsOnShutdown bool `json:"leave_jobs_on_shutdown,omitempty"`
 	// Simulate runs over a simulated host instead of the real devices:
 	// "" (the real host), dgxa100, dgxh100, dgxh200 or dgxb200.
 	Simulate string `json:"simulate,omitempty"`

@@ -65,6 +65,8 @@ func Run(ctx context.Context, o Options) error {
 		MaxFinished:  cfg.Retention.MaxFinishedJobs,
 		MaxAge:       time.Duration(cfg.Retention.MaxAge),
 		DaemonUID:    uint32(os.Geteuid()),
+
+		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
 	}, st, runner, placer, log)
 	if err := mgr.Recover(); err != nil {
 		return err

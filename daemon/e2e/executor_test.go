@@ -103,3 +103,51 @@ resources: {cpu: 1, memory: 40Mi}
 		t.Errorf("container job printed %q, want %q", logs.stdout, want)
 	}
 }
+
+// TestGracefulRestartLeavesJobs: with leave_jobs_on_shutdown a graceful
+// stop leaves jobs to their monitors; the next daemon records the exit of
+// one that ended meanwhile and re-attaches to one still running.
+func TestGracefulRestartLeavesJobs(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "leave_jobs_on_shutdown: true\n")
+	d.start()
+	c := d.client()
+	ctx := context.Background()
+	flag := filepath.Join(dir, "go")
+	spec := func(cmd string) api.JobSpec {
+		return api.JobSpec{Command: []string{"sh", "-c", cmd}, Env: map[string]string{"FUSIOND_E2E_RUN": dir},
+			Resources: api.Resources{CPU: 100, Memory: 32 << 20}}
+	}
+	ends, err := c.Submit(ctx, spec("while [ ! -e "+flag+" ]; do sleep 0.05; done; exit 4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := c.Submit(ctx, spec("sleep 300"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	endsPID := waitFor(t, c, ends.ID, api.StateRunning).PID
+	runsPID := waitFor(t, c, runs.ID, api.StateRunning).PID
+	if err := d.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("graceful stop: %v", err)
+	}
+	if !processAlive(endsPID) || !processAlive(runsPID) {
+		t.Fatal("a job did not survive the graceful stop")
+	}
+	touch(t, flag)
+	waitGone(t, endsPID)
+	d.start()
+	if j := waitFor(t, c, ends.ID, api.StateFailed); j.Exit == nil || j.Exit.Code != 4 {
+		t.Errorf("job that ended while fusiond was down: exit %+v, want 4", j.Exit)
+	}
+	if j, err := c.Get(ctx, runs.ID); err != nil || j.State != api.StateRunning || j.PID != runsPID {
+		t.Errorf("running job after restart: %+v, %v", j.State, err)
+	}
+	if _, err := c.Cancel(ctx, runs.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, c, runs.ID, api.StateCancelled)
+	if left := jobProcesses(t, dir, map[string]bool{ends.ID: true, runs.ID: true}); len(left) > 0 {
+		t.Errorf("job processes left: %v", left)
+	}
+}

@@ -33,6 +33,9 @@ type Config struct {
 	// DaemonUID is the uid fusiond runs as; only root can run jobs as
 	// other users.
 	DaemonUID uint32
+	// LeaveJobsRunning makes Stop leave running jobs to their monitors
+	// (for the next daemon to re-attach) instead of terminating them.
+	LeaveJobsRunning bool
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -197,6 +200,17 @@ func (m *Manager) Start() {
 // after the grace period, all at once), records them and waits.
 func (m *Manager) Stop(ctx context.Context) {
 	close(m.stopping)
+	if m.cfg.LeaveJobsRunning {
+		m.log.Info("leaving running jobs to their monitors")
+		done := make(chan struct{})
+		go func() { m.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		m.events.closeAll()
+		return
+	}
 	m.mu.Lock()
 	procs := make(map[string]Process, len(m.procs))
 	for id, p := range m.procs {

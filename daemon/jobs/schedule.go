@@ -173,7 +173,10 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		})
 	}
 
-	exit, werr := proc.Wait()
+	exit, detached, werr := m.wait(proc)
+	if detached {
+		return // the next daemon re-attaches
+	}
 	var usage *api.Usage
 	if ur, ok := proc.(UsageReporter); ok && werr == nil {
 		if u, err := ur.Usage(); err == nil {
@@ -187,6 +190,30 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	delete(m.cancels, j.ID)
 	m.mu.Unlock()
 	m.finish(j, exit, usage, werr, cancelled, attempt)
+}
+
+// wait waits for proc to end, or, when the manager leaves jobs running on
+// shutdown, until the manager stops (detached).
+func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
+	if !m.cfg.LeaveJobsRunning {
+		e, err := proc.Wait()
+		return e, false, err
+	}
+	type result struct {
+		e   api.ExitStatus
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		e, err := proc.Wait()
+		ch <- result{e, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.e, false, r.err
+	case <-m.stopping:
+		return api.ExitStatus{}, true, nil
+	}
 }
 
 func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, attempt int) {
