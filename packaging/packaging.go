@@ -19,8 +19,8 @@ import (
 
 	"github.com/goreleaser/chglog"
 	"github.com/goreleaser/nfpm/v2"
-	"github.com/goreleaser/nfpm/v2/files"
 	_ "github.com/goreleaser/nfpm/v2/deb" // registers the deb packager
+	"github.com/goreleaser/nfpm/v2/files"
 	_ "github.com/goreleaser/nfpm/v2/rpm" // registers the rpm packager
 	"github.com/spf13/cobra"
 	"github.com/spf13/cobra/doc"
