@@ -42,6 +42,14 @@ no_fusiond_processes() {
 	done
 	return $left
 }
+# job_state_is ID STATE fails printing the job's state and reason.
+job_state_is() {
+	local j
+	j=$(fusionctl show -o json "$1") || return 1
+	grep -q "\"state\": \"$2\"" <<<"$j" && return 0
+	grep -E '"(state|reason)"' <<<"$j" | tr -s ' \n' ' '
+	return 1
+}
 main_pid() { systemctl show -P MainPID fusiond.service; }
 finish() {
 	if [ ${#failures[@]} -eq 0 ]; then echo PASS >/root/e2e-result; else printf '%s\n' "${failures[@]}" >/root/e2e-result; fi
@@ -83,10 +91,10 @@ if [ -n "$id" ] && wait_for 20 sh -c "fusionctl show -o json $id | grep -q '\"st
 	before=$(main_pid)
 	systemctl restart fusiond.service
 	check "restart: new daemon process" sh -c "test \"\$(systemctl show -P MainPID fusiond.service)\" != $before"
-	check "restart: job still running after restart" sh -c "fusionctl show -o json $id | grep -q '\"state\": \"running\"'"
+	check "restart: job still running after restart" job_state_is "$id" running
 	wait_for 30 sh -c "fusionctl show -o json $id | grep -q '\"state\": \"\\(succeeded\\|failed\\|cancelled\\|lost\\)\"'"
 	check "restart: job ran to its end" test -f /var/tmp/survivor
-	check "restart: job's success recorded" sh -c "fusionctl show -o json $id | grep -q '\"state\": \"succeeded\"'"
+	check "restart: job's success recorded" job_state_is "$id" succeeded
 else
 	fail "survivor job $id never ran: $out"
 fi
