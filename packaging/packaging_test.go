@@ -202,3 +202,23 @@ func lines(t *testing.T, name string, args ...string) []string {
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
+
+// The maintainer scripts parse as POSIX sh, and the deb ones stop at the
+// first failing command.
+func TestMaintainerScriptsParse(t *testing.T) {
+	scripts, err := filepath.Glob("scripts/*/*")
+	if err != nil || len(scripts) != 7 {
+		t.Fatalf("maintainer scripts %q, %v; want 3 deb and 4 rpm", scripts, err)
+	}
+	for _, s := range scripts {
+		if out, err := exec.Command("sh", "-n", s).CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", s, err, out)
+		}
+		if strings.HasPrefix(s, "scripts/deb/") {
+			data, _ := os.ReadFile(s)
+			if !strings.HasPrefix(string(data), "#!/bin/sh\n") || !strings.Contains(string(data), "\nset -e\n") {
+				t.Errorf("%s: want #!/bin/sh and set -e", s)
+			}
+		}
+	}
+}

@@ -121,6 +121,16 @@ rm -rf /run/systemd/system/fusiond.service.d
 systemctl daemon-reload
 systemctl restart fusiond.service
 
+# --- upgrade: reinstalling restarts a running daemon, keeps config edits ---
+wait_for 20 fusionctl status
+echo "# edited by the admin" >>/etc/fusiond/config.yaml
+before=$(main_pid)
+check "upgrade: dpkg -i over the installed package" dpkg -i /root/fusiond.deb
+check "upgrade: running daemon restarted" wait_for 20 sh -c "systemctl is-active fusiond.service && test \"\$(systemctl show -P MainPID fusiond.service)\" != $before"
+check "upgrade: socket still active" systemctl is-active fusiond.socket
+check "upgrade: admin's config edit kept" grep -q "edited by the admin" /etc/fusiond/config.yaml
+check "upgrade: API answers" wait_for 20 fusionctl status
+
 info "$(systemd-analyze security --no-pager fusiond.service 2>/dev/null | tail -1)"
 
 # --- remove and purge ---
