@@ -19,10 +19,11 @@ func runWithWatchdog(t *testing.T, checkSocket func(listening string) string) (p
 	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "api.sock")
-	ln, err := net.Listen("unix", sock)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ln.SetUnlinkOnClose(false) // as a listener made from systemd's descriptor
 	cfg := DefaultConfig()
 	cfg.StateDir = filepath.Join(dir, "state")
 	cfg.Socket = checkSocket(sock)
