@@ -77,9 +77,13 @@ func TestServiceUnitSettings(t *testing.T) {
 	if one(t, m, "Service", "WatchdogSec") == "" {
 		t.Error("fusiond.service has no WatchdogSec")
 	}
-	exe := strings.Fields(one(t, m, "Service", "ExecStart"))
-	if len(exe) != 3 || exe[1] != "--config" || exe[2] != daemon.DefaultConfigPath {
-		t.Errorf("ExecStart %q does not name the default config %s", exe, daemon.DefaultConfigPath)
+	// No flags: the daemon reads daemon.DefaultConfigPath, which the
+	// package installs, and runs on defaults if an admin deleted it.
+	if exe := one(t, m, "Service", "ExecStart"); exe != "/usr/bin/fusiond" {
+		t.Errorf("ExecStart=%s, want /usr/bin/fusiond with no flags", exe)
+	}
+	if daemon.DefaultConfigPath != "/etc/fusiond/config.yaml" {
+		t.Errorf("daemon reads %s; the packages install /etc/fusiond/config.yaml", daemon.DefaultConfigPath)
 	}
 	if got := m["Unit"]["Requires"]; len(got) != 1 || got[0] != "fusiond.socket" {
 		t.Errorf("Requires=%q, want fusiond.socket", got)
@@ -120,7 +124,7 @@ func TestSystemdAnalyzeVerify(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/fusiond/fusiond/cmd/fusiond").CombinedOutput(); err != nil {
 		t.Fatalf("building fusiond: %v\n%s", err, out)
 	}
-	svc := bytes.Replace(systemd.ServiceUnit, []byte("ExecStart=/usr/bin/fusiond "), []byte("ExecStart="+bin+" "), 1)
+	svc := bytes.Replace(systemd.ServiceUnit, []byte("ExecStart=/usr/bin/fusiond\n"), []byte("ExecStart="+bin+"\n"), 1)
 	if bytes.Equal(svc, systemd.ServiceUnit) {
 		t.Fatal("ExecStart=/usr/bin/fusiond not found in fusiond.service")
 	}
