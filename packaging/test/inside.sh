@@ -37,7 +37,7 @@ no_fusiond_processes() {
 	for d in /proc/[0-9]*; do
 		c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
 		case "$c" in
-		/usr/bin/fusiond* | "fusiond "* | *"echo done >/var/tmp/survivor"*) echo "${d#/proc/}: $c"; left=1 ;;
+		/usr/bin/fusiond* | "fusiond "* | *"echo done >/var/tmp/survivor"* | "sleep 3599"*) echo "${d#/proc/}: $c"; left=1 ;;
 		esac
 	done
 	return $left
@@ -83,6 +83,13 @@ useradd --create-home bob
 check "root job runs" sh -c 'fusionctl run -f --memory 64Mi --cpu 100m -- sh -c "echo root-ran-\$(id -u)" | grep -qx root-ran-0'
 check "fusiond member's job runs as that user" sh -c 'cd /home/alice && runuser -u alice -- fusionctl run -f --memory 64Mi --cpu 100m -- sh -c "echo ran-as-\$(id -un)" | grep -qx ran-as-alice'
 check "non-member is refused by the socket" sh -c '! runuser -u bob -- fusionctl status'
+
+# --- KillMode=process: a process that left the daemon's session (as job
+# --- monitors do) survives a restart; removal ends it (prerm) ---
+check "detached descendant started" fusionctl run -w --memory 64Mi --cpu 100m -- sh -c 'setsid sh -c "echo \$\$ >/var/tmp/escapee; exec sleep 3599" </dev/null >/dev/null 2>&1 & sleep 1'
+escapee=$(cat /var/tmp/escapee 2>/dev/null || echo 0)
+systemctl restart fusiond.service
+check "restart: detached descendant survives (KillMode=process)" kill -0 "$escapee"
 
 # --- restart keeps a running job (needs the per-job monitors) ---
 out=$(fusionctl run -o json --name survivor --memory 64Mi --cpu 100m -- sh -c 'sleep 6; echo done >/var/tmp/survivor') || fail "submit survivor: $out"
