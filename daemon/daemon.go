@@ -29,6 +29,18 @@ type Options struct {
 	Version api.Version
 	// OnReady, if set, is called once the socket accepts requests.
 	OnReady func()
+	// Listener, if set, is the API socket already open (systemd socket
+	// activation): Run serves it instead of creating Config.Socket, and
+	// leaves the socket file to whoever opened it.
+	Listener net.Listener
+	// Watchdog, if set, is called from Run's main loop every
+	// WatchdogInterval, but only after the daemon answered a request on its
+	// own socket (HTTP server and job manager both responsive), so a hung
+	// daemon stops calling it and systemd restarts it.
+	Watchdog         func()
+	WatchdogInterval time.Duration
+	// OnStopping, if set, is called when a graceful shutdown begins.
+	OnStopping func()
 }
 
 // Run starts fusiond and blocks until ctx is cancelled, then shuts down
@@ -91,11 +103,13 @@ func Run(ctx context.Context, o Options) error {
 		Devices:           host.NewBackend(hw, mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
 	})
-	ln, err := listen(cfg)
-	if err != nil {
-		return err
+	ln := o.Listener
+	if ln == nil {
+		if ln, err = listen(cfg); err != nil {
+			return err
+		}
+		defer os.Remove(cfg.Socket)
 	}
-	defer os.Remove(cfg.Socket)
 
 	mgr.Start()
 	hs := &http.Server{
@@ -112,10 +126,28 @@ func Run(ctx context.Context, o Options) error {
 		o.OnReady()
 	}
 
-	select {
-	case <-ctx.Done():
-	case err := <-serveErr:
-		return fmt.Errorf("API server: %w", err)
+	var tick <-chan time.Time
+	if o.Watchdog != nil && o.WatchdogInterval > 0 {
+		t := time.NewTicker(o.WatchdogInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for running := true; running; {
+		select {
+		case <-ctx.Done():
+			running = false
+		case err := <-serveErr:
+			return fmt.Errorf("API server: %w", err)
+		case <-tick:
+			if err := selfCheck(ctx, cfg.Socket, o.WatchdogInterval); err != nil {
+				log.Warn("health check failed: withholding the watchdog ping", "err", err)
+				continue
+			}
+			o.Watchdog()
+		}
+	}
+	if o.OnStopping != nil {
+		o.OnStopping()
 	}
 	log.Info("shutting down: no new requests; finishing in-flight work")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.ShutdownTimeout))
@@ -127,6 +159,17 @@ func Run(ctx context.Context, o Options) error {
 	mgr.Stop(shutdownCtx)
 	log.Info("fusiond stopped")
 	return nil
+}
+
+// selfCheck asks the daemon's own socket for the node status, which goes
+// through the HTTP server and takes the job manager's lock.
+func selfCheck(ctx context.Context, socket string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c := api.NewClient(socket)
+	defer c.Close()
+	_, err := c.Node(ctx)
+	return err
 }
 
 // hostCapacity is what the capacity placer hands out: every online CPU and

@@ -8,12 +8,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/fusiond/fusiond/daemon"
 	"github.com/fusiond/fusiond/daemon/buildinfo"
+	"github.com/fusiond/fusiond/systemd"
 )
 
 func main() {
@@ -78,5 +80,23 @@ func run(ctx context.Context, args []string, stdout io.Writer, stderr *os.File) 
 		return fmt.Errorf("flags: %w", err)
 	}
 	log := daemon.NewLogger(cfg.Log, stderr)
-	return daemon.Run(ctx, daemon.Options{Config: cfg, Logger: log, Version: buildinfo.Get()})
+	if systemd.JournalStream() {
+		// Under systemd: structured entries straight to journald, and
+		// the stderr handler for any the journal refuses.
+		level, _ := daemon.ParseLevel(cfg.Log.Level)
+		log = slog.New(systemd.NewJournalHandler(systemd.JournalOptions{Level: level, Fallback: log.Handler()}))
+	}
+	ln, err := systemd.Listener(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	sd := systemd.NewNotifier(log, systemd.NotifierOptions{})
+	return daemon.Run(ctx, daemon.Options{
+		Config: cfg, Logger: log, Version: buildinfo.Get(),
+		Listener:         ln,
+		OnReady:          func() { sd.Ready("serving on " + cfg.Socket) },
+		Watchdog:         sd.Ping,
+		WatchdogInterval: sd.WatchdogInterval(),
+		OnStopping:       sd.Stopping,
+	})
 }
