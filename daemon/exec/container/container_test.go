@@ -46,12 +46,20 @@ func busyboxRootfs(t *testing.T) string {
 	if out, err := osexec.Command("ldd", bb).CombinedOutput(); err == nil {
 		t.Fatalf("%s is dynamically linked (apt-get install -y busybox-static): %s", bb, out)
 	}
-	root := filepath.Join(t.TempDir(), "rootfs")
-	if err := BuildBusyboxRootfs(root, bb); err != nil {
+	// A directory of our own that the job's uid can traverse; never widen
+	// (or narrow) the permissions of directories we did not create, such
+	// as /tmp itself.
+	dir, err := os.MkdirTemp("", "fusiond-rootfs-")
+	if err != nil {
 		t.Fatal(err)
 	}
-	for d := filepath.Dir(root); d != "/"; d = filepath.Dir(d) {
-		os.Chmod(d, 0o755) // the job's uid must reach its rootfs
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "rootfs")
+	if err := BuildBusyboxRootfs(root, bb); err != nil {
+		t.Fatal(err)
 	}
 	return root
 }
