@@ -438,7 +438,7 @@ func (h *Host) Devices(ctx context.Context) []api.DeviceStatus {
 		for _, g := range h.gpus.Status().GPUs {
 			out = append(out, api.DeviceStatus{
 				ID: g.UUID, Kind: "gpu", Model: g.Model, Healthy: g.Health.Healthy,
-				Detail: gpuDetail(g, migs[g.UUID]),
+				Detail: gpuDetail(g, migs[g.UUID], h.probationEnds(g.UUID)),
 			})
 		}
 	}
@@ -450,7 +450,7 @@ func (h *Host) Devices(ctx context.Context) []api.DeviceStatus {
 	return out
 }
 
-func gpuDetail(g nvidia.GPUStatus, migs []string) string {
+func gpuDetail(g nvidia.GPUStatus, migs []string, probationEnds *time.Time) string {
 	parts := []string{fmt.Sprintf("#%d", g.Index), api.Bytes(g.MemoryMB << 20).Human()}
 	if g.NUMANode >= 0 {
 		parts = append(parts, fmt.Sprintf("NUMA %d", g.NUMANode))
@@ -464,6 +464,9 @@ func gpuDetail(g nvidia.GPUStatus, migs []string) string {
 	}
 	if !g.Health.Healthy && g.Health.Reason != "" {
 		parts = append(parts, g.Health.Reason)
+	}
+	if probationEnds != nil {
+		parts = append(parts, "back in service at "+probationEnds.Format(time.RFC3339))
 	}
 	return strings.Join(parts, ", ")
 }
