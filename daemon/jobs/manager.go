@@ -274,10 +274,12 @@ func (m *Manager) publish(j *api.Job, ev api.Event) {
 }
 
 // PublishDevice sends a device health event to every subscriber of the
-// whole stream (any user: device health says why jobs wait).
+// whole stream (any user: device health says why jobs wait) and retries
+// placement, since a device may have come back.
 func (m *Manager) PublishDevice(ev api.Event) {
 	ev.Kind, ev.JobID, ev.From, ev.To = api.EventDevice, "", "", ""
 	m.events.publish(ev)
+	m.poke()
 }
 
 func (m *Manager) noteStoreError(err error) {
