@@ -4,13 +4,51 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/host"
+	"github.com/fusiond/fusiond/daemon/placement"
 	"github.com/fusiond/fusiond/devices/nvidia"
 )
+
+// simState is a state directory shared by the tests that open a simulated
+// host: the simulated sysfs trees are written once (seconds) and each test
+// still gets its own host, so their faults and settings do not mix.
+var simState struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if simState.dir != "" {
+		os.RemoveAll(simState.dir)
+	}
+	os.Exit(code)
+}
+
+// openSim opens a simulated DGX H200 over the shared state directory.
+func openSim(t *testing.T, cfg host.Config) *host.Host {
+	t.Helper()
+	simState.once.Do(func() { simState.dir, simState.err = os.MkdirTemp("", "fusiond-daemon-sim-") })
+	if simState.err != nil {
+		t.Fatal(simState.err)
+	}
+	cfg.StateDir, cfg.Simulate = simState.dir, "dgxh200"
+	h, err := host.Open(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
 
 func TestGPUConfigDecode(t *testing.T) {
 	cfg := DefaultConfig()
@@ -82,11 +120,7 @@ func TestGPUConfigInvalid(t *testing.T) {
 // TestApplyGPUConfig applies a sharing section to the simulated DGX H200
 // and checks the per-GPU mode and replicas gpu list shows.
 func TestApplyGPUConfig(t *testing.T) {
-	h, err := host.Open(context.Background(), host.Config{StateDir: t.TempDir(), Simulate: "dgxh200"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := openSim(t, host.Config{})
 	cfg := DefaultConfig()
 	if err := ParseConfig([]byte("gpu: {sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 3, devices: [1]}]}, mps: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [2]}]}}}"), &cfg); err != nil {
 		t.Fatal(err)
@@ -108,5 +142,142 @@ func TestApplyGPUConfig(t *testing.T) {
 		if g.ShareMode != nvidia.ModeTimeSlicing {
 			t.Errorf("GPU %d share mode %q", g.Index, g.ShareMode)
 		}
+	}
+}
+
+type fakeBestEffort struct {
+	mu  sync.Mutex
+	set map[string]bool
+}
+
+func (f *fakeBestEffort) BestEffortOnly() map[string]bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.set)
+}
+
+func (f *fakeBestEffort) put(s map[string]bool) {
+	f.mu.Lock()
+	f.set = s
+	f.mu.Unlock()
+}
+
+// TestPowerCaps runs the power policy over the simulated host: a GPU that
+// holds only best-effort work is capped, and restored once it does not.
+func TestPowerCaps(t *testing.T) {
+	h := openSim(t, host.Config{})
+	m := h.GPUs()
+	gpus := m.GPUs()
+	limit := func(i int) float64 {
+		for _, g := range m.GPUs() {
+			if g.UUID == gpus[i].UUID {
+				return g.PowerLimitW
+			}
+		}
+		return -1
+	}
+	waitLimit := func(i int, want float64) {
+		t.Helper()
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if limit(i) == want {
+				return
+			}
+		}
+		t.Fatalf("GPU %d power limit %.0f W, want %.0f W", i, limit(i), want)
+	}
+	src := &fakeBestEffort{set: map[string]bool{gpus[2].UUID: true}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		powerCaps(ctx, m, PowerConfig{Enabled: true, BestEffortCapWatts: 300, Period: Duration(10 * time.Millisecond)}, src, slog.New(slog.DiscardHandler))
+	}()
+	defer func() { cancel(); <-done }()
+	g2 := gpus[2]
+	waitLimit(2, max(g2.PowerMinLimitW, min(300, g2.PowerMaxLimitW)))
+	if limit(2) == g2.PowerMaxLimitW {
+		t.Fatalf("the cap did not lower GPU 2's limit (%.0f W)", limit(2))
+	}
+	if max := gpus[1].PowerMaxLimitW; limit(1) != max {
+		t.Errorf("GPU 1 (idle) limit %.0f W, want its maximum %.0f W", limit(1), max)
+	}
+	src.put(map[string]bool{})
+	waitLimit(2, gpus[2].PowerMaxLimitW)
+
+	// Disabled: nothing is touched.
+	before := limit(0)
+	powerCaps(context.Background(), m, PowerConfig{Enabled: false, BestEffortCapWatts: 100}, &fakeBestEffort{set: map[string]bool{gpus[0].UUID: true}}, slog.New(slog.DiscardHandler))
+	if limit(0) != before {
+		t.Errorf("disabled policy changed GPU 0's limit")
+	}
+}
+
+type recordingPublisher struct {
+	mu     sync.Mutex
+	events []api.Event
+}
+
+func (r *recordingPublisher) PublishDevice(e api.Event) {
+	r.mu.Lock()
+	r.events = append(r.events, e)
+	r.mu.Unlock()
+}
+
+func (r *recordingPublisher) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.events)
+}
+
+// TestConnectHealth wires the simulated host's health watch to a real
+// placer: an Xid stops placement on the GPU and publishes the event; after
+// a reset and the probation it is placeable again.
+func TestConnectHealth(t *testing.T) {
+	ctx := context.Background()
+	h := openSim(t, host.Config{HealthProbe: 20 * time.Millisecond, HealthProbation: 200 * time.Millisecond})
+	p := placement.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}), placementOptions(h))
+	pub := &recordingPublisher{}
+	connectHealth(h, p, pub)
+	uuid := h.GPUs().GPUs()[5].UUID
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if cond() {
+				return
+			}
+		}
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	if err := h.InjectGPUFault(5, 48, true); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the unhealthy event", func() bool { return pub.count() == 1 })
+	if got := p.Unhealthy(); len(got) != 1 || got[0] != uuid {
+		t.Fatalf("placer out of service: %v, want [%s]", got, uuid)
+	}
+	all := &api.Job{ID: "all", Tier: api.TierBurstable, Spec: api.JobSpec{Command: []string{"x"}, Resources: api.Resources{CPU: 100, Memory: 1 << 20, GPU: &api.GPURequest{Count: 8}}}}
+	if _, why, ok := p.Place([]*api.Job{all}); ok || !strings.Contains(why, uuid) {
+		t.Fatalf("8 GPUs placed=%v (%s) while GPU 5 is out of service", ok, why)
+	}
+	// A lost GPU keeps failing its probes until it is reset.
+	time.Sleep(300 * time.Millisecond)
+	if len(p.Unhealthy()) != 1 {
+		t.Fatal("GPU returned without a reset")
+	}
+	if err := h.ResetSimulatedGPU(5); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the healthy event", func() bool { return pub.count() == 2 })
+	if len(p.Unhealthy()) != 0 {
+		t.Fatalf("still out of service: %v", p.Unhealthy())
+	}
+	if _, why, ok := p.Place([]*api.Job{all}); !ok {
+		t.Fatalf("8 GPUs not placed after recovery: %s", why)
+	}
+	if evs := h.HealthEvents(); len(evs) != 2 || evs[0].Xid != 48 || *evs[1].Healthy != true {
+		t.Errorf("host health events %+v", evs)
+	}
+	if err := h.InjectGPUFault(99, 79, false); err == nil {
+		t.Error("fault on GPU 99 accepted")
 	}
 }
