@@ -281,3 +281,32 @@ func TestConnectHealth(t *testing.T) {
 		t.Error("fault on GPU 99 accepted")
 	}
 }
+
+// FuzzGPUConfig feeds arbitrary gpu: sections to the config decoder: it
+// must never panic, and whatever it accepts must have a sharing section
+// that decodes again and valid durations.
+func FuzzGPUConfig(f *testing.F) {
+	for _, s := range []string{
+		"gpu: {health_probation: 5m}",
+		"gpu: {sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}}",
+		"gpu: {sharing: {mps: {resources: [{name: nvidia.com/mig-1g.10gb, replicas: 2, devices: all}]}}}",
+		"gpu: {sharing: {timeSlicing: {renameByDefault: true, resources: [{name: nvidia.com/gpu, replicas: 2, devices: [0, GPU-x]}]}}}",
+		"gpu: {power: {enabled: true, besteffort_cap_watts: 250, period: 1s}}",
+		"gpu: {sharing: null}",
+		"gpu: {sharing: 3}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg := DefaultConfig()
+		if ParseConfig(data, &cfg) != nil {
+			return
+		}
+		if _, err := cfg.GPU.SharingConfig(); err != nil {
+			t.Fatalf("accepted config whose sharing section fails: %v", err)
+		}
+		if cfg.GPU.HealthProbation < 0 || cfg.GPU.HealthProbe < 0 || (cfg.GPU.Power.Enabled && cfg.GPU.Power.BestEffortCapWatts <= 0) {
+			t.Fatalf("accepted invalid gpu section %+v", cfg.GPU)
+		}
+	})
+}
