@@ -267,6 +267,19 @@ func (m *Manager) SetSharedCPUs(cpus []int) error {
 	return nil
 }
 
+// TierCPUs returns the cpuset a tier's cgroup is confined to now (for
+// burstable and best effort, the shared pool as last set).
+func (m *Manager) TierCPUs(t Tier) ([]int, error) {
+	if !t.Valid() {
+		return nil, fmt.Errorf("%w: tier %q", ErrInvalidPlacement, t)
+	}
+	s, err := m.be.cpus(m.tierRel(t))
+	if err != nil {
+		return nil, err
+	}
+	return ParseCPUList(s)
+}
+
 // Create makes (or updates, when it exists) the cgroup of jobID in tier and
 // applies l. It is idempotent.
 func (m *Manager) Create(jobID string, tier Tier, l Limits) (*Cgroup, error) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,6 +48,14 @@ type Config struct {
 	// MaxRequestBytes caps API request bodies.
 	MaxRequestBytes api.Bytes `json:"max_request_bytes"`
 	Retention       Retention `json:"retention"`
+	// CgroupParent is where fusiond's cgroup hierarchy (fusiond/<tier>/<job>)
+	// lives, relative to the cgroup mount: "" for the root; under systemd
+	// the unit's delegated subtree, e.g. system.slice/fusiond.service.
+	CgroupParent string `json:"cgroup_parent,omitempty"`
+	// LeaveJobsOnShutdown leaves running jobs to their monitors on a
+	// graceful stop (for an upgrade or restart); the next fusiond
+	// re-attaches to them. Default: jobs are terminated.
+	LeaveJobsOnShutdown bool `json:"leave_jobs_on_shutdown,omitempty"`
 	// Simulate runs over a simulated host instead of the real devices:
 	// "" (the real host), dgxa100, dgxh100, dgxh200 or dgxb200.
 	Simulate string `json:"simulate,omitempty"`
@@ -193,6 +202,8 @@ func (c *Config) Validate() error {
 		return bad("retention.max_finished_jobs", "must not be negative")
 	case c.Retention.MaxAge < 0:
 		return bad("retention.max_age", "must not be negative")
+	case c.CgroupParent != "" && (path.IsAbs(c.CgroupParent) || path.Clean(c.CgroupParent) != c.CgroupParent || strings.HasPrefix(c.CgroupParent, "..")):
+		return bad("cgroup_parent", "want a clean relative cgroup path such as system.slice/fusiond.service, got %q", c.CgroupParent)
 	case c.MaxBitstreamBytes < 1024:
 		return bad("max_bitstream_bytes", "at least 1Ki")
 	}

@@ -59,6 +59,8 @@ func TestLoadConfig(t *testing.T) {
 		"state_dir: [1]\n":                           "state_dir",
 		"simulate: dgxz900\n":                        "simulate",
 		"max_bitstream_bytes: 1\n":                   "max_bitstream_bytes",
+		"cgroup_parent: /system.slice\n":             "cgroup_parent",
+		"cgroup_parent: ../escape\n":                 "cgroup_parent",
 		"- not a map\n":                              "",
 	}
 	for body, key := range bad {

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/exec"
 	"github.com/fusiond/fusiond/daemon/host"
 	"github.com/fusiond/fusiond/daemon/jobs"
 	"github.com/fusiond/fusiond/daemon/placement"
@@ -55,8 +54,11 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	placer := placement.New(hardwareOf(ctx, hw, capacity), placementOptions(hw))
-	runner := exec.NewProcessRunner(log, "/proc")
+	engine := placement.New(hardwareOf(ctx, hw, capacity), placementOptions(hw))
+	placer, runner, err := newExecutor(cfg, engine, log)
+	if err != nil {
+		return err
+	}
 	mgr := jobs.New(jobs.Config{
 		LogDir:       filepath.Join(cfg.StateDir, "jobs"),
 		DefaultTiers: cfg.Tiers,
@@ -64,6 +66,8 @@ func Run(ctx context.Context, o Options) error {
 		MaxFinished:  cfg.Retention.MaxFinishedJobs,
 		MaxAge:       time.Duration(cfg.Retention.MaxAge),
 		DaemonUID:    uint32(os.Geteuid()),
+
+		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
 	}, st, runner, placer, log)
 	if err := mgr.Recover(); err != nil {
 		return err
@@ -71,12 +75,12 @@ func Run(ctx context.Context, o Options) error {
 	if err := applyGPUConfig(hw, cfg.GPU, log); err != nil {
 		return err
 	}
-	connectHealth(hw, placer, mgr)
+	connectHealth(hw, engine, mgr)
 	powerCtx, stopPower := context.WithCancel(ctx)
 	powerDone := make(chan struct{})
 	go func() {
 		defer close(powerDone)
-		powerCaps(powerCtx, hw.GPUs(), cfg.GPU.Power, placer, log)
+		powerCaps(powerCtx, hw.GPUs(), cfg.GPU.Power, engine, log)
 	}()
 	defer func() { stopPower(); <-powerDone }()
 

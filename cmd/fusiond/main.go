@@ -17,6 +17,7 @@ import (
 )
 
 func main() {
+	hiddenMode()
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

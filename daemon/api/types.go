@@ -87,6 +87,11 @@ type JobSpec struct {
 	Restart *Restart `json:"restart,omitempty"`
 	// Labels are free-form key/value pairs, returned as given.
 	Labels map[string]string `json:"labels,omitempty"`
+
+	// Rootfs runs the job in a container over this root filesystem
+	// (absolute path); the command is looked up inside it and Workdir
+	// (default /) is inside it too.
+	Rootfs string `json:"rootfs,omitempty"`
 }
 
 // Resources is a job's resource request.
@@ -194,6 +199,10 @@ type Job struct {
 	FinishedAt *time.Time  `json:"finished_at,omitempty"`
 	// Version increases with every change to the record.
 	Version uint64 `json:"version"`
+
+	// Usage is the job's resource accounting: live while it runs, final
+	// once it has finished (when the executor measured it).
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // Allocation is what the placement engine reserved for a job.
@@ -250,6 +259,33 @@ type ExitStatus struct {
 	Signal string `json:"signal,omitempty"`
 	// OOMKilled is true when the kernel's OOM killer ended the job.
 	OOMKilled bool `json:"oom_killed,omitempty"`
+}
+
+// Usage is a job's resource accounting, read from its cgroup.
+type Usage struct {
+	// CPUSeconds is the CPU time the job used (user and system).
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// ThrottledSeconds is the time the job's CPU quota held it back, in
+	// ThrottledPeriods quota periods.
+	ThrottledSeconds float64 `json:"throttled_seconds,omitempty"`
+	ThrottledPeriods uint64  `json:"throttled_periods,omitempty"`
+	// MemoryPeak is the most memory the job held at once; MemoryCurrent
+	// what it holds now (0 once finished).
+	MemoryPeak    Bytes `json:"memory_peak"`
+	MemoryCurrent Bytes `json:"memory_current,omitempty"`
+	// OOMKills counts processes of the job the OOM killer ended.
+	OOMKills uint64 `json:"oom_kills,omitempty"`
+	// Pressure is the share of wall time (percent, 60 s average) some of
+	// the job's tasks stalled waiting for CPU, memory or I/O. Only cgroup
+	// v2 kernels report it per job.
+	Pressure *Pressure `json:"pressure,omitempty"`
+}
+
+// Pressure is per-job PSI, "some" stall percentages over 60 s.
+type Pressure struct {
+	CPU    float64 `json:"cpu"`
+	Memory float64 `json:"memory"`
+	IO     float64 `json:"io"`
 }
 
 // Event records one state transition of a job (Kind "job"; the events kept

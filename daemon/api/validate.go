@@ -103,6 +103,9 @@ func (s *JobSpec) Validate() error {
 			return FieldError("env."+k, "value contains a NUL byte")
 		}
 	}
+	if s.Rootfs != "" && (!path.IsAbs(s.Rootfs) || path.Clean(s.Rootfs) != s.Rootfs || s.Rootfs == "/" || strings.ContainsRune(s.Rootfs, 0)) {
+		return FieldError("rootfs", "must be the clean absolute path of a root filesystem other than /, got %q", s.Rootfs)
+	}
 	if s.Workdir != "" && (!path.IsAbs(s.Workdir) || strings.ContainsRune(s.Workdir, 0)) {
 		return FieldError("workdir", "must be an absolute path, got %q", s.Workdir)
 	}

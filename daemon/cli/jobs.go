@@ -395,6 +395,9 @@ func showJob(w io.Writer, j api.Job) error {
 	if e := j.Exit; e != nil {
 		p("Exit", "code %d%s%s", e.Code, map[bool]string{true: ", signal " + e.Signal}[e.Signal != ""], map[bool]string{true: ", oom-killed"}[e.OOMKilled])
 	}
+	if u := j.Usage; u != nil {
+		p("Usage", "%s", describeUsage(*u))
+	}
 	p("Created", "%s", j.CreatedAt.Local().Format(time.RFC3339))
 	if j.StartedAt != nil {
 		p("Started", "%s", j.StartedAt.Local().Format(time.RFC3339))
@@ -416,6 +419,24 @@ func showJob(w io.Writer, j api.Job) error {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), from, e.To, e.Reason)
 	}
 	return tw.Flush()
+}
+
+// describeUsage is a job's accounting on one line.
+func describeUsage(u api.Usage) string {
+	s := fmt.Sprintf("cpu %.2fs, peak memory %s", u.CPUSeconds, u.MemoryPeak)
+	if u.MemoryCurrent > 0 {
+		s += fmt.Sprintf(" (now %s)", u.MemoryCurrent)
+	}
+	if u.ThrottledPeriods > 0 {
+		s += fmt.Sprintf(", throttled %.2fs in %d periods", u.ThrottledSeconds, u.ThrottledPeriods)
+	}
+	if u.OOMKills > 0 {
+		s += fmt.Sprintf(", %d OOM kills", u.OOMKills)
+	}
+	if p := u.Pressure; p != nil {
+		s += fmt.Sprintf(", stalled (60s) cpu %.1f%% memory %.1f%% io %.1f%%", p.CPU, p.Memory, p.IO)
+	}
+	return s
 }
 
 func deviceRequest(r api.Resources) string {

@@ -57,9 +57,12 @@ type daemon struct {
 	dir    string
 	socket string
 	config string
-	cmd    *osexec.Cmd
-	log    *bytes.Buffer
-	done   chan error
+	// cgroupParent is the daemon's own cgroup subtree, so that daemons of
+	// concurrent tests never share job cgroups.
+	cgroupParent string
+	cmd          *osexec.Cmd
+	log          *bytes.Buffer
+	done         chan error
 	// args are extra fusiond flags.
 	args []string
 }
@@ -67,12 +70,21 @@ type daemon struct {
 // newDaemon writes a config for a daemon living in dir. extra is appended
 // to the YAML.
 func newDaemon(t *testing.T, dir, extra string) *daemon {
-	d := &daemon{t: t, dir: dir, socket: filepath.Join(dir, "fusiond.sock"), config: filepath.Join(dir, "config.yaml")}
-	cfg := fmt.Sprintf("state_dir: %s\nsocket: %s\nsocket_group: \"\"\nsocket_mode: \"0666\"\ncancel_grace: 2s\nlog: {level: debug}\n%s",
-		filepath.Join(dir, "state"), d.socket, extra)
+	d := &daemon{t: t, dir: dir, socket: filepath.Join(dir, "fusiond.sock"), config: filepath.Join(dir, "config.yaml"),
+		cgroupParent: "fusiond-e2e-" + filepath.Base(dir)}
+	cfg := fmt.Sprintf("state_dir: %s\nsocket: %s\nsocket_group: \"\"\nsocket_mode: \"0666\"\ncancel_grace: 2s\nlog: {level: debug}\ncgroup_parent: %s\n%s",
+		filepath.Join(dir, "state"), d.socket, d.cgroupParent, extra)
 	if err := os.WriteFile(d.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Runs after the daemon's own cleanup: every job cgroup must be gone
+	// by then; the empty hierarchy is removed.
+	t.Cleanup(func() {
+		if left := d.jobCgroups(); len(left) > 0 {
+			t.Errorf("job cgroups left behind: %v", left)
+		}
+		removeCgroupTree(t, d.cgroupParent)
+	})
 	return d
 }
 
@@ -181,5 +193,41 @@ func waitFor(t *testing.T, c *api.Client, id string, want api.State) api.Job {
 			t.Fatalf("job %s is %s (%s), want %s", id, j.State, j.Reason, want)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// jobCgroups lists the job cgroups under the daemon's subtree (in any
+// hierarchy).
+func (d *daemon) jobCgroups() []string {
+	var out []string
+	for _, pattern := range []string{"/sys/fs/cgroup/*/%s/fusiond/*/*/cgroup.procs", "/sys/fs/cgroup/%s/fusiond/*/*/cgroup.procs"} {
+		m, _ := filepath.Glob(fmt.Sprintf(pattern, d.cgroupParent))
+		for _, f := range m {
+			out = append(out, filepath.Dir(f))
+		}
+	}
+	return out
+}
+
+// removeCgroupTree removes the (empty) cgroup directories of parent,
+// deepest first.
+func removeCgroupTree(t *testing.T, parent string) {
+	tops, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+	if m, _ := filepath.Glob("/sys/fs/cgroup/" + parent); len(m) > 0 {
+		tops = append(tops, m...)
+	}
+	for _, top := range tops {
+		var dirs []string
+		filepath.WalkDir(top, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil {
+				t.Errorf("removing cgroup %s: %v", dirs[i], err)
+			}
+		}
 	}
 }

@@ -1,7 +1,19 @@
-// Package exec runs jobs as plain child processes: each job in its own
-// process group, as the submitting user's uid, gid and supplementary
-// groups, with stdout and stderr appended to the job's log file. It
-// implements jobs.Runner.
+// Package exec is fusiond's executor: it implements jobs.Runner.
+//
+// MonitorRunner, the daemon's runner, starts every job attempt under a
+// small monitor process (the fusiond binary re-executed with MonitorArg; see
+// Dispatch), like containerd's shims or conmon. The monitor lives in its own
+// session, creates the job's cgroup (package cgroups), starts the job's
+// first process held on a pipe until it is inside that cgroup, switches it
+// to the submitting user's uid, gid and groups, rlimits and working
+// directory, copies its output to a size-capped, rotated log, obeys cancel
+// (SIGTERM, grace, then the whole cgroup killed) and writes the exit status
+// (code, signal, OOM kill) and accounting durably into the attempt's
+// directory. Jobs thereby survive a daemon crash; a restarted daemon
+// re-attaches with Attach.
+//
+// ProcessRunner is the older plain-child runner (jobs die with the daemon);
+// tests of the job manager use it.
 package exec
 
 import (
@@ -143,12 +155,23 @@ func lookPath(name string, env []string) (string, error) {
 	return "", fmt.Errorf("command %q not found in the job's PATH (%s)", name, pathVar)
 }
 
-// Reap kills the processes left from a job attempt whose daemon died: the
-// processes that carry the job's FUSIOND_JOB_ID in their environment and,
-// when the leader's pid was recorded, belong to its process group (pgid =
-// pid), so a recycled pid never gets an unrelated process killed.
+// Attach always fails: a plain child process dies with the daemon that
+// started it.
+func (r *ProcessRunner) Attach(jobID string, attempt int) (jobs.Process, error) {
+	return nil, fmt.Errorf("job %s attempt %d: %w", jobID, attempt, jobs.ErrGone)
+}
+
+// Reap kills the processes left from a job attempt whose daemon died.
 func (r *ProcessRunner) Reap(jobID string, pid int) (int, error) {
-	entries, err := os.ReadDir(r.procRoot)
+	return reapByEnv(r.procRoot, jobID, pid)
+}
+
+// reapByEnv kills the processes that carry the job's FUSIOND_JOB_ID in
+// their environment and, when the leader's pid was recorded, belong to its
+// process group (pgid = pid), so a recycled pid never gets an unrelated
+// process killed.
+func reapByEnv(procRoot, jobID string, pid int) (int, error) {
+	entries, err := os.ReadDir(procRoot)
 	if err != nil {
 		return 0, fmt.Errorf("scan processes: %w", err)
 	}
@@ -164,7 +187,7 @@ func (r *ProcessRunner) Reap(jobID string, pid int) (int, error) {
 				continue
 			}
 		}
-		environ, err := os.ReadFile(filepath.Join(r.procRoot, e.Name(), "environ"))
+		environ, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "environ"))
 		if err != nil || !bytes.Contains(append(append([]byte{0}, environ...), 0), marker) {
 			continue
 		}

@@ -17,7 +17,10 @@ type CapacityPlacer struct {
 	held map[string]api.Allocation
 }
 
-var _ Placer = (*CapacityPlacer)(nil)
+var (
+	_ Placer    = (*CapacityPlacer)(nil)
+	_ Reclaimer = (*CapacityPlacer)(nil)
+)
 
 // NewCapacityPlacer returns a placer for a host with the given totals.
 func NewCapacityPlacer(capacity api.NodeResources) *CapacityPlacer {
@@ -72,6 +75,24 @@ func (p *CapacityPlacer) Place(group []*api.Job) ([]api.Allocation, string, bool
 		out[i] = a
 	}
 	return out, "", true
+}
+
+// Reclaim re-reserves the allocation a re-attached job already holds, even
+// beyond capacity (the job is running whether or not it fits).
+func (p *CapacityPlacer) Reclaim(j *api.Job) error {
+	if j.Allocation == nil {
+		return fmt.Errorf("job %s has no allocation", j.ID)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.held[j.ID]; ok {
+		return nil
+	}
+	a := *j.Allocation
+	p.held[j.ID] = a
+	p.used.CPU += a.CPU
+	p.used.Memory += a.Memory
+	return nil
 }
 
 // Release returns a job's reservation; releasing twice is harmless.

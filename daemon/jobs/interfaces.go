@@ -2,9 +2,11 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"syscall"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // RunRequest is everything a Runner needs to start one attempt of a job.
@@ -22,6 +24,13 @@ type RunRequest struct {
 	LogPath    string
 	Tier       api.Tier
 	Allocation api.Allocation
+	// Devices are the device nodes the job may open (from the device
+	// drivers' grants); every other device node is denied.
+	Devices []devices.DeviceNode
+	// DeviceEnv is added to Env (CUDA_VISIBLE_DEVICES and the like).
+	DeviceEnv map[string]string
+	// Rootfs, when set, runs the job in a container over it.
+	Rootfs string
 }
 
 // Process is a started job.
@@ -36,10 +45,34 @@ type Process interface {
 // Runner starts jobs. The plain-process runner in daemon/exec is one.
 type Runner interface {
 	Start(ctx context.Context, req RunRequest) (Process, error)
+	// Attach finds an attempt started by an earlier daemon: its monitor
+	// still running, or the result it recorded. It fails with ErrGone when
+	// neither is there.
+	Attach(jobID string, attempt int) (Process, error)
 	// Reap kills whatever is left of a job attempt that was running when
 	// the daemon stopped (pid is its recorded leader, or 0 if none was
 	// recorded), and says how many processes it killed.
 	Reap(jobID string, pid int) (int, error)
+}
+
+// ErrGone is Attach's answer for an attempt whose monitor is gone without a
+// result: the job is lost.
+var ErrGone = errors.New("job attempt's monitor is gone and left no result")
+
+// UsageReporter is a Process that can measure the job's resource use.
+type UsageReporter interface {
+	Usage() (api.Usage, error)
+}
+
+// QuotaSetter is a Runner that can change a running job's CPU quota.
+type QuotaSetter interface {
+	SetCPUQuota(jobID string, milli int64) error
+}
+
+// Reclaimer is a Placer that can re-reserve the allocation a job already
+// holds (a job re-attached after a daemon restart).
+type Reclaimer interface {
+	Reclaim(job *api.Job) error
 }
 
 // Placer reserves host resources for jobs. The manager calls it from one

@@ -33,6 +33,9 @@ type Config struct {
 	// DaemonUID is the uid fusiond runs as; only root can run jobs as
 	// other users.
 	DaemonUID uint32
+	// LeaveJobsRunning makes Stop leave running jobs to their monitors
+	// (for the next daemon to re-attach) instead of terminating them.
+	LeaveJobsRunning bool
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }
@@ -82,8 +85,10 @@ func (m *Manager) now() time.Time { return m.cfg.Now().UTC() }
 
 // Recover loads every job from the store and settles the ones the last
 // daemon left unfinished: pending jobs stay queued, placed jobs go back to
-// the queue, and jobs that were starting or running are lost (their
-// leftover processes are killed).
+// the queue, and jobs that were starting or running are re-attached to
+// their monitors (or their recorded results are collected). Only a job
+// whose monitor is gone without a result is lost (its leftover processes
+// are killed).
 func (m *Manager) Recover() error {
 	var unfinished []*api.Job
 	err := m.store.Jobs(func(j api.Job) error {
@@ -101,6 +106,7 @@ func (m *Manager) Recover() error {
 		return fmt.Errorf("load node state: %w", err)
 	}
 	m.cordoned = cordon == "true"
+	attached := 0
 	for _, j := range unfinished {
 		switch j.State {
 		case api.StatePending:
@@ -109,27 +115,78 @@ func (m *Manager) Recover() error {
 				return err
 			}
 		case api.StateStarting, api.StateRunning:
-			reason := fmt.Sprintf("fusiond restarted while the job was %s; its process did not survive", j.State)
-			// The pid may not have been recorded yet (the daemon died
-			// between fork and the running transition): Reap finds the
-			// job's processes by their job ID then.
-			n, err := m.runner.Reap(j.ID, j.PID)
-			switch {
-			case err != nil:
-				reason += fmt.Sprintf(" (cleaning up leftovers failed: %v)", err)
-			case n > 0:
-				reason += fmt.Sprintf(" (%d leftover processes killed)", n)
+			proc, err := m.runner.Attach(j.ID, j.Attempt)
+			if err == nil {
+				m.reattach(j, proc)
+				attached++
+				continue
 			}
-			if err := m.transition(j, api.StateLost, reason, func(j *api.Job) {
-				t := m.now()
-				j.FinishedAt = &t
-			}); err != nil {
+			if err := m.markLost(j, err); err != nil {
 				return err
 			}
 		}
 	}
-	m.log.Info("recovered jobs", "total", len(m.jobs), "unfinished", len(unfinished), "cordoned", m.cordoned)
+	m.log.Info("recovered jobs", "total", len(m.jobs), "unfinished", len(unfinished), "reattached", attached, "cordoned", m.cordoned)
 	return nil
+}
+
+// reattach resumes supervising a job attempt an earlier daemon started.
+func (m *Manager) reattach(j *api.Job, proc Process) {
+	if j.Allocation != nil {
+		if rc, ok := m.placer.(Reclaimer); ok {
+			if err := rc.Reclaim(j); err != nil {
+				m.log.Warn("re-reserving a re-attached job's allocation", "job", j.ID, "err", err)
+			}
+		} else {
+			m.log.Warn("placer cannot re-reserve a re-attached job's allocation", "job", j.ID)
+		}
+	}
+	m.log.Info("re-attached to job", "job", j.ID, "attempt", j.Attempt, "pid", proc.PID())
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.supervise(j, proc, j.Attempt)
+		m.poke()
+	}()
+}
+
+// markLost records a job whose process did not survive the restart.
+func (m *Manager) markLost(j *api.Job, attachErr error) error {
+	reason := fmt.Sprintf("fusiond restarted while the job was %s; its process did not survive", j.State)
+	if !errors.Is(attachErr, ErrGone) {
+		reason += fmt.Sprintf(" (re-attaching failed: %v)", attachErr)
+	}
+	// Reap even without a recorded pid: a monitor may have started the
+	// job after the last record.
+	n, err := m.runner.Reap(j.ID, j.PID)
+	switch {
+	case err != nil:
+		reason += fmt.Sprintf(" (cleaning up leftovers failed: %v)", err)
+	case n > 0:
+		reason += fmt.Sprintf(" (%d leftover processes killed)", n)
+	}
+	return m.transition(j, api.StateLost, reason, func(j *api.Job) {
+		t := m.now()
+		j.FinishedAt = &t
+	})
+}
+
+// SetCPUQuota changes a running job's CPU quota in millicores (0 removes
+// it), when the runner supports it. The QoS loop moves best-effort jobs
+// with it.
+func (m *Manager) SetCPUQuota(id string, milli int64) error {
+	qs, ok := m.runner.(QuotaSetter)
+	if !ok {
+		return api.Errorf(api.CodeUnavailable, "this runner cannot change CPU quotas")
+	}
+	m.mu.Lock()
+	j, found := m.jobs[id]
+	running := found && j.State == api.StateRunning
+	m.mu.Unlock()
+	if !running {
+		return api.Errorf(api.CodeConflict, "job %s is not running", id)
+	}
+	return qs.SetCPUQuota(id, milli)
 }
 
 // Start runs the scheduling and housekeeping loops until Stop.
@@ -143,6 +200,17 @@ func (m *Manager) Start() {
 // after the grace period, all at once), records them and waits.
 func (m *Manager) Stop(ctx context.Context) {
 	close(m.stopping)
+	if m.cfg.LeaveJobsRunning {
+		m.log.Info("leaving running jobs to their monitors")
+		done := make(chan struct{})
+		go func() { m.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		m.events.closeAll()
+		return
+	}
 	m.mu.Lock()
 	procs := make(map[string]Process, len(m.procs))
 	for id, p := range m.procs {
@@ -331,6 +399,10 @@ func cloneJob(j *api.Job) api.Job {
 		e := *j.Exit
 		c.Exit = &e
 	}
+	if j.Usage != nil {
+		u := *j.Usage
+		c.Usage = &u
+	}
 	return c
 }
 
@@ -350,12 +422,21 @@ func (m *Manager) lookup(c api.Caller, id string) (*api.Job, error) {
 // Get returns one job.
 func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	j, err := m.lookup(c, id)
 	if err != nil {
+		m.mu.Unlock()
 		return api.Job{}, err
 	}
-	return cloneJob(j), nil
+	out := cloneJob(j)
+	proc := m.procs[id]
+	m.mu.Unlock()
+	// A running job's usage is measured now, not stored.
+	if ur, ok := proc.(UsageReporter); ok && out.State == api.StateRunning {
+		if u, err := ur.Usage(); err == nil {
+			out.Usage = &u
+		}
+	}
+	return out, nil
 }
 
 // List returns the jobs c may see that match opts, newest first. Only the

@@ -149,35 +149,78 @@ func (m *Manager) launch(j *api.Job) {
 		m.poke()
 		return
 	}
+	m.supervise(j, proc, attempt)
+	m.poke()
+}
+
+// supervise records a started (or re-attached) attempt as running, waits
+// for it to end and records how it ended.
+func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	m.mu.Lock()
 	m.procs[j.ID] = proc
-	cancelled = m.cancels[j.ID]
+	cancelled := m.cancels[j.ID]
+	state := j.State
 	m.mu.Unlock()
 	if cancelled {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
-	now := m.now()
-	_ = m.transition(j, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
-		j.PID = proc.PID()
-		j.StartedAt = &now
-	})
+	if state != api.StateRunning {
+		now := m.now()
+		_ = m.transition(j, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
+			j.PID = proc.PID()
+			j.StartedAt = &now
+		})
+	}
 
-	exit, werr := proc.Wait()
+	exit, detached, werr := m.wait(proc)
+	if detached {
+		return // the next daemon re-attaches
+	}
+	var usage *api.Usage
+	if ur, ok := proc.(UsageReporter); ok && werr == nil {
+		if u, err := ur.Usage(); err == nil {
+			usage = &u
+		}
+	}
 	m.placer.Release(j)
 	m.mu.Lock()
 	delete(m.procs, j.ID)
 	cancelled = m.cancels[j.ID]
 	delete(m.cancels, j.ID)
 	m.mu.Unlock()
-	m.finish(j, exit, werr, cancelled, attempt)
-	m.poke()
+	m.finish(j, exit, usage, werr, cancelled, attempt)
 }
 
-func (m *Manager) finish(j *api.Job, exit api.ExitStatus, werr error, cancelled bool, attempt int) {
+// wait waits for proc to end, or, when the manager leaves jobs running on
+// shutdown, until the manager stops (detached).
+func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
+	if !m.cfg.LeaveJobsRunning {
+		e, err := proc.Wait()
+		return e, false, err
+	}
+	type result struct {
+		e   api.ExitStatus
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		e, err := proc.Wait()
+		ch <- result{e, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.e, false, r.err
+	case <-m.stopping:
+		return api.ExitStatus{}, true, nil
+	}
+}
+
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, attempt int) {
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
+		j.Usage = usage
 		t := m.now()
 		j.FinishedAt = &t
 	}
@@ -193,6 +236,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, werr error, cancelled 
 		_ = m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt, j.Spec.Restart.MaxRetries), func(j *api.Job) {
 			e := exit
 			j.Exit = &e
+			j.Usage = usage
 			j.Allocation = nil
 			j.PID = 0
 		})
@@ -222,6 +266,9 @@ func (m *Manager) runRequest(j *api.Job, attempt int) (RunRequest, error) {
 		name = u.Username
 	}
 	workdir := j.Spec.Workdir
+	if workdir == "" && j.Spec.Rootfs != "" {
+		workdir = "/" // inside the container
+	}
 	if workdir == "" {
 		workdir = home
 		if st, err := os.Stat(home); err != nil || !st.IsDir() {
@@ -260,7 +307,7 @@ func (m *Manager) runRequest(j *api.Job, attempt int) (RunRequest, error) {
 	return RunRequest{
 		JobID: j.ID, Attempt: attempt, Command: j.Spec.Command, Env: envList,
 		Workdir: workdir, UID: j.Owner.UID, GID: j.Owner.GID, Groups: j.Owner.Groups,
-		LogPath: logPath, Tier: j.Tier, Allocation: alloc,
+		LogPath: logPath, Tier: j.Tier, Allocation: alloc, Rootfs: j.Spec.Rootfs,
 	}, nil
 }
 
