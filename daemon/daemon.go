@@ -59,16 +59,18 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	prep := &devicePreparer{host: hw, log: log}
 	mgr := jobs.New(jobs.Config{
-		LogDir:       filepath.Join(cfg.StateDir, "jobs"),
-		DefaultTiers: cfg.Tiers,
-		CancelGrace:  time.Duration(cfg.CancelGrace),
-		MaxFinished:  cfg.Retention.MaxFinishedJobs,
-		MaxAge:       time.Duration(cfg.Retention.MaxAge),
-		DaemonUID:    uint32(os.Geteuid()),
-
+		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
+		DefaultTiers:     cfg.Tiers,
+		CancelGrace:      time.Duration(cfg.CancelGrace),
+		MaxFinished:      cfg.Retention.MaxFinishedJobs,
+		MaxAge:           time.Duration(cfg.Retention.MaxAge),
+		DaemonUID:        uint32(os.Geteuid()),
 		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
+		Preparer:         prep,
 	}, st, runner, placer, log)
+	prep.holders = mgr
 	if err := mgr.Recover(); err != nil {
 		return err
 	}

@@ -91,3 +91,12 @@ type Placer interface {
 	Capacity() api.NodeResources
 	Allocated() api.NodeResources
 }
+
+// Preparer readies the devices a placed job was allocated (a GPU share, a
+// MIG instance created on demand, an FPGA region programmed) and returns
+// what the job must be granted. It may fill in allocation details it
+// created. Release undoes it and is safe to call more than once.
+type Preparer interface {
+	Prepare(ctx context.Context, j *api.Job) (devices.Grant, error)
+	Release(j *api.Job)
+}

@@ -36,6 +36,8 @@ type Config struct {
 	// LeaveJobsRunning makes Stop leave running jobs to their monitors
 	// (for the next daemon to re-attach) instead of terminating them.
 	LeaveJobsRunning bool
+	// Preparer readies allocated devices before a job starts (optional).
+	Preparer Preparer
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // schedule runs one pass over the queue: pending jobs in priority order
@@ -80,7 +81,7 @@ func (m *Manager) schedule() {
 			if err := m.transition(member, api.StatePlaced, "placed: "+summary, func(j *api.Job) {
 				j.Allocation = &alloc
 			}); err != nil {
-				m.placer.Release(member)
+				m.release(member)
 				m.log.Error("recording placement", "job", member.ID, "err", err)
 				continue
 			}
@@ -118,14 +119,14 @@ func (m *Manager) launch(j *api.Job) {
 	if err := m.transition(j, api.StateStarting, fmt.Sprintf("starting attempt %d", attempt), func(j *api.Job) {
 		j.Attempt = attempt
 	}); err != nil {
-		m.placer.Release(j)
+		m.release(j)
 		return
 	}
 	m.mu.Lock()
 	cancelled := m.cancels[j.ID]
 	m.mu.Unlock()
 	if cancelled {
-		m.placer.Release(j)
+		m.release(j)
 		m.mu.Lock()
 		delete(m.cancels, j.ID)
 		m.mu.Unlock()
@@ -135,13 +136,36 @@ func (m *Manager) launch(j *api.Job) {
 		})
 		return
 	}
+	var grant devices.Grant
+	if prep := m.cfg.Preparer; prep != nil {
+		g, err := prep.Prepare(context.Background(), &snap)
+		if err != nil {
+			m.release(j)
+			_ = m.transition(j, api.StateFailed, "could not prepare its devices: "+err.Error(), func(j *api.Job) {
+				t := m.now()
+				j.FinishedAt = &t
+			})
+			m.poke()
+			return
+		}
+		grant = g
+		if snap.Allocation != nil {
+			// Preparing may have named a device it created (a MIG
+			// instance); the running transition persists it.
+			a := *snap.Allocation
+			m.mu.Lock()
+			j.Allocation = &a
+			m.mu.Unlock()
+		}
+	}
 	req, err := m.runRequest(&snap, attempt)
+	req.Devices, req.DeviceEnv = grant.Nodes, grant.Env
 	var proc Process
 	if err == nil {
 		proc, err = m.runner.Start(context.Background(), req)
 	}
 	if err != nil {
-		m.placer.Release(j)
+		m.release(j)
 		_ = m.transition(j, api.StateFailed, "could not start: "+err.Error(), func(j *api.Job) {
 			t := m.now()
 			j.FinishedAt = &t
@@ -151,6 +175,15 @@ func (m *Manager) launch(j *api.Job) {
 	}
 	m.supervise(j, proc, attempt)
 	m.poke()
+}
+
+// release gives back a job's placement and whatever preparing its devices
+// took.
+func (m *Manager) release(j *api.Job) {
+	m.placer.Release(j)
+	if prep := m.cfg.Preparer; prep != nil {
+		prep.Release(j)
+	}
 }
 
 // supervise records a started (or re-attached) attempt as running, waits
@@ -183,7 +216,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 			usage = &u
 		}
 	}
-	m.placer.Release(j)
+	m.release(j)
 	m.mu.Lock()
 	delete(m.procs, j.ID)
 	cancelled = m.cancels[j.ID]
