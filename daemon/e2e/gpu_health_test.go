@@ -20,7 +20,7 @@ import (
 // configured) probation the GPU is healthy again and the job runs.
 func TestGPUHealthRecovers(t *testing.T) {
 	dir := publicTempDir(t)
-	d := newDaemon(t, dir, "gpu: {health_probation: 1500ms, health_probe: 100ms}\n")
+	d := newDaemon(t, dir, "gpu: {health_probation: 1500ms, health_probe: 100ms, sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}}\n")
 	d.args = []string{"--simulate", "dgxh200"}
 	d.start()
 	c := d.client()
@@ -130,6 +130,27 @@ func TestGPUHealthRecovers(t *testing.T) {
 		t.Errorf("gpu list after recovery:\n%s", list)
 	}
 	if _, err := c.Cancel(context.Background(), j.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, c, j.ID, api.StateCancelled)
+
+	// Sharing: the configured replicas show per GPU, and a shared-GPU job's
+	// share (compute and memory cap) shows on its GPU once it runs.
+	sj, err := c.Submit(context.Background(), api.JobSpec{Command: []string{"sleep", "600"},
+		Resources: api.Resources{CPU: 100, Memory: 16 << 20, GPU: &api.GPURequest{Share: 250, Memory: 8 << 30}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sj = waitFor(t, c, sj.ID, api.StateRunning)
+	if sj.Allocation == nil || sj.Allocation.GPUShare == nil {
+		t.Fatalf("shared job allocation %+v", sj.Allocation)
+	}
+	share := ok("gpu", "share")
+	if !strings.Contains(share, sj.ID) || !strings.Contains(share, "250 milli") || !strings.Contains(share, "8Gi") ||
+		!strings.Contains(share, "time-slicing  2 ") {
+		t.Errorf("gpu share:\n%s", share)
+	}
+	if _, err := c.Cancel(context.Background(), sj.ID); err != nil {
 		t.Fatal(err)
 	}
 }
