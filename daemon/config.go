@@ -62,6 +62,8 @@ type Config struct {
 	// MaxBitstreamBytes caps FPGA bitstream uploads (streamed to disk,
 	// so separate from MaxRequestBytes).
 	MaxBitstreamBytes api.Bytes `json:"max_bitstream_bytes"`
+	// GPU holds GPU health, sharing and power settings (see GPUConfig).
+	GPU GPUConfig `json:"gpu"`
 }
 
 // LogConfig selects the log format and level.
@@ -117,6 +119,7 @@ func DefaultConfig() Config {
 		MaxRequestBytes:   api.DefaultMaxBodyBytes,
 		MaxBitstreamBytes: api.DefaultMaxBitstreamBytes,
 		Retention:         Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
+		GPU:               GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
 	}
 }
 
@@ -206,6 +209,9 @@ func (c *Config) Validate() error {
 	}
 	if err := host.CheckSimulate(c.Simulate); err != nil {
 		return bad("simulate", "%v", err)
+	}
+	if key, err := c.GPU.validate(); err != nil {
+		return bad(key, "%v", err)
 	}
 	return nil
 }

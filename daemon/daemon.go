@@ -57,7 +57,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer st.Close()
 
-	hw, err := host.Open(ctx, host.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}, log)
+	hw, err := host.Open(ctx, cfg.GPU.hostConfig(host.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}), log)
 	if err != nil {
 		return err
 	}
@@ -66,7 +66,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	placer, runner, err := newExecutor(cfg, placement.New(hardwareOf(ctx, hw, capacity), placementOptions(hw)), log)
+	engine := placement.New(hardwareOf(ctx, hw, capacity), placementOptions(hw))
+	placer, runner, err := newExecutor(cfg, engine, log)
 	if err != nil {
 		return err
 	}
@@ -85,6 +86,17 @@ func Run(ctx context.Context, o Options) error {
 	if err := mgr.Recover(); err != nil {
 		return err
 	}
+	if err := applyGPUConfig(hw, cfg.GPU, log); err != nil {
+		return err
+	}
+	connectHealth(hw, engine, mgr)
+	powerCtx, stopPower := context.WithCancel(ctx)
+	powerDone := make(chan struct{})
+	go func() {
+		defer close(powerDone)
+		powerCaps(powerCtx, hw.GPUs(), cfg.GPU.Power, engine, log)
+	}()
+	defer func() { stopPower(); <-powerDone }()
 
 	var adminGID *uint32
 	if cfg.AdminGroup != "" {

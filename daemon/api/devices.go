@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/fusiond/fusiond/devices"
@@ -31,6 +32,18 @@ type DeviceBackend interface {
 	// empty) helps recognise raw formats by extension.
 	AddBitstream(ctx context.Context, r io.Reader, name, fileName string) (bitstream.Bitstream, error)
 	RemoveBitstream(ctx context.Context, ref string) (bitstream.Bitstream, error)
+	// InjectGPUFault injects a fault into, or resets, a GPU of a
+	// simulated host; a live host refuses (CodeConflict).
+	InjectGPUFault(ctx context.Context, index int, req GPUFaultRequest) error
+}
+
+// GPUFaultRequest is the body of POST /v1/gpus/{index}/fault (simulated
+// hosts only): deliver Xid (Lost: the GPU stops answering until reset), or
+// Reset the GPU as an operator would.
+type GPUFaultRequest struct {
+	Xid   uint64 `json:"xid,omitempty"`
+	Lost  bool   `json:"lost,omitempty"`
+	Reset bool   `json:"reset,omitempty"`
 }
 
 // DefaultMaxBitstreamBytes caps bitstream uploads unless configured.
@@ -43,6 +56,8 @@ type GPUList struct {
 	GPUs      []GPU  `json:"gpus"`
 	// Notes explain an empty list (no driver).
 	Notes []string `json:"notes,omitempty"`
+	// Events are the last device health transitions, oldest first.
+	Events []Event `json:"events,omitempty"`
 }
 
 // GPU is one physical GPU with its health, sharing mode, MIG state and
@@ -65,6 +80,34 @@ type GPU struct {
 	MIGProfiles []string      `json:"mig_profiles,omitempty"`
 	MIG         []MIGInstance `json:"mig,omitempty"`
 	Telemetry   *GPUTelemetry `json:"telemetry,omitempty"`
+	// Xid is the fault that took an unhealthy GPU out of service and
+	// XidMeaning what it means.
+	Xid        uint64 `json:"xid,omitempty"`
+	XidMeaning string `json:"xid_meaning,omitempty"`
+	// ProbationEnds is when an unhealthy GPU that answers healthy again
+	// returns to service (absent while it still fails).
+	ProbationEnds *time.Time `json:"probation_ends,omitempty"`
+	// Sharing is the GPU's sharing state: mode, replicas and the shares
+	// admitted on it.
+	Sharing *GPUSharing `json:"sharing,omitempty"`
+}
+
+// GPUSharing is one GPU's sharing state.
+type GPUSharing struct {
+	Mode string `json:"mode"`
+	// Replicas is the whole-GPU replica count the sharing config gives
+	// the GPU (0: not configured).
+	Replicas   int              `json:"replicas,omitempty"`
+	UsedMilli  int              `json:"used_milli"`
+	UsedMemory Bytes            `json:"used_memory"`
+	Shares     []GPUShareStatus `json:"shares,omitempty"`
+}
+
+// GPUShareStatus is one job's share of a GPU.
+type GPUShareStatus struct {
+	Job    string `json:"job"`
+	Milli  int    `json:"milli"`
+	Memory Bytes  `json:"memory,omitempty"`
 }
 
 // MIGInstance is one MIG instance on a GPU.
@@ -207,6 +250,7 @@ func (s *Server) deviceHandlers() map[string]http.HandlerFunc {
 		"GET /v1/topology":                   s.dev(s.topology),
 		"GET /v1/topology/matrix":            s.dev(s.topologyMatrix),
 		"GET /v1/gpus":                       s.dev(s.gpus),
+		"POST /v1/gpus/{index}/fault":        s.dev(s.admin(s.gpuFault)),
 		"POST /v1/mig/plan":                  s.dev(s.mig(false)),
 		"POST /v1/mig/apply":                 s.dev(s.admin(s.mig(true))),
 		"GET /v1/fpga/regions":               s.dev(s.fpgaRegions),
@@ -268,6 +312,38 @@ func (s *Server) topologyMatrix(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, m)
+}
+
+func (s *Server) gpuFault(w http.ResponseWriter, r *http.Request) {
+	if err := checkQuery(r); err != nil {
+		writeError(w, err)
+		return
+	}
+	index, err := strconv.Atoi(r.PathValue("index"))
+	if err != nil || index < 0 {
+		writeError(w, FieldError("index", "want a GPU index, got %q", r.PathValue("index")))
+		return
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req GPUFaultRequest
+	if err := DecodeStrict(body, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Reset == (req.Xid != 0) {
+		writeError(w, FieldError("xid", "give either an Xid or reset: true"))
+		return
+	}
+	s.log.Warn("simulated GPU fault requested", "gpu", index, "xid", req.Xid, "lost", req.Lost, "reset", req.Reset, "uid", caller(r).UID)
+	if err := s.cfg.Devices.InjectGPUFault(r.Context(), index, req); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) gpus(w http.ResponseWriter, r *http.Request) {

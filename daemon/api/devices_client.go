@@ -55,6 +55,15 @@ func (c *Client) mig(ctx context.Context, path string, req MIGRequest) (MIGPlan,
 	return p, err
 }
 
+// InjectGPUFault injects an Xid into, or resets, a simulated GPU (admin).
+func (c *Client) InjectGPUFault(ctx context.Context, index int, req GPUFaultRequest) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodPost, fmt.Sprintf("/v1/gpus/%d/fault", index), body, nil)
+}
+
 // FPGARegions lists the FPGA regions.
 func (c *Client) FPGARegions(ctx context.Context) ([]FPGARegion, error) {
 	var rs []FPGARegion

@@ -288,14 +288,29 @@ type Pressure struct {
 	IO     float64 `json:"io"`
 }
 
-// Event records one state transition of a job.
+// Event records one state transition of a job (Kind "job"; the events kept
+// in a job record leave Kind empty) or one health transition of a device
+// (Kind "device": Device and Healthy are set, the job fields are empty).
 type Event struct {
 	Time   time.Time `json:"time"`
+	Kind   string    `json:"kind,omitempty"`
 	JobID  string    `json:"job_id,omitempty"`
 	From   State     `json:"from,omitempty"`
-	To     State     `json:"to"`
+	To     State     `json:"to,omitempty"`
 	Reason string    `json:"reason"`
+	// Device is the GPU or MIG UUID of a device event.
+	Device string `json:"device,omitempty"`
+	// Healthy is the device's new health (device events only).
+	Healthy *bool `json:"healthy,omitempty"`
+	// Xid is the NVIDIA Xid behind a device event, when there is one.
+	Xid uint64 `json:"xid,omitempty"`
 }
+
+// Event kinds.
+const (
+	EventJob    = "job"
+	EventDevice = "device"
+)
 
 // NodeStatus is the daemon's view of its host.
 type NodeStatus struct {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -69,8 +70,114 @@ func newGPUCmd(o *options) *cobra.Command {
 			return o.print(l, func(w io.Writer) error { return gpuTable(w, l) })
 		},
 	})
+	cmd.AddCommand(&cobra.Command{
+		Use:   "share",
+		Short: "Show each GPU's sharing mode, replicas and the jobs' shares (milli-GPU, memory cap)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := o.client()
+			defer c.Close()
+			l, err := c.GPUs(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return o.print(l, func(w io.Writer) error { return shareTable(w, l) })
+		},
+	})
+	var xid uint64
+	var lost, reset bool
+	fault := &cobra.Command{
+		Use:   "fault INDEX (--xid N [--lost] | --reset)",
+		Short: "Simulated hosts only: inject an Xid into GPU INDEX, or reset it (admin)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			index, err := strconv.Atoi(args[0])
+			if err != nil {
+				return fmt.Errorf("GPU index: %w", err)
+			}
+			c := o.client()
+			defer c.Close()
+			if err := c.InjectGPUFault(cmd.Context(), index, api.GPUFaultRequest{Xid: xid, Lost: lost, Reset: reset}); err != nil {
+				return err
+			}
+			if reset {
+				fmt.Fprintf(o.stdout, "GPU %d reset; it returns to service after the probation.\n", index)
+			} else {
+				fmt.Fprintf(o.stdout, "Xid %d delivered to GPU %d.\n", xid, index)
+			}
+			return nil
+		},
+	}
+	fault.Flags().Uint64Var(&xid, "xid", 0, "the Xid to deliver (e.g. 79: fallen off the bus, 48: double-bit ECC)")
+	fault.Flags().BoolVar(&lost, "lost", false, "the GPU stops answering until reset")
+	fault.Flags().BoolVar(&reset, "reset", false, "reset the GPU as an operator would")
+	cmd.AddCommand(fault)
 	return cmd
 }
+
+// shareTable shows one line per share, and one per GPU without shares.
+func shareTable(w io.Writer, l api.GPUList) error {
+	if len(l.GPUs) == 0 {
+		fmt.Fprintln(w, "No GPUs.")
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GPU\tMODE\tREPLICAS\tUSED\tJOB\tSHARE\tMEMORY CAP")
+	for _, g := range l.GPUs {
+		s := g.Sharing
+		if s == nil {
+			s = &api.GPUSharing{Mode: g.ShareMode}
+		}
+		replicas := "-"
+		if s.Replicas > 0 {
+			replicas = fmt.Sprint(s.Replicas)
+		}
+		used := fmt.Sprintf("%d/1000, %s", s.UsedMilli, s.UsedMemory.Human())
+		if len(s.Shares) == 0 {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t-\t-\t-\n", g.Index, s.Mode, replicas, used)
+		}
+		for _, sh := range s.Shares {
+			memCap := "-"
+			if sh.Memory > 0 {
+				memCap = sh.Memory.Human()
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d milli\t%s\n", g.Index, s.Mode, replicas, used, sh.Job, sh.Milli, memCap)
+		}
+	}
+	return tw.Flush()
+}
+
+// gpuHealth is the HEALTH column: ok, or why the GPU is out of service and
+// when it returns.
+func gpuHealth(g api.GPU) string {
+	if g.Health.Healthy {
+		return "ok"
+	}
+	h := "UNHEALTHY"
+	switch {
+	case g.Xid != 0:
+		h += fmt.Sprintf(": Xid %d (%s)", g.Xid, g.XidMeaning)
+	case g.Health.Reason != "":
+		h += ": " + g.Health.Reason
+	}
+	if g.ProbationEnds != nil {
+		h += ", probation until " + g.ProbationEnds.Local().Format("15:04:05")
+	} else {
+		h += ", still failing"
+	}
+	return h
+}
+
+// deviceHealth names a device event's transition.
+func deviceHealth(e api.Event) string {
+	if e.Healthy != nil && *e.Healthy {
+		return "→ healthy"
+	}
+	return "→ UNHEALTHY"
+}
+
+// maxGPUEvents is how many recent device events gpu list shows.
+const maxGPUEvents = 5
 
 func gpuTable(w io.Writer, l api.GPUList) error {
 	if len(l.GPUs) == 0 {
@@ -86,13 +193,7 @@ func gpuTable(w io.Writer, l api.GPUList) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tMODEL\tMEMORY\tNUMA\tPCI\tHEALTH\tSHARING\tMIG\tUTIL\tMEM USED\tPOWER\tTEMP")
 	for _, g := range l.GPUs {
-		health := "ok"
-		if !g.Health.Healthy {
-			health = "UNHEALTHY"
-			if g.Health.Reason != "" {
-				health += ": " + g.Health.Reason
-			}
-		}
+		health := gpuHealth(g)
 		mig := "off"
 		if g.MIGEnabled {
 			var ps []string
@@ -123,7 +224,18 @@ func gpuTable(w io.Writer, l api.GPUList) error {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.Model, g.Memory.Human(), numa,
 			g.BDF, health, g.ShareMode, mig, util, used, power, temp)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(l.Events) > 0 {
+		fmt.Fprintln(w, "\nRecent device events:")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, e := range l.Events[max(0, len(l.Events)-maxGPUEvents):] {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Local().Format("2006-01-02 15:04:05"), e.Device, deviceHealth(e), e.Reason)
+		}
+		return tw.Flush()
+	}
+	return nil
 }
 
 func newMIGCmd(o *options) *cobra.Command {

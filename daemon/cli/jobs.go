@@ -511,7 +511,7 @@ func newEventsCmd(o *options) *cobra.Command {
 	var job string
 	cmd := &cobra.Command{
 		Use:   "events",
-		Short: "Stream job state changes as they happen",
+		Short: "Stream job state changes and device health transitions as they happen",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c := o.client()
@@ -520,6 +520,10 @@ func newEventsCmd(o *options) *cobra.Command {
 			return c.Events(cmd.Context(), job, func(e api.Event) error {
 				if o.output != "table" {
 					return o.print(e, nil)
+				}
+				if e.Kind == api.EventDevice {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.Device, deviceHealth(e), e.Reason)
+					return tw.Flush()
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
 				return tw.Flush()

@@ -71,6 +71,11 @@ func (b *Backend) GPUs(ctx context.Context) (api.GPUList, error) {
 	for _, s := range b.h.Telemetry() {
 		samples[s.UUID] = s
 	}
+	sharing := map[string]nvidia.ShareStatus{}
+	for _, s := range m.ShareStatuses() {
+		sharing[s.GPU] = s
+	}
+	out.Events = b.h.HealthEvents()
 	for _, g := range m.Status().GPUs {
 		ag := api.GPU{
 			Index: g.Index, UUID: g.UUID, Model: g.Model, Memory: api.Bytes(g.MemoryMB << 20),
@@ -91,9 +96,45 @@ func (b *Backend) GPUs(ctx context.Context) (api.GPUList, error) {
 				Processes: len(s.Processes),
 			}
 		}
+		if !g.Health.Healthy {
+			if e, ok := b.h.lastFault(g.UUID); ok && e.Xid != 0 {
+				ag.Xid, ag.XidMeaning = e.Xid, nvidia.XidMeaning(e.Xid)
+			}
+			ag.ProbationEnds = b.h.probationEnds(g.UUID)
+		}
+		if s, ok := sharing[g.UUID]; ok {
+			ag.Sharing = gpuSharing(s)
+		}
 		out.GPUs = append(out.GPUs, ag)
 	}
 	return out, nil
+}
+
+func gpuSharing(s nvidia.ShareStatus) *api.GPUSharing {
+	out := &api.GPUSharing{Mode: string(s.Mode), Replicas: s.Replicas, UsedMilli: s.UsedMilli, UsedMemory: api.Bytes(s.UsedMemMB << 20)}
+	for _, sh := range s.Shares {
+		out.Shares = append(out.Shares, api.GPUShareStatus{Job: sh.ID, Milli: sh.Milli, Memory: api.Bytes(sh.MemoryMB << 20)})
+	}
+	return out
+}
+
+// InjectGPUFault delivers an Xid to, or resets, a simulated GPU.
+func (b *Backend) InjectGPUFault(_ context.Context, index int, req api.GPUFaultRequest) error {
+	var err error
+	if req.Reset {
+		err = b.h.ResetSimulatedGPU(index)
+	} else {
+		err = b.h.InjectGPUFault(index, req.Xid, req.Lost)
+	}
+	switch {
+	case errors.Is(err, ErrNotSimulated):
+		return api.Errorf(api.CodeConflict, "%v; this host's GPUs are real", err)
+	case errors.Is(err, nvidia.ErrUnknownDevice):
+		return api.Errorf(api.CodeNotFound, "%v", err)
+	case err != nil:
+		return api.Errorf(api.CodeInternal, "%v", err)
+	}
+	return nil
 }
 
 // PlanMIG plans the request's layout config against the current MIG state.

@@ -50,6 +50,13 @@ type Config struct {
 	SampleInterval time.Duration
 	// HealthProbe is how often unhealthy GPUs are probed (default 10 s).
 	HealthProbe time.Duration
+	// HealthProbation is how long a GPU that answers healthy again stays
+	// out of service before it returns (default 5 minutes).
+	HealthProbation time.Duration
+	// MPSRoot holds the per-GPU CUDA MPS pipe and log directories
+	// (default StateDir/mps). MPS is used where nvidia-cuda-mps-control
+	// is on PATH and the host is live.
+	MPSRoot string
 	// SampleBitstreamBytes is the payload size of the sample bitstreams
 	// written for a simulated host (default 1 MiB).
 	SampleBitstreamBytes int64
@@ -77,6 +84,7 @@ type Host struct {
 	log     *slog.Logger
 	topo    *topology.Watcher
 	gpus    *nvidia.Manager
+	gpuSim  *nvidia.SimHost
 	sampler *nvidia.Sampler
 	fpgas   *fpga.Manager
 	fpgaSim *fpgasim.Host
@@ -87,6 +95,7 @@ type Host struct {
 
 	mu      sync.Mutex
 	regions int // FPGA regions found at the last listing
+	health  healthLog
 
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -111,6 +120,12 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Host, error) {
 	}
 	if cfg.HealthProbe <= 0 {
 		cfg.HealthProbe = 10 * time.Second
+	}
+	if cfg.HealthProbation <= 0 {
+		cfg.HealthProbation = 5 * time.Minute
+	}
+	if cfg.MPSRoot == "" {
+		cfg.MPSRoot = filepath.Join(cfg.StateDir, "mps")
 	}
 	if cfg.SampleBitstreamBytes <= 0 {
 		cfg.SampleBitstreamBytes = 1 << 20
@@ -148,11 +163,17 @@ func (h *Host) simDir(name string) string { return filepath.Join(h.cfg.StateDir,
 func (h *Host) live(path string) string { return filepath.Join(h.cfg.Root, path) }
 
 func (h *Host) openGPUs() error {
-	opts := []nvidia.Option{nvidia.WithLogger(h.log.With("component", "nvidia"))}
+	opts := []nvidia.Option{nvidia.WithLogger(h.log.With("component", "nvidia")), nvidia.WithProbation(h.cfg.HealthProbation)}
 	if h.cfg.Simulate != "" {
-		opts = append(opts, nvidia.WithSimulated(h.cfg.Simulate))
+		sim, err := nvidia.NewSimHost(h.cfg.Simulate)
+		if err != nil {
+			return fmt.Errorf("simulated GPUs: %w", err)
+		}
+		h.gpuSim = sim
+		opts = append(opts, nvidia.WithNVML(sim))
 	} else {
-		opts = append(opts, nvidia.WithDevRoot(h.live("dev")), nvidia.WithProcRoot(h.live("proc")))
+		opts = append(opts, nvidia.WithDevRoot(h.live("dev")), nvidia.WithProcRoot(h.live("proc")),
+			nvidia.WithMPS(&nvidia.MPSDaemon{Root: h.cfg.MPSRoot}))
 	}
 	m, err := nvidia.Open(opts...)
 	switch {
@@ -309,13 +330,7 @@ func (h *Host) start() {
 		h.sampler = h.gpus.NewSampler(h.cfg.SampleInterval)
 		run("GPU telemetry", func(ctx context.Context) error { return h.sampler.Run(ctx, nil) })
 		run("GPU health watch", func(ctx context.Context) error {
-			return h.gpus.WatchHealth(ctx, h.cfg.HealthProbe, func(e nvidia.HealthEvent) {
-				if e.Healthy {
-					h.log.Info("GPU back in service", "uuid", e.UUID, "reason", e.Reason)
-				} else {
-					h.log.Warn("GPU unhealthy: no new work is placed on it", "uuid", e.UUID, "xid", e.Xid, "reason", e.Reason)
-				}
-			})
+			return h.gpus.WatchHealth(ctx, h.cfg.HealthProbe, h.noteHealth)
 		})
 	}
 	if h.cfg.Simulate == "" && h.cfg.TopologyPeriod > 0 {
@@ -423,7 +438,7 @@ func (h *Host) Devices(ctx context.Context) []api.DeviceStatus {
 		for _, g := range h.gpus.Status().GPUs {
 			out = append(out, api.DeviceStatus{
 				ID: g.UUID, Kind: "gpu", Model: g.Model, Healthy: g.Health.Healthy,
-				Detail: gpuDetail(g, migs[g.UUID]),
+				Detail: gpuDetail(g, migs[g.UUID], h.probationEnds(g.UUID)),
 			})
 		}
 	}
@@ -435,7 +450,7 @@ func (h *Host) Devices(ctx context.Context) []api.DeviceStatus {
 	return out
 }
 
-func gpuDetail(g nvidia.GPUStatus, migs []string) string {
+func gpuDetail(g nvidia.GPUStatus, migs []string, probationEnds *time.Time) string {
 	parts := []string{fmt.Sprintf("#%d", g.Index), api.Bytes(g.MemoryMB << 20).Human()}
 	if g.NUMANode >= 0 {
 		parts = append(parts, fmt.Sprintf("NUMA %d", g.NUMANode))
@@ -449,6 +464,9 @@ func gpuDetail(g nvidia.GPUStatus, migs []string) string {
 	}
 	if !g.Health.Healthy && g.Health.Reason != "" {
 		parts = append(parts, g.Health.Reason)
+	}
+	if probationEnds != nil {
+		parts = append(parts, "back in service at "+probationEnds.Format(time.RFC3339))
 	}
 	return strings.Join(parts, ", ")
 }

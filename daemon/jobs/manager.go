@@ -339,8 +339,17 @@ func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (a
 }
 
 func (m *Manager) publish(j *api.Job, ev api.Event) {
-	ev.JobID = j.ID
+	ev.JobID, ev.Kind = j.ID, api.EventJob
 	m.events.publish(ev)
+}
+
+// PublishDevice sends a device health event to every subscriber of the
+// whole stream (any user: device health says why jobs wait) and retries
+// placement, since a device may have come back.
+func (m *Manager) PublishDevice(ev api.Event) {
+	ev.Kind, ev.JobID, ev.From, ev.To = api.EventDevice, "", "", ""
+	m.events.publish(ev)
+	m.poke()
 }
 
 func (m *Manager) noteStoreError(err error) {
@@ -549,6 +558,9 @@ func (m *Manager) logPath(id string) string { return filepath.Join(m.cfg.LogDir,
 // Subscribe streams events of the jobs c may see (optionally one job).
 func (m *Manager) Subscribe(c api.Caller, jobID string) (<-chan api.Event, func()) {
 	return m.events.subscribe(func(ev api.Event) bool {
+		if ev.Kind == api.EventDevice {
+			return jobID == ""
+		}
 		if jobID != "" && ev.JobID != jobID {
 			return false
 		}

@@ -107,6 +107,10 @@ type Placer struct {
 	eng     *sched.Engine
 	learner *sched.ShapeLearner
 	held    map[string]held
+	// down holds the GPUs and MIG instances (by ID) that are out of
+	// service: they offer nothing to new work until SetHealthy brings
+	// them back.
+	down map[string]bool
 }
 
 var _ jobs.Placer = (*Placer)(nil)
@@ -118,9 +122,134 @@ func New(hw Hardware, o Options) *Placer {
 		opts: o, hw: hw, base: base, node: base.Clone(),
 		learner: sched.NewShapeLearner(),
 		held:    map[string]held{},
+		down:    map[string]bool{},
 	}
 	p.eng = sched.NewEngine(sched.Options{Policy: sched.NewWeighted(o.Profiles, nil), Seed: o.Seed, Explain: 3})
+	for _, g := range hw.GPUs {
+		if !g.Healthy {
+			p.SetHealthy(g.ID, false)
+		}
+	}
 	return p
+}
+
+// unhealthyMIG marks the placeholder instances SetHealthy puts on the free
+// slices of an unhealthy MIG-mode GPU, so that no instance is created there.
+const unhealthyMIG = "(unhealthy)"
+
+// SetHealthy takes a GPU or MIG instance (by ID, as in Hardware) out of
+// service or returns it. An unhealthy GPU offers no free share, memory,
+// MIG instance or free MIG slice; an unhealthy MIG instance is not handed
+// out. What jobs already hold stays held; when the device is healthy again
+// exactly what is not held becomes free. It reports whether the ID names a
+// device of this host.
+func (p *Placer) SetHealthy(deviceID string, healthy bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gi := p.gpuOf(deviceID)
+	if gi < 0 {
+		return false
+	}
+	if healthy {
+		delete(p.down, deviceID)
+	} else {
+		p.down[deviceID] = true
+	}
+	p.refreshGPU(gi)
+	return true
+}
+
+// gpuOf is the index of the GPU that is, or holds the MIG instance, id.
+func (p *Placer) gpuOf(id string) int {
+	for i, g := range p.hw.GPUs {
+		if g.ID == id {
+			return i
+		}
+		if g.MIG != nil {
+			for _, in := range g.MIG.Instances {
+				if in.ID == id {
+					return i
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// Unhealthy lists the devices out of service, sorted.
+func (p *Placer) Unhealthy() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.unhealthy()
+}
+
+func (p *Placer) unhealthy() []string {
+	out := make([]string, 0, len(p.down))
+	for id := range p.down {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// refreshGPU recomputes GPU gi of the live node from the empty node, what
+// held jobs hold on it and its health. The caller holds p.mu.
+func (p *Placer) refreshGPU(gi int) {
+	g, b, hw := &p.node.GPUs[gi], p.base.GPUs[gi], p.hw.GPUs[gi]
+	gpuDown := p.down[hw.ID]
+	var milli, mem int64
+	heldMIG := map[int]bool{}
+	for _, h := range p.held {
+		if slices.Contains(h.assign.GPUs, gi) {
+			milli += h.assign.GPUMilli
+			mem += h.assign.GPUMemMiB
+		}
+		if m := h.assign.MIG; m != nil && m.GPU == gi {
+			heldMIG[m.Start] = true
+		}
+	}
+	g.MilliFree, g.MemFreeMiB = max(0, b.MilliFree-milli), max(0, b.MemFreeMiB-mem)
+	if gpuDown {
+		g.MilliFree, g.MemFreeMiB = 0, 0
+	}
+	if m := g.MIG; m != nil {
+		downAt := map[int]bool{}
+		if hw.MIG != nil {
+			for _, in := range hw.MIG.Instances {
+				if p.down[in.ID] {
+					downAt[in.Start] = true
+				}
+			}
+		}
+		kept := m.Instances[:0]
+		for _, in := range m.Instances {
+			if in.Profile == unhealthyMIG {
+				continue
+			}
+			in.InUse = heldMIG[in.Start] || gpuDown || downAt[in.Start]
+			kept = append(kept, in)
+		}
+		m.Instances = kept
+		if gpuDown {
+			for s := range m.TotalSlices {
+				if !freeSlice(m.Instances, s) {
+					continue
+				}
+				m.Instances = append(m.Instances, sched.MIGInstance{Profile: unhealthyMIG, Start: s, Slices: 1, InUse: true})
+			}
+		}
+	}
+	p.node.Version++
+}
+
+// freeSlice reports whether slice s belongs to none of the instances.
+func freeSlice(insts []sched.MIGInstance, s int) bool {
+	for _, in := range insts {
+		if in.Profile != unhealthyMIG && s >= in.Start && s < in.Start+in.Slices {
+			return false
+		}
+	}
+	return true
 }
 
 func buildNode(hw Hardware) *sched.Node {
@@ -129,13 +258,10 @@ func buildNode(hw Hardware) *sched.Node {
 	for _, g := range hw.GPUs {
 		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: g.NUMA,
 			PerfPerWatt: g.PerfPerWatt, IdleWatts: g.IdleWatts}
-		if !g.Healthy {
-			sg.MilliFree, sg.MemFreeMiB = 0, 0 // an unhealthy GPU takes no work
-		}
 		if m := g.MIG; m != nil {
 			sm := &sched.MIG{TotalSlices: m.TotalSlices, ReconfigCost: m.ReconfigMs}
 			for _, in := range m.Instances {
-				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slices, InUse: !g.Healthy})
+				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slices})
 			}
 			sg.MIG = sm
 		}
@@ -294,7 +420,7 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 	if len(reqs) == 1 {
 		d, err := p.eng.Place(&reqs[0], nodes)
 		if err != nil {
-			return nil, waitReason(d, err), false
+			return nil, p.withUnhealthy(waitReason(d, err)), false
 		}
 		if err := p.eng.Commit(&reqs[0], &d.Assignment, nodes); err != nil {
 			return nil, err.Error(), false
@@ -304,7 +430,7 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 	} else {
 		as, err := p.eng.PlaceGang(reqs, nodes)
 		if err != nil {
-			return nil, fmt.Sprintf("gang of %d does not fit: %v", len(reqs), err), false
+			return nil, p.withUnhealthy(fmt.Sprintf("gang of %d does not fit: %v", len(reqs), err)), false
 		}
 		assigns = as
 		for range as {
@@ -325,6 +451,15 @@ func waitReason(d sched.Decision, err error) string {
 		return string(r)
 	}
 	return err.Error()
+}
+
+// withUnhealthy adds the devices out of service to a wait reason. The
+// caller holds p.mu.
+func (p *Placer) withUnhealthy(reason string) string {
+	if len(p.down) == 0 {
+		return reason
+	}
+	return fmt.Sprintf("%s (out of service: %s)", reason, strings.Join(p.unhealthy(), ", "))
 }
 
 // estimateProgramming sets each region's programming-time estimate for the
@@ -393,6 +528,38 @@ func (p *Placer) Release(j *api.Job) {
 	}
 	delete(p.held, j.ID)
 	p.eng.Release(&h.req, &h.assign, []*sched.Node{p.node})
+	// Release gives back to the node what the job held; an unhealthy
+	// device must still offer nothing.
+	for id := range p.down {
+		p.refreshGPU(p.gpuOf(id))
+	}
+}
+
+// BestEffortOnly names the GPUs (by ID) whose jobs are all best-effort:
+// the GPUs a power policy may cap. Idle GPUs are not in it.
+func (p *Placer) BestEffortOnly() map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]bool{}
+	other := map[string]bool{}
+	for _, h := range p.held {
+		gs := slices.Clone(h.assign.GPUs)
+		if m := h.assign.MIG; m != nil {
+			gs = append(gs, m.GPU)
+		}
+		for _, g := range gs {
+			id := p.hw.GPUs[g].ID
+			if h.req.Tier == sched.TierBestEffort {
+				out[id] = true
+			} else {
+				other[id] = true
+			}
+		}
+	}
+	for id := range other {
+		delete(out, id)
+	}
+	return out
 }
 
 // Capacity is the host's total.
@@ -405,32 +572,22 @@ func (p *Placer) Allocated() api.NodeResources {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := p.node
-	gpus := 0
-	for i, g := range n.GPUs {
-		if g.MilliFree < p.base.GPUs[i].MilliFree || migUsed(g.MIG) {
-			gpus++
-		}
-	}
+	used := map[int]bool{}
 	fpgas := 0
 	for _, h := range p.held {
+		for _, g := range h.assign.GPUs {
+			used[g] = true
+		}
+		if m := h.assign.MIG; m != nil {
+			used[m.GPU] = true
+		}
 		if h.assign.FPGA >= 0 {
 			fpgas++
 		}
 	}
+	gpus := len(used)
 	return api.NodeResources{
 		CPU: api.MilliCPU(n.CPUMilli - n.CPUFreeMilli), Memory: api.Bytes((n.MemMiB - n.MemFreeMiB) << 20),
 		GPUs: gpus, FPGAs: fpgas,
 	}
-}
-
-func migUsed(m *sched.MIG) bool {
-	if m == nil {
-		return false
-	}
-	for _, in := range m.Instances {
-		if in.InUse {
-			return true
-		}
-	}
-	return false
 }

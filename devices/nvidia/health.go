@@ -88,6 +88,18 @@ func (m *Manager) Health(uuid string) devices.Health {
 	return devices.Health{Healthy: true}
 }
 
+// ProbationEnds is when an out-of-service device that answers healthy
+// again returns to service; false while it is healthy or still failing.
+func (m *Manager) ProbationEnds(uuid string) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.health.bad[uuid]
+	if !ok || e.recovering.IsZero() {
+		return time.Time{}, false
+	}
+	return e.recovering.Add(m.probation), true
+}
+
 // Healthy reports whether new work may be placed on uuid (GPU or MIG).
 func (m *Manager) Healthy(uuid string) bool {
 	if !m.Health(uuid).Healthy {

@@ -1,0 +1,160 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"maps"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/host"
+	"github.com/fusiond/fusiond/devices/nvidia"
+)
+
+// GPUConfig is the gpu: section of the configuration.
+//
+//	gpu:
+//	  health_probation: 5m     # healthy this long after a fault before placement resumes
+//	  health_probe: 10s        # how often out-of-service GPUs are probed
+//	  sharing:                 # the NVIDIA device plugin's sharing section, as written for it
+//	    timeSlicing:
+//	      resources:
+//	      - {name: nvidia.com/gpu, replicas: 4}
+//	  power: {enabled: true, besteffort_cap_watts: 300}
+type GPUConfig struct {
+	HealthProbation Duration `json:"health_probation"`
+	HealthProbe     Duration `json:"health_probe"`
+	// Sharing is the device plugin's sharing: sub-tree (timeSlicing and/or
+	// mps), decoded by nvidia.ParseSharingConfig.
+	Sharing json.RawMessage `json:"sharing,omitempty"`
+	Power   PowerConfig     `json:"power"`
+}
+
+// PowerConfig caps the power of GPUs that run only best-effort jobs.
+type PowerConfig struct {
+	Enabled            bool    `json:"enabled"`
+	BestEffortCapWatts float64 `json:"besteffort_cap_watts"`
+	// Period is how often the caps are reconciled with the jobs placed on
+	// each GPU (default 2s).
+	Period Duration `json:"period,omitempty"`
+}
+
+// SharingConfig decodes the sharing sub-tree (nil when there is none).
+func (g GPUConfig) SharingConfig() (*nvidia.SharingConfig, error) {
+	raw := bytes.TrimSpace(g.Sharing)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	doc, err := json.Marshal(map[string]json.RawMessage{"version": json.RawMessage(`"v1"`), "sharing": raw})
+	if err != nil {
+		return nil, err
+	}
+	return nvidia.ParseSharingConfig(doc)
+}
+
+// validate checks the gpu: section; key names the offending field.
+func (g GPUConfig) validate() (key string, err error) {
+	switch {
+	case g.HealthProbation < 0:
+		return "gpu.health_probation", fmt.Errorf("must not be negative")
+	case g.HealthProbe < 0:
+		return "gpu.health_probe", fmt.Errorf("must not be negative")
+	case g.Power.Period < 0:
+		return "gpu.power.period", fmt.Errorf("must not be negative")
+	case g.Power.Enabled && g.Power.BestEffortCapWatts <= 0:
+		return "gpu.power.besteffort_cap_watts", fmt.Errorf("must be positive when power capping is enabled")
+	}
+	if _, err := g.SharingConfig(); err != nil {
+		return "gpu.sharing", err
+	}
+	return "", nil
+}
+
+// hostConfig is what the host needs from the gpu: section.
+func (g GPUConfig) hostConfig(c host.Config) host.Config {
+	c.HealthProbation = time.Duration(g.HealthProbation)
+	c.HealthProbe = time.Duration(g.HealthProbe)
+	return c
+}
+
+// healthTarget is the part of the placer the GPU health watch drives.
+type healthTarget interface {
+	SetHealthy(deviceID string, healthy bool) bool
+}
+
+// devicePublisher sends device events to the event stream.
+type devicePublisher interface {
+	PublishDevice(api.Event)
+}
+
+// connectHealth makes health transitions stop and resume placement and
+// appear in the event stream, then brings the placer up to date with what
+// changed before the connection.
+func connectHealth(hw *host.Host, placer healthTarget, pub devicePublisher) {
+	hw.OnHealth(func(e api.Event) {
+		placer.SetHealthy(e.Device, e.Healthy != nil && *e.Healthy)
+		pub.PublishDevice(e)
+	})
+	if m := hw.GPUs(); m != nil {
+		for _, g := range m.GPUs() {
+			placer.SetHealthy(g.UUID, m.Healthy(g.UUID))
+		}
+	}
+}
+
+// applyGPUConfig applies the sharing section at start.
+func applyGPUConfig(hw *host.Host, g GPUConfig, log *slog.Logger) error {
+	m := hw.GPUs()
+	sc, err := g.SharingConfig()
+	if err != nil || sc == nil || m == nil {
+		return err
+	}
+	if err := m.ApplySharingConfig(sc); err != nil {
+		return fmt.Errorf("gpu.sharing: %w", err)
+	}
+	for _, s := range m.ShareStatuses() {
+		log.Info("GPU sharing", "gpu", s.GPU, "mode", s.Mode, "replicas", s.Replicas)
+	}
+	return nil
+}
+
+// bestEffortSource says which GPUs run only best-effort jobs.
+type bestEffortSource interface {
+	BestEffortOnly() map[string]bool
+}
+
+// powerCaps keeps the GPU power caps in line with the policy: every Period
+// it asks the placer which GPUs hold only best-effort jobs and, when that
+// set changed, applies the policy (cap those, restore the others to their
+// maximum). It returns when ctx ends.
+func powerCaps(ctx context.Context, m *nvidia.Manager, p PowerConfig, src bestEffortSource, log *slog.Logger) {
+	if !p.Enabled || m == nil {
+		return
+	}
+	policy := nvidia.PowerPolicy{Enabled: true, BestEffortCapW: p.BestEffortCapWatts}
+	period := time.Duration(p.Period)
+	if period <= 0 {
+		period = 2 * time.Second
+	}
+	var last map[string]bool
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		cur := src.BestEffortOnly()
+		if last == nil || !maps.Equal(cur, last) {
+			if err := m.ApplyPowerPolicy(policy, cur); err != nil {
+				log.Warn("GPU power policy", "err", err)
+			} else {
+				last = cur
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
