@@ -114,12 +114,13 @@ func DefaultConfig() Config {
 			api.ClassTraining:  api.TierBurstable,
 			api.ClassBatch:     api.TierBestEffort,
 		},
-		CancelGrace:       Duration(10 * time.Second),
-		ShutdownTimeout:   Duration(30 * time.Second),
-		MaxRequestBytes:   api.DefaultMaxBodyBytes,
-		MaxBitstreamBytes: api.DefaultMaxBitstreamBytes,
-		Retention:         Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
-		GPU:               GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
+		CancelGrace:         Duration(10 * time.Second),
+		ShutdownTimeout:     Duration(30 * time.Second),
+		MaxRequestBytes:     api.DefaultMaxBodyBytes,
+		LeaveJobsOnShutdown: true,
+		MaxBitstreamBytes:   api.DefaultMaxBitstreamBytes,
+		Retention:           Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
+		GPU:                 GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
 	}
 }
 

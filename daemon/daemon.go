@@ -66,12 +66,12 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	engine := placement.New(hardwareOf(ctx, hw, capacity), placementOptions(hw))
+	engine := placement.New(hardwareOf(ctx, hw, capacity, log), placementOptions(hw))
 	placer, runner, err := newExecutor(cfg, engine, log)
 	if err != nil {
 		return err
 	}
-	prep := &devicePreparer{host: hw, log: log}
+	prep := &devicePreparer{host: hw, placer: engine, log: log}
 	mgr := jobs.New(jobs.Config{
 		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
 		DefaultTiers:     cfg.Tiers,

@@ -235,7 +235,7 @@ func (r *recordingPublisher) count() int {
 func TestConnectHealth(t *testing.T) {
 	ctx := context.Background()
 	h := openSim(t, host.Config{HealthProbe: 20 * time.Millisecond, HealthProbation: 200 * time.Millisecond})
-	p := placement.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}), placementOptions(h))
+	p := placement.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler)), placementOptions(h))
 	pub := &recordingPublisher{}
 	connectHealth(h, p, pub)
 	uuid := h.GPUs().GPUs()[5].UUID

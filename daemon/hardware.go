@@ -2,18 +2,20 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/host"
 	"github.com/fusiond/fusiond/daemon/placement"
+	"github.com/fusiond/fusiond/devices/nvidia"
 	"github.com/fusiond/fusiond/topology"
 )
 
 // hardwareOf is the placement engine's view of the host: the real CPUs and
 // memory jobs run on, and the GPUs and FPGA regions the host's drivers
 // (real or simulated) report, with their NUMA nodes and NVLinks.
-func hardwareOf(ctx context.Context, h *host.Host, capacity api.NodeResources) placement.Hardware {
+func hardwareOf(ctx context.Context, h *host.Host, capacity api.NodeResources, log *slog.Logger) placement.Hardware {
 	hw := placement.Hardware{CPU: capacity.CPU, Memory: capacity.Memory}
 	topo := h.Topology()
 	numaOf := map[string]int{}
@@ -29,29 +31,35 @@ func hardwareOf(ctx context.Context, h *host.Host, capacity api.NodeResources) p
 		}
 	}
 	if g := h.GPUs(); g != nil {
-		state, _ := g.State(ctx, nil)
+		state, err := g.State(ctx, nil)
+		if err != nil {
+			// Without the MIG state the engine could plan instances on
+			// occupied slices: keep MIG GPUs out of service instead.
+			log.Error("reading MIG state; MIG-enabled GPUs take no work until restart", "err", err)
+		}
 		index := map[string]int{}
 		for i, gpu := range g.GPUs() {
 			numa := gpu.NUMANode
-			if n, ok := numaOf[gpu.BDF]; ok && n >= 0 {
+			if n, ok := numaOf[strings.ToLower(gpu.BDF)]; ok && n >= 0 {
 				numa = n
 			}
 			pg := placement.GPU{
 				ID: gpu.UUID, Model: gpu.Model, MemoryMB: int64(gpu.MemoryMB), NUMA: max(numa, 0),
-				Healthy: g.Healthy(gpu.UUID), PerfPerWatt: 1,
+				Healthy: g.Healthy(gpu.UUID) && (err == nil || !gpu.MIGEnabled), PerfPerWatt: 1,
 			}
 			if gpu.MIGEnabled {
-				m := &placement.MIG{TotalSlices: 7, ReconfigMs: 1500, Profiles: map[string]int{}}
+				// MIG GPUs are modelled in memory slots, the unit NVIDIA
+				// places instances in (a 3g instance takes 4 of 8).
+				m := &placement.MIG{TotalSlices: nvidia.MemorySlots, ReconfigMs: 1500, Profiles: map[string]int{}}
 				for _, p := range gpu.Profiles {
-					m.Profiles[p.Name] = p.Slices
+					m.Profiles[p.Name] = p.MemSlots
 				}
 				for _, gs := range state.GPUs {
 					if gs.UUID != gpu.UUID {
 						continue
 					}
 					for _, in := range gs.Instances {
-						slices := m.Profiles[in.Profile]
-						m.Instances = append(m.Instances, placement.MIGInstance{ID: in.UUID, Profile: in.Profile, Start: in.Start, Slices: slices})
+						m.Instances = append(m.Instances, placement.MIGInstance{ID: in.UUID, Profile: in.Profile, Start: in.Start, Slices: in.Size})
 					}
 				}
 				pg.MIG = m

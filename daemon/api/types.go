@@ -239,8 +239,10 @@ type GPUShare struct {
 // MIGAllocation is a MIG instance of Profile on GPU; Instance is its UUID,
 // empty until the executor has created it.
 type MIGAllocation struct {
-	GPU      string `json:"gpu"`
-	Profile  string `json:"profile"`
+	GPU     string `json:"gpu"`
+	Profile string `json:"profile"`
+	// Start is the first memory slot of the instance on its GPU.
+	Start    int    `json:"start"`
 	Instance string `json:"instance,omitempty"`
 }
 

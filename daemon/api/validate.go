@@ -133,6 +133,9 @@ func (s *JobSpec) Validate() error {
 		if r.Policy == RestartNever && r.MaxRetries != 0 {
 			return FieldError("restart.max_retries", "only meaningful with policy on-failure")
 		}
+		if r.Policy == RestartOnFailure && s.Gang != nil {
+			return FieldError("restart.policy", "a gang member cannot restart on its own: its gang is placed all together or not at all")
+		}
 	}
 	if len(s.Labels) > MaxLabels {
 		return FieldError("labels", "at most %d labels, got %d", MaxLabels, len(s.Labels))

@@ -60,6 +60,7 @@ func TestDecodeSpec(t *testing.T) {
 		{"gang without name", `{` + ok + `,"gang":{"size":2}}`, CodeInvalid, "gang.name", "required"},
 		{"bad restart policy", `{` + ok + `,"restart":{"policy":"always-and-forever"}}`, CodeInvalid, "restart.policy", "unknown policy"},
 		{"retries with never", `{` + ok + `,"restart":{"policy":"never","max_retries":2}}`, CodeInvalid, "restart.max_retries", "on-failure"},
+		{"gang member restarting alone", `{` + ok + `,"gang":{"name":"g","size":2},"restart":{"policy":"on-failure","max_retries":1}}`, CodeInvalid, "restart.policy", "gang"},
 		{"bad topology", `{` + ok + `,"topology":"numa"}`, CodeInvalid, "topology", "unknown policy"},
 		{"bad label", `{` + ok + `,"labels":{"-x":"y"}}`, CodeInvalid, "labels.-x", "invalid label key"},
 	}

@@ -253,6 +253,9 @@ func waitTerminal(ctx context.Context, c *api.Client, id string, timeout time.Du
 		}
 		select {
 		case <-ctx.Done():
+			if timeout == 0 {
+				return j, ctx.Err()
+			}
 			return j, fmt.Errorf("job %s still %s after %s", id, j.State, timeout)
 		case <-time.After(delay):
 		}
@@ -334,8 +337,8 @@ func jobTable(w io.Writer, jobs []api.Job) error {
 			user = strconv.FormatUint(uint64(j.Owner.UID), 10)
 		}
 		reason := j.Reason
-		if len(reason) > 70 {
-			reason = reason[:67] + "..."
+		if r := []rune(reason); len(r) > 70 {
+			reason = string(r[:67]) + "..."
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Spec.Name, j.Spec.Class, j.Tier, j.State, user, age(j.CreatedAt), reason)
 	}

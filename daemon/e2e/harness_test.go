@@ -72,6 +72,11 @@ type daemon struct {
 func newDaemon(t *testing.T, dir, extra string) *daemon {
 	d := &daemon{t: t, dir: dir, socket: filepath.Join(dir, "fusiond.sock"), config: filepath.Join(dir, "config.yaml"),
 		cgroupParent: "fusiond-e2e-" + filepath.Base(dir)}
+	if !strings.Contains(extra, "leave_jobs_on_shutdown") {
+		// Tests stop their daemons at the end: stop the jobs with them, so
+		// nothing outlives a test on the CI host.
+		extra = "leave_jobs_on_shutdown: false\n" + extra
+	}
 	cfg := fmt.Sprintf("state_dir: %s\nsocket: %s\nsocket_group: \"\"\nsocket_mode: \"0666\"\ncancel_grace: 2s\nlog: {level: debug}\ncgroup_parent: %s\n%s",
 		filepath.Join(dir, "state"), d.socket, d.cgroupParent, extra)
 	if err := os.WriteFile(d.config, []byte(cfg), 0o644); err != nil {

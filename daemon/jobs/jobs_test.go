@@ -21,6 +21,7 @@ func TestTransitions(t *testing.T) {
 		{api.StatePending, api.StatePlaced}: true, {api.StatePending, api.StateCancelled}: true, {api.StatePending, api.StateFailed}: true,
 		{api.StatePlaced, api.StateStarting}: true, {api.StatePlaced, api.StatePending}: true, {api.StatePlaced, api.StateCancelled}: true,
 		{api.StateStarting, api.StateRunning}: true, {api.StateStarting, api.StateFailed}: true, {api.StateStarting, api.StateCancelled}: true, {api.StateStarting, api.StateLost}: true,
+		{api.StateStarting, api.StatePending}:  true,
 		{api.StateRunning, api.StateSucceeded}: true, {api.StateRunning, api.StateFailed}: true, {api.StateRunning, api.StateCancelled}: true,
 		{api.StateRunning, api.StateLost}: true, {api.StateRunning, api.StatePending}: true,
 	}

@@ -113,7 +113,9 @@ func (m *Manager) Recover() error {
 		switch j.State {
 		case api.StatePending:
 		case api.StatePlaced:
-			if err := m.transition(j, api.StatePending, "placement dropped: fusiond restarted before the job started", nil); err != nil {
+			if err := m.transition(j, api.StatePending, "placement dropped: fusiond restarted before the job started", func(j *api.Job) {
+				j.Allocation = nil
+			}); err != nil {
 				return err
 			}
 		case api.StateStarting, api.StateRunning:
@@ -363,13 +365,27 @@ func (m *Manager) noteStoreError(err error) {
 // record), persists it, and publishes the event. The caller must not hold
 // m.mu. A forbidden transition is an error and changes nothing.
 func (m *Manager) transition(j *api.Job, to api.State, reason string, mutate func(*api.Job)) error {
+	return m.transitionFrom(j, "", to, reason, mutate)
+}
+
+// transitionFrom is transition that succeeds only while the job is still
+// in state from (any state when from is ""), so a decision taken on a state
+// read earlier cannot apply to a job that has moved on meanwhile. If the
+// store write fails, the in-memory record is put back as it was (unless it
+// changed again meanwhile).
+func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, mutate func(*api.Job)) error {
 	m.mu.Lock()
-	from := j.State
-	if !CanTransition(from, to) {
+	cur := j.State
+	if from != "" && cur != from {
 		m.mu.Unlock()
-		return fmt.Errorf("job %s: %s → %s: %w", j.ID, from, to, ErrBadTransition)
+		return fmt.Errorf("job %s is %s, no longer %s: %w", j.ID, cur, from, ErrBadTransition)
 	}
-	ev := api.Event{Time: m.now(), From: from, To: to, Reason: reason}
+	if !CanTransition(cur, to) {
+		m.mu.Unlock()
+		return fmt.Errorf("job %s: %s → %s: %w", j.ID, cur, to, ErrBadTransition)
+	}
+	before := cloneJob(j)
+	ev := api.Event{Time: m.now(), From: cur, To: to, Reason: reason}
 	j.State = to
 	j.Reason = reason
 	j.Events = append(j.Events, ev)
@@ -382,10 +398,15 @@ func (m *Manager) transition(j *api.Job, to api.State, reason string, mutate fun
 
 	if err := m.store.PutJob(snap); err != nil {
 		m.noteStoreError(err)
+		m.mu.Lock()
+		if j.Version == snap.Version {
+			*j = before
+		}
+		m.mu.Unlock()
 		return err
 	}
 	m.publish(&snap, ev)
-	m.log.Info("job state", "job", j.ID, "from", from, "to", to, "reason", reason)
+	m.log.Info("job state", "job", j.ID, "from", cur, "to", to, "reason", reason)
 	return nil
 }
 
@@ -393,9 +414,7 @@ func cloneJob(j *api.Job) api.Job {
 	c := *j
 	c.Events = slices.Clone(j.Events)
 	if j.Allocation != nil {
-		a := *j.Allocation
-		a.Devices = slices.Clone(a.Devices)
-		c.Allocation = &a
+		c.Allocation = cloneAllocation(j.Allocation)
 	}
 	if j.Exit != nil {
 		e := *j.Exit
@@ -406,6 +425,27 @@ func cloneJob(j *api.Job) api.Job {
 		c.Usage = &u
 	}
 	return c
+}
+
+// cloneAllocation copies an allocation deeply, so a copy handed out (to the
+// preparer, to API callers) never aliases the live record.
+func cloneAllocation(in *api.Allocation) *api.Allocation {
+	a := *in
+	a.Devices = slices.Clone(in.Devices)
+	a.GPUs = slices.Clone(in.GPUs)
+	if in.GPUShare != nil {
+		s := *in.GPUShare
+		a.GPUShare = &s
+	}
+	if in.MIG != nil {
+		m := *in.MIG
+		a.MIG = &m
+	}
+	if in.FPGA != nil {
+		f := *in.FPGA
+		a.FPGA = &f
+	}
+	return &a
 }
 
 // visible reports whether c may see j.
@@ -496,7 +536,6 @@ func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, e
 		return api.Job{}, err
 	}
 	state := j.State
-	proc := m.procs[id]
 	by := fmt.Sprintf("cancelled by %s (uid %d)", cmp.Or(c.User, "?"), c.UID)
 	switch {
 	case state.Terminal():
@@ -504,22 +543,43 @@ func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, e
 		return api.Job{}, api.Errorf(api.CodeConflict, "job %s already %s", id, state)
 	case state == api.StatePending:
 		m.mu.Unlock()
-		if err := m.transition(j, api.StateCancelled, by, func(j *api.Job) {
+		err := m.transitionFrom(j, api.StatePending, api.StateCancelled, by, func(j *api.Job) {
 			t := m.now()
 			j.FinishedAt = &t
-		}); err != nil {
+		})
+		if errors.Is(err, ErrBadTransition) {
+			// Placed meanwhile: stop it like a starting job.
+			return m.cancelStarted(c, id, by)
+		}
+		if err != nil {
 			return api.Job{}, err
 		}
 	default:
-		already := m.cancels[id]
-		m.cancels[id] = true
-		j.Reason = by + "; stopping"
 		m.mu.Unlock()
-		if proc != nil && !already {
-			m.log.Info("cancelling job", "job", id, "pid", proc.PID())
-			_ = proc.Signal(syscall.SIGTERM)
-			go m.killAfterGrace(id, proc)
-		}
+		return m.cancelStarted(c, id, by)
+	}
+	return m.Get(context.Background(), c, id)
+}
+
+// cancelStarted cancels a job that is placed, starting or running: the
+// launcher sees the flag before it starts the process, or the process gets
+// SIGTERM (and SIGKILL after the grace period).
+func (m *Manager) cancelStarted(c api.Caller, id, by string) (api.Job, error) {
+	m.mu.Lock()
+	j := m.jobs[id]
+	if j.State.Terminal() {
+		m.mu.Unlock()
+		return api.Job{}, api.Errorf(api.CodeConflict, "job %s already %s", id, j.State)
+	}
+	proc := m.procs[id]
+	already := m.cancels[id]
+	m.cancels[id] = true
+	j.Reason = by + "; stopping"
+	m.mu.Unlock()
+	if proc != nil && !already {
+		m.log.Info("cancelling job", "job", id, "pid", proc.PID())
+		_ = proc.Signal(syscall.SIGTERM)
+		go m.killAfterGrace(id, proc)
 	}
 	return m.Get(context.Background(), c, id)
 }
@@ -675,8 +735,14 @@ func (m *Manager) HeldDevices() map[string]bool {
 		if s := a.GPUShare; s != nil {
 			held[s.GPU] = true
 		}
-		if mig := a.MIG; mig != nil && mig.Instance != "" {
-			held[mig.Instance] = true
+		if mig := a.MIG; mig != nil {
+			if mig.Instance != "" {
+				held[mig.Instance] = true
+			} else {
+				// The instance is yet to be created: keep the GPU's
+				// layout from being changed under the job.
+				held[mig.GPU] = true
+			}
 		}
 		if f := a.FPGA; f != nil {
 			held[f.Region] = true

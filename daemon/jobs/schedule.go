@@ -141,6 +141,7 @@ func (m *Manager) launch(j *api.Job) {
 		g, err := prep.Prepare(context.Background(), &snap)
 		if err != nil {
 			m.release(j)
+			m.forgetCancel(j.ID)
 			_ = m.transition(j, api.StateFailed, "could not prepare its devices: "+err.Error(), func(j *api.Job) {
 				t := m.now()
 				j.FinishedAt = &t
@@ -152,11 +153,21 @@ func (m *Manager) launch(j *api.Job) {
 		if snap.Allocation != nil {
 			// Preparing may have named a device it created (a MIG
 			// instance); the running transition persists it.
-			a := *snap.Allocation
+			a := cloneAllocation(snap.Allocation)
 			m.mu.Lock()
-			j.Allocation = &a
+			j.Allocation = a
 			m.mu.Unlock()
 		}
+	}
+	if m.isStopping() {
+		// The daemon is going down: do not start a process nobody will
+		// follow; the next daemon places the job again.
+		m.release(j)
+		m.forgetCancel(j.ID)
+		_ = m.transition(j, api.StatePending, "not started: fusiond is shutting down", func(j *api.Job) {
+			j.Allocation = nil
+		})
+		return
 	}
 	req, err := m.runRequest(&snap, attempt)
 	req.Devices, req.DeviceEnv = grant.Nodes, grant.Env
@@ -166,6 +177,7 @@ func (m *Manager) launch(j *api.Job) {
 	}
 	if err != nil {
 		m.release(j)
+		m.forgetCancel(j.ID)
 		_ = m.transition(j, api.StateFailed, "could not start: "+err.Error(), func(j *api.Job) {
 			t := m.now()
 			j.FinishedAt = &t
@@ -175,6 +187,13 @@ func (m *Manager) launch(j *api.Job) {
 	}
 	m.supervise(j, proc, attempt)
 	m.poke()
+}
+
+// forgetCancel drops a pending cancel request of a job that will not run.
+func (m *Manager) forgetCancel(id string) {
+	m.mu.Lock()
+	delete(m.cancels, id)
+	m.mu.Unlock()
 }
 
 // release gives back a job's placement and whatever preparing its devices

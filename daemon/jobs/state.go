@@ -14,12 +14,12 @@ import (
 //
 //	pending  → placed | cancelled | failed
 //	placed   → starting | pending (placement dropped) | cancelled
-//	starting → running | failed | cancelled | lost
+//	starting → running | failed | cancelled | lost | pending (not started: shutdown)
 //	running  → succeeded | failed | cancelled | lost | pending (restart)
 var transitions = map[api.State][]api.State{
 	api.StatePending:  {api.StatePlaced, api.StateCancelled, api.StateFailed},
 	api.StatePlaced:   {api.StateStarting, api.StatePending, api.StateCancelled},
-	api.StateStarting: {api.StateRunning, api.StateFailed, api.StateCancelled, api.StateLost},
+	api.StateStarting: {api.StateRunning, api.StateFailed, api.StateCancelled, api.StateLost, api.StatePending},
 	api.StateRunning:  {api.StateSucceeded, api.StateFailed, api.StateCancelled, api.StateLost, api.StatePending},
 }
 

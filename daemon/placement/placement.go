@@ -319,12 +319,10 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 		switch {
 		case g.MIG != "":
 			req.MIGProfile = g.MIG
-			if m := migSlicesRE.FindStringSubmatch(g.MIG); m != nil {
-				req.MIGSlices, _ = strconv.Atoi(m[1])
-			}
+			req.MIGSlices = p.migSlots(g.MIG)
 		case g.Share > 0:
 			req.GPUs, req.GPUMilli = 1, int64(g.Share)
-			req.GPUMemMiB = int64(g.Memory >> 20)
+			req.GPUMemMiB = int64(math.Ceil(float64(g.Memory) / (1 << 20)))
 		default:
 			req.GPUs, req.GPUMilli = g.Count, sched.MilliPerGPU
 		}
@@ -387,6 +385,24 @@ func (p *Placer) Admit(spec api.JobSpec) error {
 			r, p.hw.CPU, p.hw.Memory.Human(), len(p.hw.GPUs), len(p.hw.FPGAs))
 	}
 	return nil
+}
+
+// migSlots is how many slots of a MIG GPU an instance of profile takes, in
+// the unit the host's MIG GPUs are modelled in (Hardware: memory slots).
+// Unknown profiles fall back to the compute slices in the name.
+func (p *Placer) migSlots(profile string) int {
+	for _, g := range p.hw.GPUs {
+		if g.MIG != nil {
+			if n, ok := g.MIG.Profiles[profile]; ok {
+				return n
+			}
+		}
+	}
+	if m := migSlicesRE.FindStringSubmatch(profile); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	return 0
 }
 
 func (p *Placer) migSupported(profile string) bool {
@@ -481,8 +497,11 @@ func (p *Placer) estimateProgramming(reqs []sched.Request) {
 // allocation names what an assignment holds.
 func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain string) api.Allocation {
 	alloc := api.Allocation{CPU: api.MilliCPU(a.CPUMilli), Memory: api.Bytes(a.MemMiB << 20), NUMANode: -1, Explain: explain}
-	for numa := range a.Cores {
-		alloc.NUMANode = numa
+	for numa, n := range a.Cores {
+		// The node holding most of the job's cores (lowest on a tie).
+		if n > 0 && (alloc.NUMANode < 0 || n > a.Cores[alloc.NUMANode] || n == a.Cores[alloc.NUMANode] && numa < alloc.NUMANode) {
+			alloc.NUMANode = numa
+		}
 	}
 	for _, g := range a.GPUs {
 		gpu := p.hw.GPUs[g]
@@ -499,7 +518,7 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 	}
 	if m := a.MIG; m != nil {
 		g := p.hw.GPUs[m.GPU]
-		mig := &api.MIGAllocation{GPU: g.ID, Profile: req.MIGProfile}
+		mig := &api.MIGAllocation{GPU: g.ID, Profile: req.MIGProfile, Start: m.Start}
 		if g.MIG != nil && !m.Create {
 			for _, in := range g.MIG.Instances {
 				if in.Start == m.Start && in.Slices == m.Slices {
@@ -516,6 +535,100 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 		alloc.Devices = append(alloc.Devices, r.ID)
 	}
 	return alloc
+}
+
+// NoteMIG records the instance a job's MIG allocation became once the
+// executor created it: its UUID, so later jobs reuse it, and the slot it
+// really starts at, if the driver placed it elsewhere than the engine chose.
+func (p *Placer) NoteMIG(jobID string, a api.MIGAllocation, start int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gi := p.gpuOf(a.GPU)
+	if gi < 0 || p.hw.GPUs[gi].MIG == nil {
+		return
+	}
+	slots := p.migSlots(a.Profile)
+	if h, ok := p.held[jobID]; ok && h.assign.MIG != nil && h.assign.MIG.Start != start {
+		for i, in := range p.node.GPUs[gi].MIG.Instances {
+			if in.Start == h.assign.MIG.Start {
+				p.node.GPUs[gi].MIG.Instances[i].Start = start
+			}
+		}
+		h.assign.MIG.Start = start
+		p.held[jobID] = h
+	}
+	for i, in := range p.node.GPUs[gi].MIG.Instances {
+		if in.Start == start {
+			p.node.GPUs[gi].MIG.Instances[i].Profile = a.Profile
+		}
+	}
+	m := p.hw.GPUs[gi].MIG
+	for _, in := range m.Instances {
+		if in.ID == a.Instance {
+			return
+		}
+	}
+	m.Instances = append(m.Instances, MIGInstance{ID: a.Instance, Profile: a.Profile, Start: start, Slices: slots})
+}
+
+// Reclaim reserves again what a job re-attached after a daemon restart
+// holds, from its recorded allocation, so nothing is handed out twice.
+func (p *Placer) Reclaim(j *api.Job) error {
+	a := j.Allocation
+	if a == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.held[j.ID]; ok {
+		return nil
+	}
+	req := p.request(j.ID, j.Spec, j.Tier)
+	as := sched.Assignment{Node: p.node.Name, CPUMilli: int64(a.CPU), MemMiB: int64(a.Memory >> 20), FPGA: -1}
+	if req.ExclusiveCores > 0 && a.NUMANode >= 0 {
+		as.Cores = map[int]int{a.NUMANode: req.ExclusiveCores}
+	}
+	for _, id := range a.GPUs {
+		gi := p.gpuOf(id)
+		if gi < 0 {
+			return fmt.Errorf("job %s holds GPU %s, which this host no longer has", j.ID, id)
+		}
+		as.GPUs = append(as.GPUs, gi)
+		as.GPUMilli = sched.MilliPerGPU
+	}
+	if s := a.GPUShare; s != nil {
+		gi := p.gpuOf(s.GPU)
+		if gi < 0 {
+			return fmt.Errorf("job %s holds a share of GPU %s, which this host no longer has", j.ID, s.GPU)
+		}
+		as.GPUs, as.GPUMilli, as.GPUMemMiB = []int{gi}, int64(s.Milli), s.MemoryMB
+	}
+	if m := a.MIG; m != nil {
+		gi := p.gpuOf(m.GPU)
+		if gi < 0 {
+			return fmt.Errorf("job %s holds a MIG instance on GPU %s, which this host no longer has", j.ID, m.GPU)
+		}
+		as.MIG = &sched.MIGPick{GPU: gi, Start: m.Start, Slices: p.migSlots(m.Profile)}
+		exists := false
+		if mm := p.node.GPUs[gi].MIG; mm != nil {
+			for _, in := range mm.Instances {
+				exists = exists || in.Start == m.Start
+			}
+		}
+		as.MIG.Create = !exists
+	}
+	if f := a.FPGA; f != nil {
+		for i, r := range p.hw.FPGAs {
+			if r.ID == f.Region {
+				as.FPGA, as.Bitstream = i, f.Bitstream
+			}
+		}
+	}
+	if err := p.eng.Commit(&req, &as, []*sched.Node{p.node}); err != nil {
+		return fmt.Errorf("re-reserving job %s: %w", j.ID, err)
+	}
+	p.held[j.ID] = held{req: req, assign: as}
+	return nil
 }
 
 // Release returns a job's reservation; releasing twice is harmless.

@@ -115,3 +115,47 @@ func TestSharesAndFPGAAffinity(t *testing.T) {
 		t.Errorf("FPGA job got %v (%s), want fpga-1 which already holds gzip", allocs, why)
 	}
 }
+
+// After a daemon restart a re-attached job's devices are reserved again
+// from its recorded allocation: nothing is handed out twice.
+func TestReclaim(t *testing.T) {
+	first := New(dgx(), Options{Seed: 1})
+	j := job("1", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 4}})
+	allocs, why, ok := first.Place([]*api.Job{j})
+	if !ok {
+		t.Fatal(why)
+	}
+	j.Allocation = &allocs[0]
+	share := job("2", api.TierBurstable, api.Resources{CPU: 500, Memory: 1 << 30, GPU: &api.GPURequest{Count: 1, Share: 500, Memory: 1 << 30}})
+	allocs, why, ok = first.Place([]*api.Job{share})
+	if !ok {
+		t.Fatal(why)
+	}
+	share.Allocation = &allocs[0]
+
+	restarted := New(dgx(), Options{Seed: 1})
+	for _, held := range []*api.Job{j, share} {
+		if err := restarted.Reclaim(held); err != nil {
+			t.Fatal(err)
+		}
+		if err := restarted.Reclaim(held); err != nil {
+			t.Fatalf("second reclaim: %v", err)
+		}
+	}
+	if got := restarted.Allocated(); got.GPUs != 5 || got.CPU != 1500 {
+		t.Errorf("after reclaim: %+v, want 5 GPUs and 1500m CPU held", got)
+	}
+	four := job("3", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 4}})
+	if _, _, ok := restarted.Place([]*api.Job{four}); ok {
+		t.Error("4 more whole GPUs placed: only 3 are untouched")
+	}
+	restarted.Release(j)
+	if _, why, ok := restarted.Place([]*api.Job{four}); !ok {
+		t.Errorf("released GPUs not free again: %s", why)
+	}
+	gone := job("4", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30})
+	gone.Allocation = &api.Allocation{CPU: 1000, Memory: 1 << 30, GPUs: []string{"GPU-nope"}}
+	if err := restarted.Reclaim(gone); err == nil {
+		t.Error("reclaimed a GPU the host does not have")
+	}
+}

@@ -283,6 +283,11 @@ func (m *Manager) WatchHealth(ctx context.Context, probeEvery time.Duration, emi
 			}
 		default:
 			m.log.Warn("nvidia: event wait", "err", err)
+			// Do not spin on a persistent error (a lost GPU).
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(waitMs) * time.Millisecond):
+			}
 		}
 		if time.Since(lastProbe) >= probeEvery {
 			lastProbe = time.Now()

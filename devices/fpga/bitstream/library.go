@@ -218,6 +218,12 @@ func (l *Library) readIndex() ([]Bitstream, error) {
 			l.log.Warn("skipping unreadable bitstream index entry", "file", e.Name(), "err", err)
 			continue
 		}
+		if !validID(b.ID) || e.Name() != b.ID+".json" {
+			// The ID names files in the library: never trust one that
+			// could point outside it.
+			l.log.Warn("skipping bitstream index entry with a bad id", "file", e.Name(), "id", b.ID)
+			continue
+		}
 		b.Path = l.blobPath(b.ID)
 		out = append(out, b)
 	}
@@ -298,4 +304,17 @@ func (l *Library) Remove(ref string) (Bitstream, error) {
 	}
 	l.log.Info("bitstream removed", "id", b.ID, "name", b.Name)
 	return b, nil
+}
+
+// validID reports whether id is a lower-case hex sha256.
+func validID(id string) bool {
+	if len(id) != 64 {
+		return false
+	}
+	for _, c := range id {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
