@@ -156,6 +156,17 @@ func findInstance(ctx context.Context, gm *nvidia.Manager, gpu, profile string, 
 	return ""
 }
 
+// Reclaim admits again the GPU share of a job re-attached after a daemon
+// restart, so share admission counts it.
+func (d *devicePreparer) Reclaim(j *api.Job) error {
+	s := j.Allocation.GPUShare
+	if s == nil || d.host.GPUs() == nil {
+		return nil
+	}
+	return d.host.GPUs().AdmitShare(context.Background(),
+		nvidia.Share{ID: j.ID, GPU: s.GPU, Milli: s.Milli, MemoryMB: uint64(max(s.MemoryMB, 0))})
+}
+
 // Release gives back what Prepare took (a GPU share).
 func (d *devicePreparer) Release(j *api.Job) {
 	if j.Allocation == nil || j.Allocation.GPUShare == nil || d.host.GPUs() == nil {

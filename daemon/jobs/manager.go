@@ -144,6 +144,11 @@ func (m *Manager) reattach(j *api.Job, proc Process) {
 		} else {
 			m.log.Warn("placer cannot re-reserve a re-attached job's allocation", "job", j.ID)
 		}
+		if rc, ok := m.cfg.Preparer.(Reclaimer); ok {
+			if err := rc.Reclaim(j); err != nil {
+				m.log.Warn("re-admitting a re-attached job's devices", "job", j.ID, "err", err)
+			}
+		}
 	}
 	m.log.Info("re-attached to job", "job", j.ID, "attempt", j.Attempt, "pid", proc.PID())
 	m.wg.Add(1)
