@@ -48,6 +48,15 @@ type Options struct {
 // and store writes, stops running jobs and closes the store.
 func Run(ctx context.Context, o Options) error {
 	cfg, log := o.Config, o.Logger
+	// Job monitors run in other directories than the daemon: every path
+	// they are handed must be absolute.
+	for _, p := range []*string{&cfg.StateDir, &cfg.Socket} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return fmt.Errorf("resolving %s: %w", *p, err)
+		}
+		*p = abs
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
