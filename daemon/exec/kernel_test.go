@@ -238,14 +238,20 @@ func TestKernelCancelEscalates(t *testing.T) {
 	r := newTestRunner(t)
 	req := r.request("stubborn", api.TierBurstable, 100, 64*mib, "sh", "-c", "trap '' TERM; sleep 300 & sleep 300 & wait")
 	p := r.start(req)
-	time.Sleep(300 * time.Millisecond)
 	cg, err := r.cg.Load("stubborn")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pids, _ := cg.Procs()
+	// The shell forks its two sleeps when it gets to them: wait for them.
+	var pids []int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pids, _ = cg.Procs()
+		if len(pids) >= 3 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(pids) < 3 {
-		t.Fatalf("job has %d processes, want 3", len(pids))
+		t.Fatalf("job has %d processes after 10 s, want 3", len(pids))
 	}
 	start := time.Now()
 	if err := p.Signal(syscall.SIGTERM); err != nil {
