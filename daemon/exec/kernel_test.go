@@ -308,3 +308,21 @@ func TestKernelMonitorKilled(t *testing.T) {
 	}
 	assertNoCgroup(t, r, "orphan")
 }
+
+// TestKernelStartRefusesLiveAttempt: starting an attempt again while its
+// monitor runs is refused and leaves the running attempt's files alone.
+func TestKernelStartRefusesLiveAttempt(t *testing.T) {
+	r := newTestRunner(t)
+	req := r.request("twice", api.TierBurstable, 100, 64*mib, "sleep", "300")
+	p := r.start(req)
+	if _, err := r.Start(t.Context(), req); !errors.Is(err, ErrAttemptRunning) {
+		t.Fatalf("second Start of a live attempt: %v, want ErrAttemptRunning", err)
+	}
+	if _, err := os.Stat(filepath.Join(r.AttemptDir("twice", 1), specFile)); err != nil {
+		t.Fatalf("live attempt's directory was touched: %v", err)
+	}
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, p, 15*time.Second)
+}

@@ -97,6 +97,10 @@ func (r *MonitorRunner) AttemptDir(jobID string, attempt int) string {
 // exclusive CPU set while cgroups are in use.
 var ErrNoExclusiveCPUs = errors.New("guaranteed job has no exclusive CPU set")
 
+// ErrAttemptRunning: Start was asked for an attempt whose monitor is still
+// alive; its directory is left alone.
+var ErrAttemptRunning = errors.New("a monitor of this attempt is still running")
+
 // Placement turns a run request into the cgroup placement of the job:
 // guaranteed jobs on their exclusive cores with memory limit = request;
 // burstable jobs on the shared pool weighted by their CPU request with
@@ -175,7 +179,15 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 		spec.Cgroup = &CgroupSpec{Root: r.cfg.CgroupRoot, Parent: r.cfg.CgroupParent, Tier: p.Tier, Limits: lim}
 	}
 	dir := r.AttemptDir(req.JobID, req.Attempt)
-	// A directory left by a start that never got going is stale.
+	// A directory left by a start that never got going is stale; one whose
+	// monitor still runs is not, and is never removed from under it.
+	alive, err := monitorAlive(dir)
+	if err != nil {
+		return nil, fmt.Errorf("attempt directory: %w", err)
+	}
+	if alive {
+		return nil, fmt.Errorf("job %s attempt %d: %w", req.JobID, req.Attempt, ErrAttemptRunning)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("attempt directory: %w", err)
 	}
