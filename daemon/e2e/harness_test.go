@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/exec/exectest"
 )
 
 var binDir string
@@ -83,12 +85,16 @@ func newDaemon(t *testing.T, dir, extra string) *daemon {
 		t.Fatal(err)
 	}
 	// Runs after the daemon's own cleanup: every job cgroup must be gone
-	// by then; the empty hierarchy is removed.
+	// by then. Whatever a failing test left (monitors of this daemon's
+	// state directory, processes of its job cgroups) is killed before the
+	// hierarchy is removed, so no process outlives the test.
 	t.Cleanup(func() {
 		if left := d.jobCgroups(); len(left) > 0 {
 			t.Errorf("job cgroups left behind: %v", left)
 		}
-		removeCgroupTree(t, d.cgroupParent)
+		if err := exectest.Cleanup(cgroups.DefaultRoot, d.cgroupParent, filepath.Join(dir, "state"), 10*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
 	})
 	return d
 }
@@ -212,27 +218,4 @@ func (d *daemon) jobCgroups() []string {
 		}
 	}
 	return out
-}
-
-// removeCgroupTree removes the (empty) cgroup directories of parent,
-// deepest first.
-func removeCgroupTree(t *testing.T, parent string) {
-	tops, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
-	if m, _ := filepath.Glob("/sys/fs/cgroup/" + parent); len(m) > 0 {
-		tops = append(tops, m...)
-	}
-	for _, top := range tops {
-		var dirs []string
-		filepath.WalkDir(top, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := os.Remove(dirs[i]); err != nil {
-				t.Errorf("removing cgroup %s: %v", dirs[i], err)
-			}
-		}
-	}
 }

@@ -238,14 +238,20 @@ func TestKernelCancelEscalates(t *testing.T) {
 	r := newTestRunner(t)
 	req := r.request("stubborn", api.TierBurstable, 100, 64*mib, "sh", "-c", "trap '' TERM; sleep 300 & sleep 300 & wait")
 	p := r.start(req)
-	time.Sleep(300 * time.Millisecond)
 	cg, err := r.cg.Load("stubborn")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pids, _ := cg.Procs()
+	// The shell forks its two sleeps when it gets to them: wait for them.
+	var pids []int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pids, _ = cg.Procs()
+		if len(pids) >= 3 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(pids) < 3 {
-		t.Fatalf("job has %d processes, want 3", len(pids))
+		t.Fatalf("job has %d processes after 10 s, want 3", len(pids))
 	}
 	start := time.Now()
 	if err := p.Signal(syscall.SIGTERM); err != nil {
@@ -301,4 +307,22 @@ func TestKernelMonitorKilled(t *testing.T) {
 		t.Error("job survived Reap")
 	}
 	assertNoCgroup(t, r, "orphan")
+}
+
+// TestKernelStartRefusesLiveAttempt: starting an attempt again while its
+// monitor runs is refused and leaves the running attempt's files alone.
+func TestKernelStartRefusesLiveAttempt(t *testing.T) {
+	r := newTestRunner(t)
+	req := r.request("twice", api.TierBurstable, 100, 64*mib, "sleep", "300")
+	p := r.start(req)
+	if _, err := r.Start(t.Context(), req); !errors.Is(err, ErrAttemptRunning) {
+		t.Fatalf("second Start of a live attempt: %v, want ErrAttemptRunning", err)
+	}
+	if _, err := os.Stat(filepath.Join(r.AttemptDir("twice", 1), specFile)); err != nil {
+		t.Fatalf("live attempt's directory was touched: %v", err)
+	}
+	if err := p.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, p, 15*time.Second)
 }

@@ -47,14 +47,23 @@ func (l *rotatingLog) open() error {
 	return nil
 }
 
+// rotate starts a new file. When the rename fails the original file is
+// reopened (and kept growing), so the log stays writable.
 func (l *rotatingLog) rotate() error {
-	if err := l.f.Close(); err != nil {
-		return err
-	}
+	closeErr := l.f.Close()
 	if err := os.Rename(l.path, l.path+".1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if openErr := l.open(); openErr != nil {
+			return errors.Join(fmt.Errorf("rotate log: %w", err), openErr)
+		}
 		return fmt.Errorf("rotate log: %w", err)
 	}
-	return l.open()
+	if err := l.open(); err != nil {
+		return err
+	}
+	if closeErr != nil {
+		return fmt.Errorf("rotate log: close: %w", closeErr)
+	}
+	return nil
 }
 
 // Write appends p, rotating first when p would not fit. A single write

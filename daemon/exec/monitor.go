@@ -270,13 +270,18 @@ func (m *monitor) startProcess(out io.WriteCloser) error {
 }
 
 // copyOutput copies the job's output from r to the log until every writer
-// has closed the pipe.
+// has closed the pipe. A failing log (a full disk, a failed rotation) does
+// not end the job: the error is logged once and the rest of the output is
+// drained and dropped, so the job never gets EPIPE for it.
 func (m *monitor) copyOutput(r *os.File, out io.WriteCloser) {
 	m.logDone = make(chan struct{})
 	go func() {
 		defer close(m.logDone)
 		if _, err := io.Copy(out, r); err != nil {
-			m.log.Warn("copying job output", "err", err)
+			m.log.Warn("writing job output failed; dropping the rest of it", "err", err)
+			if _, err := io.Copy(io.Discard, r); err != nil {
+				m.log.Warn("draining job output", "err", err)
+			}
 		}
 		r.Close()
 		out.Close()

@@ -97,6 +97,10 @@ func (r *MonitorRunner) AttemptDir(jobID string, attempt int) string {
 // exclusive CPU set while cgroups are in use.
 var ErrNoExclusiveCPUs = errors.New("guaranteed job has no exclusive CPU set")
 
+// ErrAttemptRunning: Start was asked for an attempt whose monitor is still
+// alive; its directory is left alone.
+var ErrAttemptRunning = errors.New("a monitor of this attempt is still running")
+
 // Placement turns a run request into the cgroup placement of the job:
 // guaranteed jobs on their exclusive cores with memory limit = request;
 // burstable jobs on the shared pool weighted by their CPU request with
@@ -175,7 +179,15 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 		spec.Cgroup = &CgroupSpec{Root: r.cfg.CgroupRoot, Parent: r.cfg.CgroupParent, Tier: p.Tier, Limits: lim}
 	}
 	dir := r.AttemptDir(req.JobID, req.Attempt)
-	// A directory left by a start that never got going is stale.
+	// A directory left by a start that never got going is stale; one whose
+	// monitor still runs is not, and is never removed from under it.
+	alive, err := monitorAlive(dir)
+	if err != nil {
+		return nil, fmt.Errorf("attempt directory: %w", err)
+	}
+	if alive {
+		return nil, fmt.Errorf("job %s attempt %d: %w", req.JobID, req.Attempt, ErrAttemptRunning)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		return nil, fmt.Errorf("attempt directory: %w", err)
 	}
@@ -225,7 +237,8 @@ func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt 
 	}
 	// The daemon reaps the monitor it started; a later daemon does not
 	// need to (init does).
-	go func() { _ = cmd.Wait() }()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 
 	type answer struct {
 		msg readyMsg
@@ -246,10 +259,10 @@ func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt 
 	select {
 	case a = <-got:
 	case <-timer.C:
-		_ = cmd.Process.Kill()
+		r.abandonStart(jobID, attempt, cmd.Process, exited)
 		return nil, fmt.Errorf("monitor did not report within %s", r.cfg.StartTimeout)
 	case <-ctx.Done():
-		_ = cmd.Process.Kill()
+		r.abandonStart(jobID, attempt, cmd.Process, exited)
 		return nil, ctx.Err()
 	}
 	switch {
@@ -261,6 +274,29 @@ func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt 
 	start, _ := processStart(r.cfg.ProcRoot, cmd.Process.Pid)
 	r.log.Debug("job monitor started", "job", jobID, "attempt", attempt, "monitor", cmd.Process.Pid, "pid", a.msg.JobPID)
 	return &monitorProcess{r: r, jobID: jobID, dir: dir, monPID: cmd.Process.Pid, monStart: start, jobPID: a.msg.JobPID}, nil
+}
+
+// abandonStart kills a monitor that did not report in time and then reaps
+// the job: a late monitor may already have started it (in its cgroup, or
+// carrying its FUSIOND_JOB_ID marker), and the caller releases the job's
+// resources once Start fails, so nothing of it may be left running.
+func (r *MonitorRunner) abandonStart(jobID string, attempt int, mon *os.Process, exited <-chan struct{}) {
+	_ = mon.Kill()
+	// The monitor must be gone before the reap, or it could still be
+	// starting the job behind it.
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		r.log.Warn("killed job monitor has not exited", "job", jobID, "attempt", attempt, "monitor", mon.Pid)
+	}
+	n, err := r.Reap(jobID, 0)
+	if err != nil {
+		r.log.Warn("reap job after a failed start", "job", jobID, "attempt", attempt, "err", err)
+		return
+	}
+	if n > 0 {
+		r.log.Info("reaped job after a failed start", "job", jobID, "attempt", attempt, "killed", n)
+	}
 }
 
 // Attach finds the monitor of an attempt an earlier daemon started, or the

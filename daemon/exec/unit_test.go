@@ -2,11 +2,13 @@ package exec
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
@@ -80,6 +82,35 @@ func TestRotatingLog(t *testing.T) {
 	}
 }
 
+func TestRotatingLogFailedRename(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "output.log")
+	// A non-empty directory where the rotated file goes makes the rename fail.
+	if err := os.MkdirAll(filepath.Join(path+".1", "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	l, err := openRotatingLog(path, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Write([]byte("abcd")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Write([]byte("e")); err == nil {
+		t.Fatal("write that needed a failing rotation succeeded")
+	}
+	// The original file was reopened: it is still written to.
+	if _, err := l.f.Write([]byte("f")); err != nil {
+		t.Fatalf("log not reopened after a failed rotation: %v", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "abcdf" {
+		t.Fatalf("log holds %q, want %q", got, "abcdf")
+	}
+}
+
 func TestWriteJSONDurably(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "result.json")
 	want := Result{Exit: api.ExitStatus{Code: 137, Signal: "KILL", OOMKilled: true}, Reason: cgroups.ExitOOMKilled}
@@ -145,5 +176,38 @@ func TestDispatch(t *testing.T) {
 	}
 	if code, ok := Dispatch([]string{"fusiond", MonitorArg}); !ok || code != 2 {
 		t.Errorf("monitor without a directory: %d, %v", code, ok)
+	}
+}
+
+type failingWriter struct{ closed bool }
+
+func (w *failingWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+func (w *failingWriter) Close() error              { w.closed = true; return nil }
+
+func TestCopyOutputDrainsAfterLogError(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	m := &monitor{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	out := &failingWriter{}
+	m.copyOutput(r, out)
+	// Far more than a pipe buffer: it only goes through if the monitor
+	// keeps reading after the log failed, and the job never sees EPIPE.
+	if _, err := w.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatalf("job's write failed: %v", err)
+	}
+	w.Close()
+	select {
+	case <-m.logDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("output copy did not finish")
+	}
+	if !out.closed {
+		t.Error("log not closed")
+	}
+	if n := strings.Count(buf.String(), "no space left"); n != 1 {
+		t.Errorf("log error reported %d times, want once:\n%s", n, buf.String())
 	}
 }

@@ -37,7 +37,7 @@ no_fusiond_processes() {
 	for d in /proc/[0-9]*; do
 		c=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
 		case "$c" in
-		/usr/bin/fusiond* | "fusiond "* | *"echo done >/var/tmp/survivor"* | "sleep 3599"*) echo "${d#/proc/}: $c"; left=1 ;;
+		/usr/bin/fusiond* | "fusiond "* | "fusiond-monitor "* | "fusiond-job "* | *"echo done >/var/tmp/survivor"* | "sleep 3599"*) echo "${d#/proc/}: $c"; left=1 ;;
 		esac
 	done
 	return $left
@@ -92,19 +92,24 @@ systemctl restart fusiond.service
 check "restart: detached descendant survives (KillMode=process)" kill -0 "$escapee"
 
 # --- restart keeps a running job (needs the per-job monitors) ---
-out=$(fusionctl run -o json --name survivor --memory 64Mi --cpu 100m -- sh -c 'sleep 6; echo done >/var/tmp/survivor') || fail "submit survivor: $out"
+# The job waits for a flag file the test creates only after the restart
+# checks, so it cannot end before them however slow the host is.
+rm -f /var/tmp/survivor-go /var/tmp/survivor
+out=$(fusionctl run -o json --name survivor --memory 64Mi --cpu 100m -- sh -c 'until [ -e /var/tmp/survivor-go ]; do sleep 0.2; done; echo done >/var/tmp/survivor') || fail "submit survivor: $out"
 id=$(job_field "$out" id)
 if [ -n "$id" ] && wait_for 20 sh -c "fusionctl show -o json $id | grep -q '\"state\": \"running\"'"; then
 	before=$(main_pid)
 	systemctl restart fusiond.service
 	check "restart: new daemon process" sh -c "test \"\$(systemctl show -P MainPID fusiond.service)\" != $before"
 	check "restart: job still running after restart" job_state_is "$id" running
+	touch /var/tmp/survivor-go
 	wait_for 30 sh -c "fusionctl show -o json $id | grep -q '\"state\": \"\\(succeeded\\|failed\\|cancelled\\|lost\\)\"'"
 	check "restart: job ran to its end" test -f /var/tmp/survivor
 	check "restart: job's success recorded" job_state_is "$id" succeeded
 else
 	fail "survivor job $id never ran: $out"
 fi
+touch /var/tmp/survivor-go # lets the job end whatever happened above
 
 # --- crash: SIGKILL is followed by Restart= ---
 before=$(main_pid)

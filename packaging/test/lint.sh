@@ -29,7 +29,7 @@ for pkg in "$@"; do
 			die "rpmlint on $pkg"
 		}
 		echo "$out" | tail -1
-		echo "$out" | grep -q " 0 errors, 0 warnings" || die "rpmlint on $pkg: $(echo "$out" | tail -1)"
+		grep -q " 0 errors, 0 warnings" <<<"$out" || die "rpmlint on $pkg: $(echo "$out" | tail -1)"
 		echo "lint: rpmlint $pkg: clean"
 		;;
 	*) die "not a .deb or .rpm: $pkg" ;;

@@ -63,7 +63,7 @@ echo fusiond-e2e >"$root/etc/hostname"
 
 echo "nspawn-e2e: booting $root"
 rc=0
-timeout 600 systemd-nspawn -D "$root" --register=no --keep-unit -b --console=pipe \
+timeout -k 30 600 systemd-nspawn -D "$root" --register=no --keep-unit -b --console=pipe \
 	>"$cache/console.log" 2>&1 </dev/null || rc=$?
 # The checks' own lines, from the container's journal.
 journalctl -D "$root/var/log/journal" --no-pager -o cat -u fusiond-e2e.service 2>/dev/null |

@@ -10,6 +10,9 @@
 #   FUSIOND_VM_RUN      -test.run pattern (default ^TestKernel)
 #   FUSIOND_VM_ARGS     extra test flags, e.g. "-test.bench=CPUIsolation -test.benchtime=10x"
 #   FUSIOND_VM_TIMEOUT  seconds before the VM is declared hung (default 900)
+#   FUSIOND_VM_TEST_TIMEOUT  -test.timeout of each test binary, in seconds
+#                       (default: the VM timeout less 60 s, shared out
+#                       between the binaries, so that all of them fit)
 #   FUSIOND_VM_BUILD    cache directory (default _build/vm in the repository)
 set -euo pipefail
 
@@ -47,6 +50,16 @@ for p in $pkgs; do
 	n=$((n + 1))
 	(cd "$repo" && CGO_ENABLED=0 "$go" test -c -o "$root/tests/$n-$(basename "$p").test" "$p")
 done
+# Every binary must be able to time out (and print its stacks) before the
+# VM as a whole does.
+per_test=${FUSIOND_VM_TEST_TIMEOUT:-$(((timeout_s - 60) / (n > 0 ? n : 1)))}
+[ "$per_test" -ge 30 ] || per_test=30
+# Values pasted into /init are quoted for its shell; the extra flags are
+# split into words first.
+read -ra argv <<<"$args"
+run_q=$(printf %q "$run")
+args_q=""
+[ ${#argv[@]} -eq 0 ] || args_q=$(printf '%q ' "${argv[@]}")
 cat > "$root/init" <<INIT
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -60,7 +73,7 @@ echo "test-vm: kernel \$(uname -r), controllers: \$(cat /sys/fs/cgroup/cgroup.co
 status=0
 for t in /tests/*.test; do
 	echo "=== \$t"
-	\$t -test.v -test.count=1 -test.timeout=600s -test.run '$run' $args || status=1
+	\$t -test.v -test.count=1 -test.timeout=${per_test}s -test.run $run_q $args_q || status=1
 done
 if [ \$status = 0 ]; then echo "FUSIOND-VM-RESULT: PASS"; else echo "FUSIOND-VM-RESULT: FAIL"; fi
 sync

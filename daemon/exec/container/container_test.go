@@ -22,6 +22,7 @@ import (
 	"github.com/fusiond/fusiond/cgroups/devicefilter"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/exec"
+	"github.com/fusiond/fusiond/daemon/exec/exectest"
 	"github.com/fusiond/fusiond/daemon/jobs"
 	"github.com/fusiond/fusiond/devices"
 )
@@ -75,13 +76,19 @@ func TestKernelContainerSeesLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { removeParent(t, cg, parent) })
+	exe, _ := os.Executable()
+	dir := t.TempDir()
+	// Registered after TempDir so that it runs before the directory goes:
+	// a failing test's monitors and job processes are killed first.
+	t.Cleanup(func() {
+		if err := exectest.Cleanup(cgroups.DefaultRoot, parent, dir, 10*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
 	cores, err := cgroups.HostCores("/sys")
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe, _ := os.Executable()
-	dir := t.TempDir()
 	r := exec.NewMonitorRunner(exec.MonitorConfig{
 		JobsDir: dir, Executable: exe, Cgroups: cg, CgroupParent: parent, CgroupRoot: cgroups.DefaultRoot,
 		Grace: 2 * time.Second,
@@ -113,29 +120,6 @@ func TestKernelContainerSeesLimits(t *testing.T) {
 	}
 	if _, err := cg.Load("ctr"); err == nil {
 		t.Error("container job's cgroup left behind")
-	}
-}
-
-// removeParent removes the test's cgroup subtree in every hierarchy
-// (libcontainer also joins the v1 hierarchies fusiond does not use),
-// deepest first.
-func removeParent(t *testing.T, cg *cgroups.Manager, parent string) {
-	_ = cg.RemoveHierarchy()
-	tops, _ := filepath.Glob(filepath.Join(cgroups.DefaultRoot, "*", parent))
-	tops = append(tops, filepath.Join(cgroups.DefaultRoot, parent))
-	for _, top := range tops {
-		var dirs []string
-		_ = filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := os.Remove(dirs[i]); err != nil {
-				t.Errorf("cleanup %s: %v", dirs[i], err)
-			}
-		}
 	}
 }
 
