@@ -2,7 +2,7 @@ package cgroups
 
 // Real-kernel tests: they need root and a writable cgroup hierarchy and fail
 // (never skip) without them. On this machine they drive the v1 back end; in
-// the qemu VM of test/vm they drive the v2 back end.
+// the qemu VM of .ci/vm they drive the v2 back end.
 
 import (
 	"errors"

@@ -2,7 +2,7 @@ package exec
 
 // Real-kernel tests of the executor: root and a writable cgroup hierarchy
 // are required, and their absence is a failure, never a skip. Here they
-// drive cgroup v1; test/vm runs them on a pure cgroup v2 kernel.
+// drive cgroup v1; .ci/vm runs them on a pure cgroup v2 kernel.
 
 import (
 	"errors"
