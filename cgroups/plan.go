@@ -18,12 +18,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/fusiond/fusiond/cgroups/devicefilter"
 	"github.com/fusiond/fusiond/devices"
+	"github.com/fusiond/fusiond/topology"
 )
 
 // Tier is a job's QoS class.
@@ -258,61 +256,15 @@ func SharesFromWeight(w uint64) uint64 {
 // FormatCPUList renders a set of CPU (or NUMA node) numbers as a cpuset
 // list, "0-3,8"; duplicates and order do not matter.
 func FormatCPUList(cpus []int) string {
-	if len(cpus) == 0 {
-		return ""
-	}
-	s := slices.Clone(cpus)
-	sort.Ints(s)
-	s = slices.Compact(s)
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		j := i
-		for j+1 < len(s) && s[j+1] == s[j]+1 {
-			j++
-		}
-		if b.Len() > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.Itoa(s[i]))
-		if j > i {
-			b.WriteByte('-')
-			b.WriteString(strconv.Itoa(s[j]))
-		}
-		i = j + 1
-	}
-	return b.String()
+	return topology.NewCPUSet(cpus...).String()
 }
 
-// maxCPUListEntries bounds ParseCPUList against absurd ranges.
-const maxCPUListEntries = 1 << 16
-
 // ParseCPUList parses a cpuset list ("0-3,8", "" for none) into sorted,
-// unique numbers.
+// unique numbers; the syntax is topology's (the kernel's cpulist).
 func ParseCPUList(s string) ([]int, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
-		return nil, nil
+	set, err := topology.ParseCPUList(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidCPUList, err)
 	}
-	var out []int
-	for part := range strings.SplitSeq(s, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil || a < 0 {
-			return nil, fmt.Errorf("%w: %q", ErrInvalidCPUList, s)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.Atoi(hi); err != nil || b < a {
-				return nil, fmt.Errorf("%w: %q", ErrInvalidCPUList, s)
-			}
-		}
-		if b-a >= maxCPUListEntries || len(out)+b-a >= maxCPUListEntries {
-			return nil, fmt.Errorf("%w: %q too large", ErrInvalidCPUList, s)
-		}
-		for c := a; c <= b; c++ {
-			out = append(out, c)
-		}
-	}
-	sort.Ints(out)
-	return slices.Compact(out), nil
+	return set.List(), nil
 }

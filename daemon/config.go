@@ -185,10 +185,10 @@ func (c *Config) Validate() error {
 		return bad("log.level", "%v", err)
 	}
 	for class, tier := range c.Tiers {
-		if !contains(api.Classes, class) {
+		if !slices.Contains(api.Classes, class) {
 			return bad("tiers."+string(class), "unknown class (want training, inference, batch or service)")
 		}
-		if !contains(api.Tiers, tier) {
+		if !slices.Contains(api.Tiers, tier) {
 			return bad("tiers."+string(class), "unknown tier %q (want guaranteed, burstable or besteffort)", tier)
 		}
 	}
@@ -216,8 +216,6 @@ func (c *Config) Validate() error {
 	}
 	return nil
 }
-
-func contains[T comparable](list []T, v T) bool { return slices.Contains(list, v) }
 
 // Mode parses SocketMode.
 func (c *Config) Mode() (os.FileMode, error) {
