@@ -40,7 +40,7 @@ vet:
 # cgroup v2 for real: boots Debian 12's kernel under qemu and runs the
 # privileged cgroup tests there (about 1-2 minutes).
 test-vm: deps
-	FUSIOND_VM_PKGS="./cgroups/ ./daemon/exec/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
+	FUSIOND_VM_PKGS="./cgroups/ ./daemon/internal/executor/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
 
 # Packages: stripped PIE binaries, then .deb and .rpm through nfpm.
 pkgbin:

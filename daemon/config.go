@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/host"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
 )
 
 // DefaultConfigPath is where fusiond looks for its configuration.
@@ -208,7 +208,7 @@ func (c *Config) Validate() error {
 	case c.MaxBitstreamBytes < 1024:
 		return bad("max_bitstream_bytes", "at least 1Ki")
 	}
-	if err := host.CheckSimulate(c.Simulate); err != nil {
+	if err := hardware.CheckSimulate(c.Simulate); err != nil {
 		return bad("simulate", "%v", err)
 	}
 	if key, err := c.GPU.validate(); err != nil {

@@ -16,10 +16,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/host"
-	"github.com/fusiond/fusiond/daemon/jobs"
-	"github.com/fusiond/fusiond/daemon/placement"
-	"github.com/fusiond/fusiond/daemon/store"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/internal/store"
 )
 
 // Options are Run's inputs.
@@ -66,7 +66,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer st.Close()
 
-	hw, err := host.Open(ctx, cfg.GPU.hostConfig(host.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}), log)
+	hw, err := hardware.Open(ctx, cfg.GPU.hostConfig(hardware.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}), log)
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	engine := placement.New(hardwareOf(ctx, hw, capacity, log), placementOptions(hw))
+	engine := hostplacer.New(hardwareOf(ctx, hw, capacity, log), placementOptions(hw))
 	placer, runner, err := newExecutor(cfg, engine, log)
 	if err != nil {
 		return err
@@ -121,7 +121,7 @@ func Run(ctx context.Context, o Options) error {
 		AdminGID:          adminGID,
 		Version:           o.Version,
 		Logger:            log,
-		Devices:           host.NewBackend(hw, mgr), // MIG apply and FPGA programming spare what jobs hold
+		Devices:           hardware.NewBackend(hw, mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
 	})
 	ln := o.Listener
@@ -268,7 +268,7 @@ func listen(cfg Config) (net.Listener, error) {
 type service struct {
 	*jobs.Manager
 	placer  jobs.Placer
-	hw      *host.Host
+	hw      *hardware.Host
 	version string
 	started time.Time
 }

@@ -8,20 +8,20 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
-	"github.com/fusiond/fusiond/daemon/exec"
-	"github.com/fusiond/fusiond/daemon/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/executor"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
 )
 
 // newExecutor builds the monitor runner and wraps the placer. As root on a
 // host with usable cgroups every job gets a cgroup under cfg.CgroupParent
 // and guaranteed jobs get exclusive cores; otherwise jobs run without
 // cgroups (and the daemon says so in its log).
-func newExecutor(cfg Config, placer jobs.Placer, log *slog.Logger) (jobs.Placer, *exec.MonitorRunner, error) {
+func newExecutor(cfg Config, placer jobs.Placer, log *slog.Logger) (jobs.Placer, *executor.MonitorRunner, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
 	}
-	rcfg := exec.MonitorConfig{
+	rcfg := executor.MonitorConfig{
 		JobsDir:      filepath.Join(cfg.StateDir, "jobs"),
 		Executable:   exe,
 		CgroupRoot:   cgroups.DefaultRoot,
@@ -45,7 +45,7 @@ func newExecutor(cfg Config, placer jobs.Placer, log *slog.Logger) (jobs.Placer,
 		placer, rcfg.SharedCPUs = ep, ep.SharedCPUs
 		log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(cores))
 	}
-	return placer, exec.NewMonitorRunner(rcfg, log), nil
+	return placer, executor.NewMonitorRunner(rcfg, log), nil
 }
 
 func jobCgroups(cfg Config, log *slog.Logger) (*cgroups.Manager, error) {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/host"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/devices/nvidia"
 )
 
@@ -74,7 +74,7 @@ func (g GPUConfig) validate() (key string, err error) {
 }
 
 // hostConfig is what the host needs from the gpu: section.
-func (g GPUConfig) hostConfig(c host.Config) host.Config {
+func (g GPUConfig) hostConfig(c hardware.Config) hardware.Config {
 	c.HealthProbation = time.Duration(g.HealthProbation)
 	c.HealthProbe = time.Duration(g.HealthProbe)
 	return c
@@ -93,7 +93,7 @@ type devicePublisher interface {
 // connectHealth makes health transitions stop and resume placement and
 // appear in the event stream, then brings the placer up to date with what
 // changed before the connection.
-func connectHealth(hw *host.Host, placer healthTarget, pub devicePublisher) {
+func connectHealth(hw *hardware.Host, placer healthTarget, pub devicePublisher) {
 	hw.OnHealth(func(e api.Event) {
 		placer.SetHealthy(e.Device, e.Healthy != nil && *e.Healthy)
 		pub.PublishDevice(e)
@@ -106,7 +106,7 @@ func connectHealth(hw *host.Host, placer healthTarget, pub devicePublisher) {
 }
 
 // applyGPUConfig applies the sharing section at start.
-func applyGPUConfig(hw *host.Host, g GPUConfig, log *slog.Logger) error {
+func applyGPUConfig(hw *hardware.Host, g GPUConfig, log *slog.Logger) error {
 	m := hw.GPUs()
 	sc, err := g.SharingConfig()
 	if err != nil || sc == nil || m == nil {

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/host"
-	"github.com/fusiond/fusiond/daemon/placement"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/devices/nvidia"
 )
 
@@ -35,14 +35,14 @@ func TestMain(m *testing.M) {
 }
 
 // openSim opens a simulated DGX H200 over the shared state directory.
-func openSim(t *testing.T, cfg host.Config) *host.Host {
+func openSim(t *testing.T, cfg hardware.Config) *hardware.Host {
 	t.Helper()
 	simState.once.Do(func() { simState.dir, simState.err = os.MkdirTemp("", "fusiond-daemon-sim-") })
 	if simState.err != nil {
 		t.Fatal(simState.err)
 	}
 	cfg.StateDir, cfg.Simulate = simState.dir, "dgxh200"
-	h, err := host.Open(context.Background(), cfg, nil)
+	h, err := hardware.Open(context.Background(), cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ gpu:
 	if r := sc.Sharing.TimeSlicing.Resources; len(r) != 1 || r[0].Replicas != 4 {
 		t.Errorf("timeSlicing resources: %+v", r)
 	}
-	hc := cfg.GPU.hostConfig(host.Config{})
+	hc := cfg.GPU.hostConfig(hardware.Config{})
 	if hc.HealthProbation != 90*time.Second || hc.HealthProbe != 2*time.Second {
 		t.Errorf("host config: %+v", hc)
 	}
@@ -120,7 +120,7 @@ func TestGPUConfigInvalid(t *testing.T) {
 // TestApplyGPUConfig applies a sharing section to the simulated DGX H200
 // and checks the per-GPU mode and replicas gpu list shows.
 func TestApplyGPUConfig(t *testing.T) {
-	h := openSim(t, host.Config{})
+	h := openSim(t, hardware.Config{})
 	cfg := DefaultConfig()
 	if err := ParseConfig([]byte("gpu: {sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 3, devices: [1]}]}, mps: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [2]}]}}}"), &cfg); err != nil {
 		t.Fatal(err)
@@ -165,7 +165,7 @@ func (f *fakeBestEffort) put(s map[string]bool) {
 // TestPowerCaps runs the power policy over the simulated host: a GPU that
 // holds only best-effort work is capped, and restored once it does not.
 func TestPowerCaps(t *testing.T) {
-	h := openSim(t, host.Config{})
+	h := openSim(t, hardware.Config{})
 	m := h.GPUs()
 	gpus := m.GPUs()
 	limit := func(i int) float64 {
@@ -234,8 +234,8 @@ func (r *recordingPublisher) count() int {
 // a reset and the probation it is placeable again.
 func TestConnectHealth(t *testing.T) {
 	ctx := context.Background()
-	h := openSim(t, host.Config{HealthProbe: 20 * time.Millisecond, HealthProbation: 200 * time.Millisecond})
-	p := placement.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler)), placementOptions(h))
+	h := openSim(t, hardware.Config{HealthProbe: 20 * time.Millisecond, HealthProbation: 200 * time.Millisecond})
+	p := hostplacer.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler)), placementOptions(h))
 	pub := &recordingPublisher{}
 	connectHealth(h, p, pub)
 	uuid := h.GPUs().GPUs()[5].UUID

@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/host"
-	"github.com/fusiond/fusiond/daemon/placement"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/devices/nvidia"
 	"github.com/fusiond/fusiond/topology"
 )
@@ -15,8 +15,8 @@ import (
 // hardwareOf is the placement engine's view of the host: the real CPUs and
 // memory jobs run on, and the GPUs and FPGA regions the host's drivers
 // (real or simulated) report, with their NUMA nodes and NVLinks.
-func hardwareOf(ctx context.Context, h *host.Host, capacity api.NodeResources, log *slog.Logger) placement.Hardware {
-	hw := placement.Hardware{CPU: capacity.CPU, Memory: capacity.Memory}
+func hardwareOf(ctx context.Context, h *hardware.Host, capacity api.NodeResources, log *slog.Logger) hostplacer.Hardware {
+	hw := hostplacer.Hardware{CPU: capacity.CPU, Memory: capacity.Memory}
 	topo := h.Topology()
 	numaOf := map[string]int{}
 	if topo != nil {
@@ -43,14 +43,14 @@ func hardwareOf(ctx context.Context, h *host.Host, capacity api.NodeResources, l
 			if n, ok := numaOf[strings.ToLower(gpu.BDF)]; ok && n >= 0 {
 				numa = n
 			}
-			pg := placement.GPU{
+			pg := hostplacer.GPU{
 				ID: gpu.UUID, Model: gpu.Model, MemoryMB: int64(gpu.MemoryMB), NUMA: max(numa, 0),
 				Healthy: g.Healthy(gpu.UUID) && (err == nil || !gpu.MIGEnabled), PerfPerWatt: 1,
 			}
 			if gpu.MIGEnabled {
 				// MIG GPUs are modelled in memory slots, the unit NVIDIA
 				// places instances in (a 3g instance takes 4 of 8).
-				m := &placement.MIG{TotalSlices: nvidia.MemorySlots, ReconfigMs: 1500, Profiles: map[string]int{}}
+				m := &hostplacer.MIG{TotalSlices: nvidia.MemorySlots, ReconfigMs: 1500, Profiles: map[string]int{}}
 				for _, p := range gpu.Profiles {
 					m.Profiles[p.Name] = p.MemSlots
 				}
@@ -59,7 +59,7 @@ func hardwareOf(ctx context.Context, h *host.Host, capacity api.NodeResources, l
 						continue
 					}
 					for _, in := range gs.Instances {
-						m.Instances = append(m.Instances, placement.MIGInstance{ID: in.UUID, Profile: in.Profile, Start: in.Start, Slices: in.Size})
+						m.Instances = append(m.Instances, hostplacer.MIGInstance{ID: in.UUID, Profile: in.Profile, Start: in.Start, Slices: in.Size})
 					}
 				}
 				pg.MIG = m
@@ -83,7 +83,7 @@ func hardwareOf(ctx context.Context, h *host.Host, capacity api.NodeResources, l
 			if n, ok := numaOf[strings.ToLower(r.PCI)]; ok && n >= 0 {
 				numa = n
 			}
-			hw.FPGAs = append(hw.FPGAs, placement.FPGARegion{
+			hw.FPGAs = append(hw.FPGAs, hostplacer.FPGARegion{
 				ID: r.ID, Bitstream: r.LoadedBitstream, ProgramMs: 1000, NUMA: numa, Healthy: r.Health.Healthy,
 			})
 		}
@@ -109,8 +109,8 @@ func coresPerNUMA(t *topology.Host) []int {
 
 // placementOptions connects the engine to the bitstream library and the
 // FPGA driver's programming-time estimates.
-func placementOptions(h *host.Host) placement.Options {
-	var o placement.Options
+func placementOptions(h *hardware.Host) hostplacer.Options {
+	var o hostplacer.Options
 	if lib := h.Library(); lib != nil {
 		o.ResolveBitstream = func(ref string) (string, error) {
 			b, err := lib.Get(ref)

@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/host"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/devices"
 	"github.com/fusiond/fusiond/devices/nvidia"
 )
@@ -16,8 +16,8 @@ import (
 // GPU share, creates a MIG instance on demand, programs an FPGA region —
 // and returns what the job must be granted: environment and device nodes.
 type devicePreparer struct {
-	host    *host.Host
-	holders host.Holders
+	host    *hardware.Host
+	holders hardware.Holders
 	// placer learns the MIG instances created for jobs.
 	placer interface {
 		NoteMIG(jobID string, a api.MIGAllocation, start int)

@@ -15,7 +15,6 @@ import (
 	"github.com/goreleaser/chglog"
 
 	"github.com/fusiond/fusiond/daemon"
-	"github.com/fusiond/fusiond/daemon/cli"
 	"github.com/fusiond/fusiond/packaging"
 )
 
@@ -129,14 +128,18 @@ func TestBuildPackages(t *testing.T) {
 	dir := t.TempDir()
 	bin, stage, out := filepath.Join(dir, "bin"), filepath.Join(dir, "stage"), filepath.Join(dir, "out")
 	os.MkdirAll(bin, 0o755)
-	for _, b := range []string{"fusiond", "fusionctl"} {
-		if err := os.WriteFile(filepath.Join(bin, b), []byte("#!/bin/sh\necho "+b+"\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
+	// fusionctl is built for real: it writes its own man pages and
+	// completions; fusiond is only carried, so a stand-in will do.
+	if err := os.WriteFile(filepath.Join(bin, "fusiond"), []byte("#!/bin/sh\necho fusiond\n"), 0o755); err != nil {
+		t.Fatal(err)
 	}
-	root, _ := cli.NewRootCommand(bytes.NewReader(nil), &bytes.Buffer{}, &bytes.Buffer{})
+	build := exec.Command("go", "build", "-o", bin, "github.com/fusiond/fusiond/cmd/fusionctl")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building fusionctl: %v\n%s", err, out)
+	}
 	mtime := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	if err := packaging.WriteDocs(root, "man/fusiond.8", stage, mtime); err != nil {
+	if err := packaging.WriteDocs(filepath.Join(bin, "fusionctl"), "man/fusiond.8", stage, mtime); err != nil {
 		t.Fatal(err)
 	}
 	if err := packaging.WriteChangelog("changelog.yaml", filepath.Join(stage, "changelog.yaml"), "1.2.3-1", mtime); err != nil {

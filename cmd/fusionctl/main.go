@@ -7,7 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/fusiond/fusiond/daemon/cli"
+	"github.com/fusiond/fusiond/cmd/fusionctl/internal/cli"
 )
 
 func main() {

@@ -19,7 +19,9 @@ import (
 )
 
 func main() {
-	hiddenMode()
+	if code, ok := daemon.Reexec(os.Args); ok {
+		os.Exit(code)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)

@@ -18,7 +18,7 @@ import (
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/host"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/devices/fpga/bitstream"
 	"github.com/fusiond/fusiond/devices/fpga/bitstream/forge"
 	fpgasim "github.com/fusiond/fusiond/devices/fpga/simhost"
@@ -26,7 +26,7 @@ import (
 
 var (
 	simOnce sync.Once
-	simHost *host.Host
+	simHost *hardware.Host
 	simDir  string
 	simErr  error
 )
@@ -44,14 +44,14 @@ func TestMain(m *testing.M) {
 
 // sharedSimHost opens the simulated dgxh200 host (8 GPUs, the FPGA
 // simhost) once for the package: writing its topology tree takes seconds.
-func sharedSimHost(t *testing.T) *host.Host {
+func sharedSimHost(t *testing.T) *hardware.Host {
 	t.Helper()
 	simOnce.Do(func() {
 		simDir, simErr = os.MkdirTemp("", "fusiond-api-sim-")
 		if simErr != nil {
 			return
 		}
-		simHost, simErr = host.Open(context.Background(), host.Config{StateDir: simDir, Simulate: "dgxh200"}, nil)
+		simHost, simErr = hardware.Open(context.Background(), hardware.Config{StateDir: simDir, Simulate: "dgxh200"}, nil)
 	})
 	if simErr != nil {
 		t.Fatal(simErr)
@@ -95,7 +95,7 @@ func startDeviceServer(t *testing.T, dev api.DeviceBackend, maxBitstream int64) 
 func TestDeviceRoutes(t *testing.T) {
 	h := sharedSimHost(t)
 	gpu7 := h.GPUs().GPUs()[7].UUID
-	admin, user := startDeviceServer(t, host.NewBackend(h, held{fpgasim.DFL1: true, gpu7: true}), 3<<20)
+	admin, user := startDeviceServer(t, hardware.NewBackend(h, held{fpgasim.DFL1: true, gpu7: true}), 3<<20)
 
 	layout, err := os.ReadFile("../../examples/mig-layouts.yaml")
 	if err != nil {
@@ -200,7 +200,7 @@ func TestDeviceRoutes(t *testing.T) {
 // TestDeviceClient drives the device routes through the Go client.
 func TestDeviceClient(t *testing.T) {
 	h := sharedSimHost(t)
-	srv := api.NewServer(backend{}, api.ServerConfig{Devices: host.NewBackend(h, nil)})
+	srv := api.NewServer(backend{}, api.ServerConfig{Devices: hardware.NewBackend(h, nil)})
 	sock := filepath.Join(t.TempDir(), "s")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -289,7 +289,7 @@ func TestDeviceRoutesWithoutBackend(t *testing.T) {
 // chunked upload over max_bitstream_bytes is refused with 413.
 func TestBitstreamUploadStreams(t *testing.T) {
 	h := sharedSimHost(t)
-	dev := host.NewBackend(h, nil)
+	dev := hardware.NewBackend(h, nil)
 	admin, _ := startDeviceServer(t, dev, 1<<30)
 	const size = 64 << 20
 	upload := func(hc *http.Client, name string, payload int64) (int, []byte) {

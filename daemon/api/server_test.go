@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/exec"
-	"github.com/fusiond/fusiond/daemon/jobs"
-	"github.com/fusiond/fusiond/daemon/store"
+	"github.com/fusiond/fusiond/daemon/internal/executor"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/store"
 )
 
 // backend is the real job manager plus a fixed node status.
@@ -42,7 +42,7 @@ func startServer(t *testing.T) (*http.Client, *jobs.Manager) {
 	t.Cleanup(func() { st.Close() })
 	placer := jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 8 << 30})
 	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "jobs"), CancelGrace: time.Second}, st,
-		exec.NewProcessRunner(log, "/proc"), placer, log)
+		executor.NewProcessRunner(log, "/proc"), placer, log)
 	if err := mgr.Recover(); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/exec/container"
+	"github.com/fusiond/fusiond/daemon/internal/executor/container"
 )
 
 // BenchmarkSubmitToRunning measures, through the daemon, the time from a

@@ -13,7 +13,7 @@ import (
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/exec/container"
+	"github.com/fusiond/fusiond/daemon/internal/executor/container"
 )
 
 // TestExecutorOOMAndUsage: a job over its memory limit is OOM-killed and

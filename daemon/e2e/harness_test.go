@@ -14,7 +14,7 @@ import (
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/exec/exectest"
+	"github.com/fusiond/fusiond/daemon/internal/executor/exectest"
 )
 
 var binDir string

@@ -7,7 +7,6 @@
 package main
 
 import (
-	"bytes"
 	"flag"
 	"fmt"
 	"os"
@@ -15,7 +14,6 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/fusiond/fusiond/daemon/cli"
 	"github.com/fusiond/fusiond/packaging"
 )
 
@@ -68,8 +66,7 @@ func run(args []string) error {
 	if err := os.RemoveAll(absStage); err != nil {
 		return err
 	}
-	root, _ := cli.NewRootCommand(bytes.NewReader(nil), os.Stdout, os.Stderr)
-	if err := packaging.WriteDocs(root, "packaging/man/fusiond.8", absStage, mtime); err != nil {
+	if err := packaging.WriteDocs(filepath.Join(absBin, "fusionctl"), "packaging/man/fusiond.8", absStage, mtime); err != nil {
 		return err
 	}
 	if err := packaging.WriteChangelog("packaging/changelog.yaml", filepath.Join(absStage, "changelog.yaml"), pv+"-"+packaging.Release, mtime); err != nil {

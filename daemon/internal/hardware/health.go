@@ -1,0 +1,115 @@
+package hardware
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices/nvidia"
+)
+
+// maxHealthEvents is how many device health transitions the host keeps
+// for `fusionctl gpu list` and node status.
+const maxHealthEvents = 32
+
+// ErrNotSimulated is returned by the fault-injection methods on a live host.
+var ErrNotSimulated = errors.New("faults can only be injected into a simulated host")
+
+// healthLog keeps the recent device health transitions and the handlers
+// that want them.
+type healthLog struct {
+	events   []api.Event
+	handlers []func(api.Event)
+}
+
+// OnHealth registers fn to be called, from the health watch, with every
+// health transition of a GPU or MIG instance (a device event: Device,
+// Healthy, Xid, Reason). Register before relying on it; transitions that
+// happened earlier are in HealthEvents and in GPUs().Healthy.
+func (h *Host) OnHealth(fn func(api.Event)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.health.handlers = append(h.health.handlers, fn)
+}
+
+// HealthEvents returns the last device health transitions, oldest first.
+func (h *Host) HealthEvents() []api.Event {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.health.events)
+}
+
+// healthEvent turns the GPU driver's transition into a device event.
+func healthEvent(e nvidia.HealthEvent) api.Event {
+	healthy := e.Healthy
+	return api.Event{Time: e.At.UTC(), Kind: api.EventDevice, Device: e.UUID, Healthy: &healthy, Xid: e.Xid, Reason: e.Reason}
+}
+
+// noteHealth logs, records and hands out one transition.
+func (h *Host) noteHealth(e nvidia.HealthEvent) {
+	if e.Healthy {
+		h.log.Info("GPU back in service", "uuid", e.UUID, "reason", e.Reason)
+	} else {
+		h.log.Warn("GPU unhealthy: no new work is placed on it", "uuid", e.UUID, "xid", e.Xid, "reason", e.Reason)
+	}
+	ev := healthEvent(e)
+	h.mu.Lock()
+	h.health.events = append(h.health.events, ev)
+	if n := len(h.health.events); n > maxHealthEvents {
+		h.health.events = slices.Clone(h.health.events[n-maxHealthEvents:])
+	}
+	handlers := slices.Clone(h.health.handlers)
+	h.mu.Unlock()
+	for _, fn := range handlers {
+		fn(ev)
+	}
+}
+
+// lastFault is the most recent unhealthy event of a device, if any.
+func (h *Host) lastFault(uuid string) (api.Event, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := len(h.health.events) - 1; i >= 0; i-- {
+		if e := h.health.events[i]; e.Device == uuid && e.Healthy != nil && !*e.Healthy {
+			return e, true
+		}
+	}
+	return api.Event{}, false
+}
+
+// InjectGPUFault delivers a critical Xid on simulated GPU index, as the
+// driver would after a fault; lost makes the GPU stop answering until
+// ResetSimulatedGPU. Live hosts refuse with ErrNotSimulated.
+func (h *Host) InjectGPUFault(index int, xid uint64, lost bool) error {
+	if h.gpuSim == nil {
+		return ErrNotSimulated
+	}
+	if err := h.gpuSim.InjectXid(index, xid, lost); err != nil {
+		return fmt.Errorf("inject Xid %d: %w", xid, err)
+	}
+	return nil
+}
+
+// ResetSimulatedGPU is an operator's GPU reset on the simulated host: the
+// GPU answers again, and returns to service after the probation.
+func (h *Host) ResetSimulatedGPU(index int) error {
+	if h.gpuSim == nil {
+		return ErrNotSimulated
+	}
+	return h.gpuSim.ResetGPU(index)
+}
+
+// probationEnds is when a recovering device returns to service.
+func (h *Host) probationEnds(uuid string) *time.Time {
+	if h.gpus == nil {
+		return nil
+	}
+	t, ok := h.gpus.ProbationEnds(uuid)
+	if !ok {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}

@@ -1,0 +1,212 @@
+package hardware_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	fpgasim "github.com/fusiond/fusiond/devices/fpga/simhost"
+	"github.com/fusiond/fusiond/topology"
+	toposim "github.com/fusiond/fusiond/topology/simhost"
+)
+
+func openSim(t *testing.T, dir string) *hardware.Host {
+	t.Helper()
+	h, err := hardware.Open(context.Background(), hardware.Config{StateDir: dir, Simulate: "dgxh200", SampleInterval: 10 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func TestOpenSimulated(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := openSim(t, dir)
+	if h.Simulated() != "dgxh200" {
+		t.Errorf("Simulated() = %q", h.Simulated())
+	}
+	if h.GPUs() == nil || len(h.GPUs().GPUs()) != 8 {
+		t.Fatalf("want 8 simulated GPUs, got %v", h.GPUs())
+	}
+	if h.FPGAs() == nil {
+		t.Fatal("simulated host has no FPGA manager")
+	}
+	capa := h.Capacity()
+	if capa.GPUs != 8 || capa.FPGAs != 4 {
+		t.Errorf("capacity %+v, want 8 GPUs and the 4 simulated FPGA regions", capa)
+	}
+	if n := h.Notes(); len(n) == 0 || !strings.Contains(n[0], "SIMULATED") {
+		t.Errorf("notes %q do not say the devices are simulated", n)
+	}
+
+	// Topology: the simhost tree with the GPU manager's NVLinks joined in.
+	topo := h.Topology()
+	var gpus []string
+	for _, d := range topo.Accelerators() {
+		if d.Kind == topology.KindGPU {
+			gpus = append(gpus, string(d.Addr))
+		}
+	}
+	if !slices.Equal(gpus, toposim.GPUAddrs()) {
+		t.Errorf("topology GPUs %v, want %v", gpus, toposim.GPUAddrs())
+	}
+	if len(topo.Links) != 8*7/2 {
+		t.Errorf("%d NVLink pairs, want every pair of 8 GPUs (28)", len(topo.Links))
+	}
+	for _, g := range h.GPUs().GPUs() {
+		if topo.Device(topology.PCIAddr(g.BDF)) == nil {
+			t.Errorf("GPU %d at %s is not in the topology", g.Index, g.BDF)
+		}
+	}
+
+	// Devices: 8 GPUs then the 4 regions, all healthy.
+	devs := h.Devices(context.Background())
+	var kinds []string
+	for _, d := range devs {
+		kinds = append(kinds, d.Kind)
+		if !d.Healthy || d.Detail == "" || d.ID == "" {
+			t.Errorf("device %+v: want healthy with an ID and detail", d)
+		}
+	}
+	if strings.Count(strings.Join(kinds, " "), "gpu") != 8 || strings.Count(strings.Join(kinds, " "), "fpga") != 4 {
+		t.Errorf("device kinds %v", kinds)
+	}
+	if !slices.ContainsFunc(devs, func(d api.DeviceStatus) bool { return d.ID == fpgasim.DFL0 && strings.Contains(d.Detail, "holds") }) {
+		t.Errorf("region %s (holding NLB0) missing or not showing what it holds: %+v", fpgasim.DFL0, devs)
+	}
+
+	// Telemetry is sampled in the background at 10 ms here.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(h.Telemetry()) != 8 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no telemetry after 5 s: %v", h.Telemetry())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// Close stops the sampler: the latest sweep no longer changes.
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	last := h.Telemetry()[0].At
+	time.Sleep(50 * time.Millisecond)
+	if at := h.Telemetry()[0].At; !at.Equal(last) {
+		t.Errorf("telemetry still sampled after Close (%v then %v)", last, at)
+	}
+	if err := h.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+
+	// Sample bitstreams exist for the demo but are not in the library.
+	if entries, err := os.ReadDir(h.SampleBitstreams()); err != nil || len(entries) < 3 {
+		t.Errorf("sample bitstreams in %s: %v %v", h.SampleBitstreams(), entries, err)
+	}
+	if list, err := h.Library().List(); err != nil || len(list) != 0 {
+		t.Errorf("library starts with %v %v, want empty", list, err)
+	}
+}
+
+func TestOpenSimulatedTwiceReusesTrees(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := openSim(t, dir)
+	h.Close()
+	marker := filepath.Join(dir, "sim", "topology", "marker")
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	openSim(t, dir)
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("second open rewrote the simulated topology tree: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sim", "topology.tmp")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temporary tree left behind: %v", err)
+	}
+}
+
+// TestOpenLive opens this machine: no NVIDIA driver and no FPGAs here (as
+// on CI), so both are absent and the notes say so.
+func TestOpenLive(t *testing.T) {
+	h, err := hardware.Open(context.Background(), hardware.Config{StateDir: t.TempDir(), TopologyPeriod: -1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if h.Simulated() != "" {
+		t.Errorf("live host says simulated %q", h.Simulated())
+	}
+	if len(h.Topology().Nodes) == 0 || h.Topology().OnlineCPUs.Len() == 0 {
+		t.Errorf("live topology has no nodes or CPUs: %+v", h.Topology())
+	}
+	notes := strings.Join(h.Notes(), "\n")
+	if h.GPUs() == nil && !strings.Contains(notes, "NVIDIA") {
+		t.Errorf("no GPU manager but no note about the driver: %q", notes)
+	}
+	if h.FPGAs() == nil && !strings.Contains(notes, "no FPGA regions") {
+		t.Errorf("no FPGA manager but no note: %q", notes)
+	}
+	if h.Library() == nil {
+		t.Error("no bitstream library on a live host")
+	}
+	capa := h.Capacity()
+	if h.GPUs() == nil && capa.GPUs != 0 || h.FPGAs() == nil && capa.FPGAs != 0 {
+		t.Errorf("capacity %+v without devices", capa)
+	}
+}
+
+func TestCheckSimulate(t *testing.T) {
+	for _, name := range append(hardware.SimulatedHosts(), "") {
+		if err := hardware.CheckSimulate(name); err != nil {
+			t.Errorf("%q: %v", name, err)
+		}
+	}
+	if err := hardware.CheckSimulate("dgxz900"); !errors.Is(err, hardware.ErrUnknownSimulation) || !strings.Contains(err.Error(), "dgxh200") {
+		t.Errorf("unknown name: %v, want ErrUnknownSimulation listing the valid names", err)
+	}
+	if _, err := hardware.Open(context.Background(), hardware.Config{StateDir: t.TempDir(), Simulate: "nope"}, nil); !errors.Is(err, hardware.ErrUnknownSimulation) {
+		t.Errorf("Open with an unknown simulation: %v", err)
+	}
+}
+
+// BenchmarkOpenSimulated measures opening the simulated dgxh200 host once
+// its trees exist (every daemon start after the first).
+func BenchmarkOpenSimulated(b *testing.B) {
+	dir := b.TempDir()
+	h, err := hardware.Open(context.Background(), hardware.Config{StateDir: dir, Simulate: "dgxh200"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h.Close()
+	b.ResetTimer()
+	for b.Loop() {
+		h, err := hardware.Open(context.Background(), hardware.Config{StateDir: dir, Simulate: "dgxh200"}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h.Close()
+	}
+}
+
+// BenchmarkDevices measures the node-status device list (8 GPUs, 4 FPGA
+// regions rediscovered).
+func BenchmarkDevices(b *testing.B) {
+	h, err := hardware.Open(context.Background(), hardware.Config{StateDir: b.TempDir(), Simulate: "dgxh200"}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer h.Close()
+	for b.Loop() {
+		if len(h.Devices(context.Background())) != 12 {
+			b.Fatal("want 12 devices")
+		}
+	}
+}

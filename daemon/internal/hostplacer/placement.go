@@ -1,0 +1,706 @@
+// Package placement connects the pure placement engine (daemon/sched) to
+// the daemon: it keeps this host as one sched.Node built from the host's
+// hardware, turns job specs into sched.Requests, places jobs and gangs
+// through the engine, and names the devices each allocation holds. It
+// implements jobs.Placer. It does no I/O: preparing devices (creating a MIG
+// instance, programming an FPGA) is the executor's job.
+package hostplacer
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/sched"
+)
+
+// GPU is one GPU of the host as placement sees it.
+type GPU struct {
+	// ID is the device ID jobs get (the GPU UUID).
+	ID       string
+	Model    string
+	MemoryMB int64
+	NUMA     int
+	// MIG is set when the GPU is in MIG mode.
+	MIG *MIG
+	// PerfPerWatt (0..1) and IdleWatts feed the energy dimension.
+	PerfPerWatt float64
+	IdleWatts   float64
+	Healthy     bool
+}
+
+// MIG is a MIG-mode GPU's slices and existing instances.
+type MIG struct {
+	TotalSlices int
+	Instances   []MIGInstance
+	// ReconfigMs is the expected time to create an instance.
+	ReconfigMs float64
+	// Profiles maps each profile this GPU supports to its slice count.
+	Profiles map[string]int
+}
+
+// MIGInstance is an existing MIG instance.
+type MIGInstance struct {
+	ID      string
+	Profile string
+	Start   int
+	Slices  int
+}
+
+// FPGARegion is one reconfigurable FPGA region.
+type FPGARegion struct {
+	ID        string
+	Bitstream string
+	// ProgramMs estimates programming a new bitstream into the region.
+	ProgramMs float64
+	NUMA      int
+	Healthy   bool
+}
+
+// Hardware is the host's schedulable inventory.
+type Hardware struct {
+	Name   string
+	CPU    api.MilliCPU
+	Memory api.Bytes
+	// CoresPerNUMA is the number of whole cores on each NUMA node that
+	// guaranteed jobs may take exclusively.
+	CoresPerNUMA []int
+	GPUs         []GPU
+	// NVLink lists pairs of indices into GPUs joined by NVLink.
+	NVLink [][2]int
+	FPGAs  []FPGARegion
+}
+
+// Options tune the placer.
+type Options struct {
+	// Profiles overrides the engine's weight profile per job class.
+	Profiles sched.Profiles
+	// Seed makes tie-breaking reproducible.
+	Seed uint64
+	// ResolveBitstream turns a spec's bitstream reference (name, ID
+	// prefix, UUID) into the library ID regions report as loaded. Nil
+	// leaves references as written.
+	ResolveBitstream func(ref string) (string, error)
+	// ProgramEstimate is the expected time to program bitstream ID into
+	// region; nil keeps each region's Hardware estimate.
+	ProgramEstimate func(region, bitstream string) float64
+}
+
+type held struct {
+	req    sched.Request
+	assign sched.Assignment
+}
+
+// Placer places jobs on this host with the engine.
+type Placer struct {
+	mu      sync.Mutex
+	opts    Options
+	hw      Hardware
+	base    *sched.Node // nothing allocated
+	node    *sched.Node
+	eng     *sched.Engine
+	learner *sched.ShapeLearner
+	held    map[string]held
+	// down holds the GPUs and MIG instances (by ID) that are out of
+	// service: they offer nothing to new work until SetHealthy brings
+	// them back.
+	down map[string]bool
+}
+
+var _ jobs.Placer = (*Placer)(nil)
+
+// New returns a placer for hw.
+func New(hw Hardware, o Options) *Placer {
+	base := buildNode(hw)
+	p := &Placer{
+		opts: o, hw: hw, base: base, node: base.Clone(),
+		learner: sched.NewShapeLearner(),
+		held:    map[string]held{},
+		down:    map[string]bool{},
+	}
+	p.eng = sched.NewEngine(sched.Options{Policy: sched.NewWeighted(o.Profiles, nil), Seed: o.Seed, Explain: 3})
+	for _, g := range hw.GPUs {
+		if !g.Healthy {
+			p.SetHealthy(g.ID, false)
+		}
+	}
+	return p
+}
+
+// unhealthyMIG marks the placeholder instances SetHealthy puts on the free
+// slices of an unhealthy MIG-mode GPU, so that no instance is created there.
+const unhealthyMIG = "(unhealthy)"
+
+// SetHealthy takes a GPU or MIG instance (by ID, as in Hardware) out of
+// service or returns it. An unhealthy GPU offers no free share, memory,
+// MIG instance or free MIG slice; an unhealthy MIG instance is not handed
+// out. What jobs already hold stays held; when the device is healthy again
+// exactly what is not held becomes free. It reports whether the ID names a
+// device of this host.
+func (p *Placer) SetHealthy(deviceID string, healthy bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gi := p.gpuOf(deviceID)
+	if gi < 0 {
+		return false
+	}
+	if healthy {
+		delete(p.down, deviceID)
+	} else {
+		p.down[deviceID] = true
+	}
+	p.refreshGPU(gi)
+	return true
+}
+
+// gpuOf is the index of the GPU that is, or holds the MIG instance, id.
+func (p *Placer) gpuOf(id string) int {
+	for i, g := range p.hw.GPUs {
+		if g.ID == id {
+			return i
+		}
+		if g.MIG != nil {
+			for _, in := range g.MIG.Instances {
+				if in.ID == id {
+					return i
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// Unhealthy lists the devices out of service, sorted.
+func (p *Placer) Unhealthy() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.unhealthy()
+}
+
+func (p *Placer) unhealthy() []string {
+	out := make([]string, 0, len(p.down))
+	for id := range p.down {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// refreshGPU recomputes GPU gi of the live node from the empty node, what
+// held jobs hold on it and its health. The caller holds p.mu.
+func (p *Placer) refreshGPU(gi int) {
+	g, b, hw := &p.node.GPUs[gi], p.base.GPUs[gi], p.hw.GPUs[gi]
+	gpuDown := p.down[hw.ID]
+	var milli, mem int64
+	heldMIG := map[int]bool{}
+	for _, h := range p.held {
+		if slices.Contains(h.assign.GPUs, gi) {
+			milli += h.assign.GPUMilli
+			mem += h.assign.GPUMemMiB
+		}
+		if m := h.assign.MIG; m != nil && m.GPU == gi {
+			heldMIG[m.Start] = true
+		}
+	}
+	g.MilliFree, g.MemFreeMiB = max(0, b.MilliFree-milli), max(0, b.MemFreeMiB-mem)
+	if gpuDown {
+		g.MilliFree, g.MemFreeMiB = 0, 0
+	}
+	if m := g.MIG; m != nil {
+		downAt := map[int]bool{}
+		if hw.MIG != nil {
+			for _, in := range hw.MIG.Instances {
+				if p.down[in.ID] {
+					downAt[in.Start] = true
+				}
+			}
+		}
+		kept := m.Instances[:0]
+		for _, in := range m.Instances {
+			if in.Profile == unhealthyMIG {
+				continue
+			}
+			in.InUse = heldMIG[in.Start] || gpuDown || downAt[in.Start]
+			kept = append(kept, in)
+		}
+		m.Instances = kept
+		if gpuDown {
+			for s := range m.TotalSlices {
+				if !freeSlice(m.Instances, s) {
+					continue
+				}
+				m.Instances = append(m.Instances, sched.MIGInstance{Profile: unhealthyMIG, Start: s, Slices: 1, InUse: true})
+			}
+		}
+	}
+	p.node.Version++
+}
+
+// freeSlice reports whether slice s belongs to none of the instances.
+func freeSlice(insts []sched.MIGInstance, s int) bool {
+	for _, in := range insts {
+		if in.Profile != unhealthyMIG && s >= in.Start && s < in.Start+in.Slices {
+			return false
+		}
+	}
+	return true
+}
+
+func buildNode(hw Hardware) *sched.Node {
+	n := sched.NewNode(cmpOr(hw.Name, "local"), int64(hw.CPU), int64(hw.Memory>>20), 0, "")
+	n.FreeCores = slices.Clone(hw.CoresPerNUMA)
+	for _, g := range hw.GPUs {
+		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: g.NUMA,
+			PerfPerWatt: g.PerfPerWatt, IdleWatts: g.IdleWatts}
+		if m := g.MIG; m != nil {
+			sm := &sched.MIG{TotalSlices: m.TotalSlices, ReconfigCost: m.ReconfigMs}
+			for _, in := range m.Instances {
+				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slices})
+			}
+			sg.MIG = sm
+		}
+		n.GPUs = append(n.GPUs, sg)
+		if n.GPUModel == "" {
+			n.GPUModel = g.Model
+		}
+	}
+	n.NVLink = slices.Clone(hw.NVLink)
+	for _, f := range hw.FPGAs {
+		n.FPGAs = append(n.FPGAs, sched.FPGARegion{Bitstream: f.Bitstream, ProgramMs: f.ProgramMs, NUMA: f.NUMA, Busy: !f.Healthy})
+	}
+	return n
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+var tierOf = map[api.Tier]sched.Tier{
+	api.TierBestEffort: sched.TierBestEffort,
+	api.TierBurstable:  sched.TierBurstable,
+	api.TierGuaranteed: sched.TierGuaranteed,
+}
+
+var migSlicesRE = regexp.MustCompile(`^([1-8])g\.`)
+
+// request converts a job (its spec and effective tier) to an engine request.
+func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Request {
+	r := spec.Resources
+	req := sched.Request{
+		ID: id, Class: sched.Class(spec.Class), Tier: tierOf[tier], Priority: spec.Priority,
+		CPUMilli: int64(r.CPU), MemMiB: int64(math.Ceil(float64(r.Memory) / (1 << 20))),
+		Topology: sched.TopologyPolicy(spec.Topology),
+	}
+	if tier == api.TierGuaranteed && r.CPU%1000 == 0 && len(p.hw.CoresPerNUMA) > 0 {
+		// Whole-core guaranteed jobs get exclusive cores (counted in the
+		// millicores too).
+		req.ExclusiveCores = int(r.CPU / 1000)
+	}
+	if g := r.GPU; g != nil {
+		if g.Model != "" {
+			for _, hg := range p.hw.GPUs {
+				if strings.Contains(strings.ToLower(hg.Model), strings.ToLower(g.Model)) && !slices.Contains(req.GPUModels, hg.Model) {
+					req.GPUModels = append(req.GPUModels, hg.Model)
+				}
+			}
+			if len(req.GPUModels) == 0 {
+				req.GPUModels = []string{g.Model} // matches nothing: filtered as a model mismatch
+			}
+		}
+		switch {
+		case g.MIG != "":
+			req.MIGProfile = g.MIG
+			req.MIGSlices = p.migSlots(g.MIG)
+		case g.Share > 0:
+			req.GPUs, req.GPUMilli = 1, int64(g.Share)
+			req.GPUMemMiB = int64(math.Ceil(float64(g.Memory) / (1 << 20)))
+		default:
+			req.GPUs, req.GPUMilli = g.Count, sched.MilliPerGPU
+		}
+	}
+	if f := r.FPGA; f != nil {
+		req.Bitstream = f.Bitstream
+		if p.opts.ResolveBitstream != nil {
+			if id, err := p.opts.ResolveBitstream(f.Bitstream); err == nil {
+				req.Bitstream = id
+			}
+		}
+	}
+	return req
+}
+
+// fieldOf names the spec field a filter reason is about.
+var fieldOf = map[sched.FilterReason]string{
+	sched.ReasonCPU:       "resources.cpu",
+	sched.ReasonMemory:    "resources.memory",
+	sched.ReasonCores:     "resources.cpu",
+	sched.ReasonGPUModel:  "resources.gpu.model",
+	sched.ReasonGPUs:      "resources.gpu.count",
+	sched.ReasonGPUShare:  "resources.gpu.share",
+	sched.ReasonGPUMemory: "resources.gpu.memory",
+	sched.ReasonMIG:       "resources.gpu.mig",
+	sched.ReasonFPGA:      "resources.fpga",
+	sched.ReasonTopology:  "topology",
+}
+
+// Admit refuses a spec that would not fit even on this host with nothing
+// else running: such a job could wait forever.
+func (p *Placer) Admit(spec api.JobSpec) error {
+	tier := spec.Tier
+	if tier == "" {
+		tier = api.TierBurstable
+	}
+	req := p.request("admit", spec, tier)
+	if g := spec.Resources.GPU; g != nil && len(p.hw.GPUs) == 0 {
+		return unsatisfiable("resources.gpu", "this host has no GPUs")
+	}
+	if f := spec.Resources.FPGA; f != nil {
+		if len(p.hw.FPGAs) == 0 {
+			return unsatisfiable("resources.fpga", "this host has no FPGAs")
+		}
+		if p.opts.ResolveBitstream != nil {
+			if _, err := p.opts.ResolveBitstream(f.Bitstream); err != nil {
+				return unsatisfiable("resources.fpga.bitstream", "%v (add it with: fusionctl fpga bitstream add FILE)", err)
+			}
+		}
+	}
+	if g := spec.Resources.GPU; g != nil && g.MIG != "" && !p.migSupported(g.MIG) {
+		return unsatisfiable("resources.gpu.mig", "no GPU of this host supports MIG profile %q", g.MIG)
+	}
+	if err := req.Validate(); err != nil {
+		return &api.Error{Code: api.CodeInvalid, Field: "resources", Message: err.Error()}
+	}
+	empty := p.base.Clone()
+	if r := sched.Filter(&req, empty); r != sched.Fits {
+		return unsatisfiable(cmpOr(fieldOf[r], "resources"), "this host could never run it: %s (host: %s CPU, %s memory, %d GPUs, %d FPGA regions)",
+			r, p.hw.CPU, p.hw.Memory.Human(), len(p.hw.GPUs), len(p.hw.FPGAs))
+	}
+	return nil
+}
+
+// migSlots is how many slots of a MIG GPU an instance of profile takes, in
+// the unit the host's MIG GPUs are modelled in (Hardware: memory slots).
+// Unknown profiles fall back to the compute slices in the name.
+func (p *Placer) migSlots(profile string) int {
+	for _, g := range p.hw.GPUs {
+		if g.MIG != nil {
+			if n, ok := g.MIG.Profiles[profile]; ok {
+				return n
+			}
+		}
+	}
+	if m := migSlicesRE.FindStringSubmatch(profile); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	return 0
+}
+
+func (p *Placer) migSupported(profile string) bool {
+	for _, g := range p.hw.GPUs {
+		if g.MIG != nil {
+			if _, ok := g.MIG.Profiles[profile]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func unsatisfiable(field, format string, args ...any) *api.Error {
+	return &api.Error{Code: api.CodeUnsatisfiable, Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// Place places one job, or every member of a gang, or nothing.
+func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	reqs := make([]sched.Request, len(group))
+	for i, j := range group {
+		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
+		p.learner.Observe(&reqs[i])
+	}
+	p.estimateProgramming(reqs)
+	nodes := []*sched.Node{p.node}
+	var assigns []sched.Assignment
+	var explain []string
+	if len(reqs) == 1 {
+		d, err := p.eng.Place(&reqs[0], nodes)
+		if err != nil {
+			return nil, p.withUnhealthy(waitReason(d, err)), false
+		}
+		if err := p.eng.Commit(&reqs[0], &d.Assignment, nodes); err != nil {
+			return nil, err.Error(), false
+		}
+		assigns = []sched.Assignment{d.Assignment}
+		explain = []string{strings.TrimSpace(d.Explain())}
+	} else {
+		as, err := p.eng.PlaceGang(reqs, nodes)
+		if err != nil {
+			return nil, p.withUnhealthy(fmt.Sprintf("gang of %d does not fit: %v", len(reqs), err)), false
+		}
+		assigns = as
+		for range as {
+			explain = append(explain, fmt.Sprintf("gang of %d placed together", len(as)))
+		}
+	}
+	out := make([]api.Allocation, len(group))
+	for i, j := range group {
+		p.held[j.ID] = held{req: reqs[i], assign: assigns[i]}
+		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
+	}
+	return out, "", true
+}
+
+// waitReason says why the one node of this host cannot take a request now.
+func waitReason(d sched.Decision, err error) string {
+	for r := range d.Filtered { // one node: at most one reason
+		return string(r)
+	}
+	return err.Error()
+}
+
+// withUnhealthy adds the devices out of service to a wait reason. The
+// caller holds p.mu.
+func (p *Placer) withUnhealthy(reason string) string {
+	if len(p.down) == 0 {
+		return reason
+	}
+	return fmt.Sprintf("%s (out of service: %s)", reason, strings.Join(p.unhealthy(), ", "))
+}
+
+// estimateProgramming sets each region's programming-time estimate for the
+// bitstream being asked for, so the engine weighs the real cost.
+func (p *Placer) estimateProgramming(reqs []sched.Request) {
+	if p.opts.ProgramEstimate == nil {
+		return
+	}
+	for _, r := range reqs {
+		if r.Bitstream == "" {
+			continue
+		}
+		for i := range p.node.FPGAs {
+			p.node.FPGAs[i].ProgramMs = p.opts.ProgramEstimate(p.hw.FPGAs[i].ID, r.Bitstream)
+		}
+	}
+}
+
+// allocation names what an assignment holds.
+func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain string) api.Allocation {
+	alloc := api.Allocation{CPU: api.MilliCPU(a.CPUMilli), Memory: api.Bytes(a.MemMiB << 20), NUMANode: -1, Explain: explain}
+	for numa, n := range a.Cores {
+		// The node holding most of the job's cores (lowest on a tie).
+		if n > 0 && (alloc.NUMANode < 0 || n > a.Cores[alloc.NUMANode] || n == a.Cores[alloc.NUMANode] && numa < alloc.NUMANode) {
+			alloc.NUMANode = numa
+		}
+	}
+	for _, g := range a.GPUs {
+		gpu := p.hw.GPUs[g]
+		if req.Shared() {
+			alloc.GPUShare = &api.GPUShare{GPU: gpu.ID, Milli: int(req.GPUMilli), MemoryMB: req.GPUMemMiB}
+			alloc.Devices = append(alloc.Devices, fmt.Sprintf("%s (%d milli-GPU)", gpu.ID, req.GPUMilli))
+		} else {
+			alloc.GPUs = append(alloc.GPUs, gpu.ID)
+			alloc.Devices = append(alloc.Devices, gpu.ID)
+		}
+		if alloc.NUMANode < 0 {
+			alloc.NUMANode = gpu.NUMA
+		}
+	}
+	if m := a.MIG; m != nil {
+		g := p.hw.GPUs[m.GPU]
+		mig := &api.MIGAllocation{GPU: g.ID, Profile: req.MIGProfile, Start: m.Start}
+		if g.MIG != nil && !m.Create {
+			for _, in := range g.MIG.Instances {
+				if in.Start == m.Start && in.Slices == m.Slices {
+					mig.Instance = in.ID
+				}
+			}
+		}
+		alloc.MIG = mig
+		alloc.Devices = append(alloc.Devices, cmpOr(mig.Instance, fmt.Sprintf("%s %s (to create)", g.ID, req.MIGProfile)))
+	}
+	if a.FPGA >= 0 {
+		r := p.hw.FPGAs[a.FPGA]
+		alloc.FPGA = &api.FPGAAllocation{Region: r.ID, Bitstream: req.Bitstream, Program: a.Program}
+		alloc.Devices = append(alloc.Devices, r.ID)
+	}
+	return alloc
+}
+
+// NoteMIG records the instance a job's MIG allocation became once the
+// executor created it: its UUID, so later jobs reuse it, and the slot it
+// really starts at, if the driver placed it elsewhere than the engine chose.
+func (p *Placer) NoteMIG(jobID string, a api.MIGAllocation, start int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gi := p.gpuOf(a.GPU)
+	if gi < 0 || p.hw.GPUs[gi].MIG == nil {
+		return
+	}
+	slots := p.migSlots(a.Profile)
+	if h, ok := p.held[jobID]; ok && h.assign.MIG != nil && h.assign.MIG.Start != start {
+		for i, in := range p.node.GPUs[gi].MIG.Instances {
+			if in.Start == h.assign.MIG.Start {
+				p.node.GPUs[gi].MIG.Instances[i].Start = start
+			}
+		}
+		h.assign.MIG.Start = start
+		p.held[jobID] = h
+	}
+	for i, in := range p.node.GPUs[gi].MIG.Instances {
+		if in.Start == start {
+			p.node.GPUs[gi].MIG.Instances[i].Profile = a.Profile
+		}
+	}
+	m := p.hw.GPUs[gi].MIG
+	for _, in := range m.Instances {
+		if in.ID == a.Instance {
+			return
+		}
+	}
+	m.Instances = append(m.Instances, MIGInstance{ID: a.Instance, Profile: a.Profile, Start: start, Slices: slots})
+}
+
+// Reclaim reserves again what a job re-attached after a daemon restart
+// holds, from its recorded allocation, so nothing is handed out twice.
+func (p *Placer) Reclaim(j *api.Job) error {
+	a := j.Allocation
+	if a == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.held[j.ID]; ok {
+		return nil
+	}
+	req := p.request(j.ID, j.Spec, j.Tier)
+	as := sched.Assignment{Node: p.node.Name, CPUMilli: int64(a.CPU), MemMiB: int64(a.Memory >> 20), FPGA: -1}
+	if req.ExclusiveCores > 0 && a.NUMANode >= 0 {
+		as.Cores = map[int]int{a.NUMANode: req.ExclusiveCores}
+	}
+	for _, id := range a.GPUs {
+		gi := p.gpuOf(id)
+		if gi < 0 {
+			return fmt.Errorf("job %s holds GPU %s, which this host no longer has", j.ID, id)
+		}
+		as.GPUs = append(as.GPUs, gi)
+		as.GPUMilli = sched.MilliPerGPU
+	}
+	if s := a.GPUShare; s != nil {
+		gi := p.gpuOf(s.GPU)
+		if gi < 0 {
+			return fmt.Errorf("job %s holds a share of GPU %s, which this host no longer has", j.ID, s.GPU)
+		}
+		as.GPUs, as.GPUMilli, as.GPUMemMiB = []int{gi}, int64(s.Milli), s.MemoryMB
+	}
+	if m := a.MIG; m != nil {
+		gi := p.gpuOf(m.GPU)
+		if gi < 0 {
+			return fmt.Errorf("job %s holds a MIG instance on GPU %s, which this host no longer has", j.ID, m.GPU)
+		}
+		as.MIG = &sched.MIGPick{GPU: gi, Start: m.Start, Slices: p.migSlots(m.Profile)}
+		exists := false
+		if mm := p.node.GPUs[gi].MIG; mm != nil {
+			for _, in := range mm.Instances {
+				exists = exists || in.Start == m.Start
+			}
+		}
+		as.MIG.Create = !exists
+	}
+	if f := a.FPGA; f != nil {
+		for i, r := range p.hw.FPGAs {
+			if r.ID == f.Region {
+				as.FPGA, as.Bitstream = i, f.Bitstream
+			}
+		}
+	}
+	if err := p.eng.Commit(&req, &as, []*sched.Node{p.node}); err != nil {
+		return fmt.Errorf("re-reserving job %s: %w", j.ID, err)
+	}
+	p.held[j.ID] = held{req: req, assign: as}
+	return nil
+}
+
+// Release returns a job's reservation; releasing twice is harmless.
+func (p *Placer) Release(j *api.Job) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h, ok := p.held[j.ID]
+	if !ok {
+		return
+	}
+	delete(p.held, j.ID)
+	p.eng.Release(&h.req, &h.assign, []*sched.Node{p.node})
+	// Release gives back to the node what the job held; an unhealthy
+	// device must still offer nothing.
+	for id := range p.down {
+		p.refreshGPU(p.gpuOf(id))
+	}
+}
+
+// BestEffortOnly names the GPUs (by ID) whose jobs are all best-effort:
+// the GPUs a power policy may cap. Idle GPUs are not in it.
+func (p *Placer) BestEffortOnly() map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]bool{}
+	other := map[string]bool{}
+	for _, h := range p.held {
+		gs := slices.Clone(h.assign.GPUs)
+		if m := h.assign.MIG; m != nil {
+			gs = append(gs, m.GPU)
+		}
+		for _, g := range gs {
+			id := p.hw.GPUs[g].ID
+			if h.req.Tier == sched.TierBestEffort {
+				out[id] = true
+			} else {
+				other[id] = true
+			}
+		}
+	}
+	for id := range other {
+		delete(out, id)
+	}
+	return out
+}
+
+// Capacity is the host's total.
+func (p *Placer) Capacity() api.NodeResources {
+	return api.NodeResources{CPU: p.hw.CPU, Memory: p.hw.Memory, GPUs: len(p.hw.GPUs), FPGAs: len(p.hw.FPGAs)}
+}
+
+// Allocated is what placed and running jobs hold.
+func (p *Placer) Allocated() api.NodeResources {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.node
+	used := map[int]bool{}
+	fpgas := 0
+	for _, h := range p.held {
+		for _, g := range h.assign.GPUs {
+			used[g] = true
+		}
+		if m := h.assign.MIG; m != nil {
+			used[m.GPU] = true
+		}
+		if h.assign.FPGA >= 0 {
+			fpgas++
+		}
+	}
+	gpus := len(used)
+	return api.NodeResources{
+		CPU: api.MilliCPU(n.CPUMilli - n.CPUFreeMilli), Memory: api.Bytes((n.MemMiB - n.MemFreeMiB) << 20),
+		GPUs: gpus, FPGAs: fpgas,
+	}
+}

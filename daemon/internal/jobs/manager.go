@@ -1,0 +1,757 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/store"
+)
+
+// Config tunes the manager.
+type Config struct {
+	// LogDir holds one directory of logs per job.
+	LogDir string
+	// DefaultTiers maps a class to its tier when the spec names none.
+	DefaultTiers map[api.Class]api.Tier
+	// CancelGrace is how long a cancelled job has between SIGTERM and
+	// SIGKILL.
+	CancelGrace time.Duration
+	// MaxFinished and MaxAge bound how many finished jobs are kept.
+	MaxFinished int
+	MaxAge      time.Duration
+	// DaemonUID is the uid fusiond runs as; only root can run jobs as
+	// other users.
+	DaemonUID uint32
+	// LeaveJobsRunning makes Stop leave running jobs to their monitors
+	// (for the next daemon to re-attach) instead of terminating them.
+	LeaveJobsRunning bool
+	// Preparer readies allocated devices before a job starts (optional).
+	Preparer Preparer
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+}
+
+// Manager owns every job record in memory (mirroring the store) and drives
+// jobs through their lifecycle.
+type Manager struct {
+	cfg    Config
+	log    *slog.Logger
+	store  *store.Store
+	runner Runner
+	placer Placer
+	events *broker
+
+	mu       sync.Mutex
+	jobs     map[string]*api.Job
+	procs    map[string]Process
+	cancels  map[string]bool
+	cordoned bool
+	storeErr error
+
+	kick     chan struct{}
+	wg       sync.WaitGroup
+	stopping chan struct{}
+}
+
+// New builds a manager. Call Recover before Start.
+func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Logger) *Manager {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.CancelGrace <= 0 {
+		cfg.CancelGrace = 10 * time.Second
+	}
+	return &Manager{
+		cfg: cfg, log: log, store: st, runner: runner, placer: placer,
+		events:   newBroker(),
+		jobs:     map[string]*api.Job{},
+		procs:    map[string]Process{},
+		cancels:  map[string]bool{},
+		kick:     make(chan struct{}, 1),
+		stopping: make(chan struct{}),
+	}
+}
+
+func (m *Manager) now() time.Time { return m.cfg.Now().UTC() }
+
+// Recover loads every job from the store and settles the ones the last
+// daemon left unfinished: pending jobs stay queued, placed jobs go back to
+// the queue, and jobs that were starting or running are re-attached to
+// their monitors (or their recorded results are collected). Only a job
+// whose monitor is gone without a result is lost (its leftover processes
+// are killed).
+func (m *Manager) Recover() error {
+	var unfinished []*api.Job
+	err := m.store.Jobs(func(j api.Job) error {
+		m.jobs[j.ID] = &j
+		if !j.State.Terminal() {
+			unfinished = append(unfinished, &j)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("load jobs: %w", err)
+	}
+	cordon, err := m.store.Meta("cordoned")
+	if err != nil {
+		return fmt.Errorf("load node state: %w", err)
+	}
+	m.cordoned = cordon == "true"
+	attached := 0
+	for _, j := range unfinished {
+		switch j.State {
+		case api.StatePending:
+		case api.StatePlaced:
+			if err := m.transition(j, api.StatePending, "placement dropped: fusiond restarted before the job started", func(j *api.Job) {
+				j.Allocation = nil
+			}); err != nil {
+				return err
+			}
+		case api.StateStarting, api.StateRunning:
+			proc, err := m.runner.Attach(j.ID, j.Attempt)
+			if err == nil {
+				m.reattach(j, proc)
+				attached++
+				continue
+			}
+			if err := m.markLost(j, err); err != nil {
+				return err
+			}
+		}
+	}
+	m.log.Info("recovered jobs", "total", len(m.jobs), "unfinished", len(unfinished), "reattached", attached, "cordoned", m.cordoned)
+	return nil
+}
+
+// reattach resumes supervising a job attempt an earlier daemon started.
+func (m *Manager) reattach(j *api.Job, proc Process) {
+	if j.Allocation != nil {
+		if rc, ok := m.placer.(Reclaimer); ok {
+			if err := rc.Reclaim(j); err != nil {
+				m.log.Warn("re-reserving a re-attached job's allocation", "job", j.ID, "err", err)
+			}
+		} else {
+			m.log.Warn("placer cannot re-reserve a re-attached job's allocation", "job", j.ID)
+		}
+		if rc, ok := m.cfg.Preparer.(Reclaimer); ok {
+			if err := rc.Reclaim(j); err != nil {
+				m.log.Warn("re-admitting a re-attached job's devices", "job", j.ID, "err", err)
+			}
+		}
+	}
+	m.log.Info("re-attached to job", "job", j.ID, "attempt", j.Attempt, "pid", proc.PID())
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.supervise(j, proc, j.Attempt)
+		m.poke()
+	}()
+}
+
+// markLost records a job whose process did not survive the restart.
+func (m *Manager) markLost(j *api.Job, attachErr error) error {
+	reason := fmt.Sprintf("fusiond restarted while the job was %s; its process did not survive", j.State)
+	if !errors.Is(attachErr, ErrGone) {
+		reason += fmt.Sprintf(" (re-attaching failed: %v)", attachErr)
+	}
+	// Reap even without a recorded pid: a monitor may have started the
+	// job after the last record.
+	n, err := m.runner.Reap(j.ID, j.PID)
+	switch {
+	case err != nil:
+		reason += fmt.Sprintf(" (cleaning up leftovers failed: %v)", err)
+	case n > 0:
+		reason += fmt.Sprintf(" (%d leftover processes killed)", n)
+	}
+	return m.transition(j, api.StateLost, reason, func(j *api.Job) {
+		t := m.now()
+		j.FinishedAt = &t
+	})
+}
+
+// SetCPUQuota changes a running job's CPU quota in millicores (0 removes
+// it), when the runner supports it. The QoS loop moves best-effort jobs
+// with it.
+func (m *Manager) SetCPUQuota(id string, milli int64) error {
+	qs, ok := m.runner.(QuotaSetter)
+	if !ok {
+		return api.Errorf(api.CodeUnavailable, "this runner cannot change CPU quotas")
+	}
+	m.mu.Lock()
+	j, found := m.jobs[id]
+	running := found && j.State == api.StateRunning
+	m.mu.Unlock()
+	if !running {
+		return api.Errorf(api.CodeConflict, "job %s is not running", id)
+	}
+	return qs.SetCPUQuota(id, milli)
+}
+
+// Start runs the scheduling and housekeeping loops until Stop.
+func (m *Manager) Start() {
+	m.wg.Add(1)
+	go m.loop()
+	m.poke()
+}
+
+// Stop stops scheduling, terminates running jobs (SIGTERM, then SIGKILL
+// after the grace period, all at once), records them and waits.
+func (m *Manager) Stop(ctx context.Context) {
+	close(m.stopping)
+	if m.cfg.LeaveJobsRunning {
+		m.log.Info("leaving running jobs to their monitors")
+		done := make(chan struct{})
+		go func() { m.wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		m.events.closeAll()
+		return
+	}
+	m.mu.Lock()
+	procs := make(map[string]Process, len(m.procs))
+	for id, p := range m.procs {
+		procs[id] = p
+	}
+	m.mu.Unlock()
+	for id, p := range procs {
+		m.log.Info("stopping job for shutdown", "job", id, "pid", p.PID())
+		_ = p.Signal(syscall.SIGTERM)
+	}
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	timer := time.NewTimer(m.cfg.CancelGrace)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		for _, p := range procs {
+			_ = p.Signal(syscall.SIGKILL)
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+	case <-ctx.Done():
+	}
+	m.events.closeAll()
+}
+
+func (m *Manager) poke() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (m *Manager) loop() {
+	defer m.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	gc := time.NewTicker(time.Minute)
+	defer gc.Stop()
+	m.collectGarbage()
+	for {
+		select {
+		case <-m.stopping:
+			return
+		case <-m.kick:
+		case <-tick.C:
+		case <-gc.C:
+			m.collectGarbage()
+			continue
+		}
+		m.schedule()
+	}
+}
+
+// ErrShuttingDown is returned for requests that arrive during shutdown.
+var ErrShuttingDown = &api.Error{Code: api.CodeUnavailable, Message: "fusiond is shutting down"}
+
+func (m *Manager) isStopping() bool {
+	select {
+	case <-m.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// Submit validates spec, stores the job durably and queues it. It returns
+// only after the record is on disk.
+func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (api.Job, error) {
+	if m.isStopping() {
+		return api.Job{}, ErrShuttingDown
+	}
+	spec.ApplyDefaults()
+	if err := spec.Validate(); err != nil {
+		return api.Job{}, err
+	}
+	if m.cfg.DaemonUID != 0 && c.UID != m.cfg.DaemonUID {
+		return api.Job{}, api.Errorf(api.CodeForbidden,
+			"fusiond is not running as root, so it can run jobs only for uid %d (you are uid %d)", m.cfg.DaemonUID, c.UID)
+	}
+	if err := m.placer.Admit(spec); err != nil {
+		return api.Job{}, err
+	}
+	tier := spec.Tier
+	if tier == "" {
+		tier = m.cfg.DefaultTiers[spec.Class]
+	}
+	if tier == "" {
+		tier = api.TierBurstable
+	}
+	now := m.now()
+	job, err := m.store.CreateJob(func(id string) api.Job {
+		return api.Job{
+			ID:    id,
+			Spec:  spec,
+			Owner: api.Owner{UID: c.UID, GID: c.GID, Groups: c.Groups, User: c.User},
+			Tier:  tier,
+			State: api.StatePending,
+			Events: []api.Event{{
+				Time: now, To: api.StatePending,
+				Reason: fmt.Sprintf("submitted by %s (uid %d)", cmp.Or(c.User, "?"), c.UID),
+			}},
+			CreatedAt: now,
+			Version:   1,
+		}
+	})
+	if err != nil {
+		m.noteStoreError(err)
+		return api.Job{}, api.Errorf(api.CodeInternal, "could not store the job: %v", err)
+	}
+	m.mu.Lock()
+	stored := job
+	m.jobs[job.ID] = &stored
+	m.mu.Unlock()
+	ev := job.Events[0]
+	ev.JobID = job.ID
+	m.publish(&job, ev)
+	m.log.Info("job submitted", "job", job.ID, "name", spec.Name, "class", spec.Class, "tier", tier, "uid", c.UID)
+	m.poke()
+	return job, nil
+}
+
+func (m *Manager) publish(j *api.Job, ev api.Event) {
+	ev.JobID, ev.Kind = j.ID, api.EventJob
+	m.events.publish(ev)
+}
+
+// PublishDevice sends a device health event to every subscriber of the
+// whole stream (any user: device health says why jobs wait) and retries
+// placement, since a device may have come back.
+func (m *Manager) PublishDevice(ev api.Event) {
+	ev.Kind, ev.JobID, ev.From, ev.To = api.EventDevice, "", "", ""
+	m.events.publish(ev)
+	m.poke()
+}
+
+func (m *Manager) noteStoreError(err error) {
+	m.mu.Lock()
+	m.storeErr = err
+	m.mu.Unlock()
+	m.log.Error("state database write failed", "err", err)
+}
+
+// transition moves j to state to (with an optional further change to the
+// record), persists it, and publishes the event. The caller must not hold
+// m.mu. A forbidden transition is an error and changes nothing.
+func (m *Manager) transition(j *api.Job, to api.State, reason string, mutate func(*api.Job)) error {
+	return m.transitionFrom(j, "", to, reason, mutate)
+}
+
+// transitionFrom is transition that succeeds only while the job is still
+// in state from (any state when from is ""), so a decision taken on a state
+// read earlier cannot apply to a job that has moved on meanwhile. If the
+// store write fails, the in-memory record is put back as it was (unless it
+// changed again meanwhile).
+func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, mutate func(*api.Job)) error {
+	m.mu.Lock()
+	cur := j.State
+	if from != "" && cur != from {
+		m.mu.Unlock()
+		return fmt.Errorf("job %s is %s, no longer %s: %w", j.ID, cur, from, ErrBadTransition)
+	}
+	if !CanTransition(cur, to) {
+		m.mu.Unlock()
+		return fmt.Errorf("job %s: %s → %s: %w", j.ID, cur, to, ErrBadTransition)
+	}
+	before := cloneJob(j)
+	ev := api.Event{Time: m.now(), From: cur, To: to, Reason: reason}
+	j.State = to
+	j.Reason = reason
+	j.Events = append(j.Events, ev)
+	if mutate != nil {
+		mutate(j)
+	}
+	j.Version++
+	snap := cloneJob(j)
+	m.mu.Unlock()
+
+	if err := m.store.PutJob(snap); err != nil {
+		m.noteStoreError(err)
+		m.mu.Lock()
+		if j.Version == snap.Version {
+			*j = before
+		}
+		m.mu.Unlock()
+		return err
+	}
+	m.publish(&snap, ev)
+	m.log.Info("job state", "job", j.ID, "from", cur, "to", to, "reason", reason)
+	return nil
+}
+
+func cloneJob(j *api.Job) api.Job {
+	c := *j
+	c.Events = slices.Clone(j.Events)
+	if j.Allocation != nil {
+		c.Allocation = cloneAllocation(j.Allocation)
+	}
+	if j.Exit != nil {
+		e := *j.Exit
+		c.Exit = &e
+	}
+	if j.Usage != nil {
+		u := *j.Usage
+		c.Usage = &u
+	}
+	return c
+}
+
+// cloneAllocation copies an allocation deeply, so a copy handed out (to the
+// preparer, to API callers) never aliases the live record.
+func cloneAllocation(in *api.Allocation) *api.Allocation {
+	a := *in
+	a.Devices = slices.Clone(in.Devices)
+	a.GPUs = slices.Clone(in.GPUs)
+	if in.GPUShare != nil {
+		s := *in.GPUShare
+		a.GPUShare = &s
+	}
+	if in.MIG != nil {
+		m := *in.MIG
+		a.MIG = &m
+	}
+	if in.FPGA != nil {
+		f := *in.FPGA
+		a.FPGA = &f
+	}
+	return &a
+}
+
+// visible reports whether c may see j.
+func visible(c api.Caller, j *api.Job) bool { return c.Admin || c.UID == j.Owner.UID }
+
+func (m *Manager) lookup(c api.Caller, id string) (*api.Job, error) {
+	j, ok := m.jobs[id]
+	if !ok || !visible(c, j) {
+		// Someone else's job is reported as absent: its existence is not
+		// the caller's business.
+		return nil, api.Errorf(api.CodeNotFound, "no job %q", id)
+	}
+	return j, nil
+}
+
+// Get returns one job.
+func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, error) {
+	m.mu.Lock()
+	j, err := m.lookup(c, id)
+	if err != nil {
+		m.mu.Unlock()
+		return api.Job{}, err
+	}
+	out := cloneJob(j)
+	proc := m.procs[id]
+	m.mu.Unlock()
+	// A running job's usage is measured now, not stored.
+	if ur, ok := proc.(UsageReporter); ok && out.State == api.StateRunning {
+		if u, err := ur.Usage(); err == nil {
+			out.Usage = &u
+		}
+	}
+	return out, nil
+}
+
+// List returns the jobs c may see that match opts, newest first. Only the
+// jobs returned are copied.
+func (m *Manager) List(_ context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	type hit struct {
+		n uint64
+		j *api.Job
+	}
+	hits := make([]hit, 0, len(m.jobs))
+	for _, j := range m.jobs {
+		if visible(c, j) && matches(j, opts) {
+			hits = append(hits, hit{idNum(j.ID), j})
+		}
+	}
+	slices.SortFunc(hits, func(a, b hit) int { return cmp.Compare(b.n, a.n) })
+	if opts.Limit > 0 && len(hits) > opts.Limit {
+		hits = hits[:opts.Limit]
+	}
+	out := make([]api.Job, len(hits))
+	for i, h := range hits {
+		out[i] = cloneJob(h.j)
+	}
+	return out, nil
+}
+
+func idNum(id string) uint64 {
+	n, _ := strconv.ParseUint(id, 10, 64)
+	return n
+}
+
+func matches(j *api.Job, o api.ListOptions) bool {
+	if len(o.State) > 0 && !slices.Contains(o.State, j.State) {
+		return false
+	}
+	if o.Class != "" && j.Spec.Class != o.Class {
+		return false
+	}
+	if o.User != "" && o.User != j.Owner.User && o.User != strconv.FormatUint(uint64(j.Owner.UID), 10) {
+		return false
+	}
+	return true
+}
+
+// Cancel stops a job: a queued job is cancelled at once; a running one gets
+// SIGTERM, then SIGKILL after the grace period, and is recorded as
+// cancelled when it exits. Cancelling a finished job is a conflict.
+func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, error) {
+	m.mu.Lock()
+	j, err := m.lookup(c, id)
+	if err != nil {
+		m.mu.Unlock()
+		return api.Job{}, err
+	}
+	state := j.State
+	by := fmt.Sprintf("cancelled by %s (uid %d)", cmp.Or(c.User, "?"), c.UID)
+	switch {
+	case state.Terminal():
+		m.mu.Unlock()
+		return api.Job{}, api.Errorf(api.CodeConflict, "job %s already %s", id, state)
+	case state == api.StatePending:
+		m.mu.Unlock()
+		err := m.transitionFrom(j, api.StatePending, api.StateCancelled, by, func(j *api.Job) {
+			t := m.now()
+			j.FinishedAt = &t
+		})
+		if errors.Is(err, ErrBadTransition) {
+			// Placed meanwhile: stop it like a starting job.
+			return m.cancelStarted(c, id, by)
+		}
+		if err != nil {
+			return api.Job{}, err
+		}
+	default:
+		m.mu.Unlock()
+		return m.cancelStarted(c, id, by)
+	}
+	return m.Get(context.Background(), c, id)
+}
+
+// cancelStarted cancels a job that is placed, starting or running: the
+// launcher sees the flag before it starts the process, or the process gets
+// SIGTERM (and SIGKILL after the grace period).
+func (m *Manager) cancelStarted(c api.Caller, id, by string) (api.Job, error) {
+	m.mu.Lock()
+	j := m.jobs[id]
+	if j.State.Terminal() {
+		m.mu.Unlock()
+		return api.Job{}, api.Errorf(api.CodeConflict, "job %s already %s", id, j.State)
+	}
+	proc := m.procs[id]
+	already := m.cancels[id]
+	m.cancels[id] = true
+	j.Reason = by + "; stopping"
+	m.mu.Unlock()
+	if proc != nil && !already {
+		m.log.Info("cancelling job", "job", id, "pid", proc.PID())
+		_ = proc.Signal(syscall.SIGTERM)
+		go m.killAfterGrace(id, proc)
+	}
+	return m.Get(context.Background(), c, id)
+}
+
+func (m *Manager) killAfterGrace(id string, p Process) {
+	t := time.NewTimer(m.cfg.CancelGrace)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-m.stopping:
+		return
+	}
+	m.mu.Lock()
+	still := m.procs[id] == p
+	m.mu.Unlock()
+	if still {
+		m.log.Warn("job ignored SIGTERM; killing", "job", id, "grace", m.cfg.CancelGrace)
+		_ = p.Signal(syscall.SIGKILL)
+	}
+}
+
+// LogPath returns the path of a job's log file and whether the job has
+// finished (so a follower knows when to stop).
+func (m *Manager) LogPath(c api.Caller, id string) (string, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	j, err := m.lookup(c, id)
+	if err != nil {
+		return "", false, err
+	}
+	return m.logPath(id), j.State.Terminal(), nil
+}
+
+func (m *Manager) logPath(id string) string { return filepath.Join(m.cfg.LogDir, id, "output.log") }
+
+// Subscribe streams events of the jobs c may see (optionally one job).
+func (m *Manager) Subscribe(c api.Caller, jobID string) (<-chan api.Event, func()) {
+	return m.events.subscribe(func(ev api.Event) bool {
+		if ev.Kind == api.EventDevice {
+			return jobID == ""
+		}
+		if jobID != "" && ev.JobID != jobID {
+			return false
+		}
+		if c.Admin {
+			return true
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		j, ok := m.jobs[ev.JobID]
+		return ok && j.Owner.UID == c.UID
+	})
+}
+
+// SetCordoned stops (or resumes) placing new jobs on this host. Running
+// jobs are not touched. Admins only.
+func (m *Manager) SetCordoned(c api.Caller, on bool) error {
+	if !c.Admin {
+		return api.Errorf(api.CodeForbidden, "only root or the admin group may cordon the node")
+	}
+	if err := m.store.SetMeta("cordoned", strconv.FormatBool(on)); err != nil {
+		return fmt.Errorf("store node state: %w", err)
+	}
+	m.mu.Lock()
+	m.cordoned = on
+	m.mu.Unlock()
+	m.log.Info("node cordon changed", "cordoned", on, "uid", c.UID)
+	m.poke()
+	return nil
+}
+
+// Counts returns the number of jobs in each state and whether the node is
+// cordoned.
+func (m *Manager) Counts() (map[api.State]int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[api.State]int{}
+	for _, j := range m.jobs {
+		out[j.State]++
+	}
+	return out, m.cordoned
+}
+
+// Ready reports nil when the manager can take work.
+func (m *Manager) Ready() error {
+	if m.isStopping() {
+		return ErrShuttingDown
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.storeErr != nil {
+		return fmt.Errorf("last state database write failed: %w", m.storeErr)
+	}
+	return nil
+}
+
+// collectGarbage forgets the oldest finished jobs beyond the configured
+// count and age, with their logs.
+func (m *Manager) collectGarbage() {
+	m.mu.Lock()
+	var finished []*api.Job
+	for _, j := range m.jobs {
+		if j.State.Terminal() {
+			finished = append(finished, j)
+		}
+	}
+	slices.SortFunc(finished, func(a, b *api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
+	cutoff := m.now().Add(-m.cfg.MaxAge)
+	var drop []string
+	for i, j := range finished {
+		tooMany := m.cfg.MaxFinished > 0 && len(finished)-i > m.cfg.MaxFinished
+		tooOld := m.cfg.MaxAge > 0 && j.FinishedAt != nil && j.FinishedAt.Before(cutoff)
+		if tooMany || tooOld {
+			drop = append(drop, j.ID)
+		}
+	}
+	m.mu.Unlock()
+	if len(drop) == 0 {
+		return
+	}
+	if err := m.store.DeleteJobs(drop...); err != nil {
+		m.noteStoreError(err)
+		return
+	}
+	m.mu.Lock()
+	for _, id := range drop {
+		delete(m.jobs, id)
+	}
+	m.mu.Unlock()
+	for _, id := range drop {
+		if err := os.RemoveAll(filepath.Join(m.cfg.LogDir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			m.log.Warn("removing job logs", "job", id, "err", err)
+		}
+	}
+	m.log.Info("forgot finished jobs", "count", len(drop))
+}
+
+// HeldDevices names every device that placed, starting or running jobs
+// hold: GPU UUIDs, MIG instance UUIDs and FPGA regions. MIG apply and FPGA
+// programming refuse to touch them.
+func (m *Manager) HeldDevices() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	held := map[string]bool{}
+	for _, j := range m.jobs {
+		a := j.Allocation
+		if a == nil || (j.State != api.StatePlaced && j.State != api.StateStarting && j.State != api.StateRunning) {
+			continue
+		}
+		for _, g := range a.GPUs {
+			held[g] = true
+		}
+		if s := a.GPUShare; s != nil {
+			held[s.GPU] = true
+		}
+		if mig := a.MIG; mig != nil {
+			if mig.Instance != "" {
+				held[mig.Instance] = true
+			} else {
+				// The instance is yet to be created: keep the GPU's
+				// layout from being changed under the job.
+				held[mig.GPU] = true
+			}
+		}
+		if f := a.FPGA; f != nil {
+			held[f.Region] = true
+		}
+	}
+	return held
+}

@@ -1,0 +1,137 @@
+package jobs_test
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/store"
+)
+
+// fakeRunner's processes end when their exit is sent; Attach answers from
+// attached (ErrGone when absent).
+type fakeRunner struct {
+	mu       sync.Mutex
+	started  map[string]*fakeProc
+	attached map[string]*fakeProc
+	reaped   []string
+}
+
+type fakeProc struct {
+	pid  int
+	exit chan api.ExitStatus
+}
+
+var (
+	_ jobs.Runner        = (*fakeRunner)(nil)
+	_ jobs.UsageReporter = (*fakeProc)(nil)
+)
+
+func (p *fakeProc) PID() int                      { return p.pid }
+func (p *fakeProc) Wait() (api.ExitStatus, error) { return <-p.exit, nil }
+func (p *fakeProc) Signal(syscall.Signal) error   { return nil }
+func (p *fakeProc) Usage() (api.Usage, error) {
+	return api.Usage{CPUSeconds: 1.5, MemoryPeak: 1 << 20}, nil
+}
+func newFakeProc(pid int) *fakeProc { return &fakeProc{pid: pid, exit: make(chan api.ExitStatus, 1)} }
+func (r *fakeRunner) Reap(id string, _ int) (int, error) {
+	r.mu.Lock()
+	r.reaped = append(r.reaped, id)
+	r.mu.Unlock()
+	return 1, nil
+}
+
+func (r *fakeRunner) Start(_ context.Context, req jobs.RunRequest) (jobs.Process, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := newFakeProc(1000 + len(r.started))
+	r.started[req.JobID] = p
+	return p, nil
+}
+
+func (r *fakeRunner) Attach(id string, _ int) (jobs.Process, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.attached[id]; ok {
+		return p, nil
+	}
+	return nil, jobs.ErrGone
+}
+
+// TestRecoverReattaches: after a daemon dies with three jobs running, the
+// next one re-attaches to a live job (keeping its reservation), records the
+// exit of one that ended meanwhile, and reports lost (and reaps) only the
+// one whose monitor is gone.
+func TestRecoverReattaches(t *testing.T) {
+	dir := t.TempDir()
+	log := slog.New(slog.DiscardHandler)
+	cfg := jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1 := &fakeRunner{started: map[string]*fakeProc{}}
+	m1 := jobs.New(cfg, st, r1, jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 1 << 30}), log)
+	if err := m1.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	m1.Start()
+	var ids []string
+	for range 3 {
+		ids = append(ids, submit(t, m1, api.JobSpec{Command: []string{"x"}}).ID)
+	}
+	for _, id := range ids {
+		waitFor(t, m1, id, state(api.StateRunning))
+	}
+	// The daemon "dies": its store is closed under it, nothing is stopped.
+	st.Close()
+
+	st2, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	live, ended := newFakeProc(2000), newFakeProc(2001)
+	ended.exit <- api.ExitStatus{Code: 3}
+	r2 := &fakeRunner{started: map[string]*fakeProc{}, attached: map[string]*fakeProc{ids[0]: live, ids[1]: ended}}
+	placer := jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 1 << 30})
+	m2 := jobs.New(cfg, st2, r2, placer, log)
+	if err := m2.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	m2.Start()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m2.Stop(ctx)
+	}()
+	if j, _ := m2.Get(context.Background(), root, ids[0]); j.State != api.StateRunning || j.Usage == nil || j.Usage.CPUSeconds != 1.5 {
+		t.Errorf("live job after recovery: %s, usage %+v", j.State, j.Usage)
+	}
+	if got := placer.Allocated().CPU; got != 1000 {
+		t.Errorf("re-attached job's reservation: %s CPU allocated, want 1", got)
+	}
+	j := waitFor(t, m2, ids[1], state(api.StateFailed))
+	if j.Exit == nil || j.Exit.Code != 3 || j.Usage == nil {
+		t.Errorf("job that ended meanwhile: exit %+v usage %+v", j.Exit, j.Usage)
+	}
+	j = waitFor(t, m2, ids[2], state(api.StateLost))
+	if !strings.Contains(j.Reason, "did not survive") || !strings.Contains(j.Reason, "1 leftover processes killed") {
+		t.Errorf("lost reason %q", j.Reason)
+	}
+	if len(r2.reaped) != 1 || r2.reaped[0] != ids[2] {
+		t.Errorf("reaped %v, want only %s", r2.reaped, ids[2])
+	}
+	live.exit <- api.ExitStatus{Code: 0}
+	waitFor(t, m2, ids[0], state(api.StateSucceeded))
+	if got := placer.Allocated().CPU; got != 0 {
+		t.Errorf("%s CPU still allocated after the re-attached job ended", got)
+	}
+}
