@@ -11,18 +11,19 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 )
 
-// Options are Run's inputs.
+// Options are New's (and Run's) inputs.
 type Options struct {
 	Config  Config
 	Logger  *slog.Logger
@@ -43,45 +44,70 @@ type Options struct {
 	OnStopping func()
 }
 
-// Run starts fusiond and blocks until ctx is cancelled, then shuts down
-// gracefully: it stops accepting connections, finishes in-flight requests
-// and store writes, stops running jobs and closes the store.
-func Run(ctx context.Context, o Options) error {
+// Daemon is a built fusiond: its store open, its hardware discovered, its
+// jobs recovered, its API handler ready. New builds one without a socket
+// (tests drive Handler directly); Serve runs it on a listener.
+type Daemon struct {
+	cfg     Config
+	log     *slog.Logger
+	version api.Version
+	o       Options
+
+	store    *store.Store
+	hw       *hardware.Host
+	capacity api.NodeResources
+	mgr      *jobs.Manager
+	srv      *api.Server
+
+	stopPower context.CancelFunc
+	powerDone chan struct{}
+	closeOnce sync.Once
+}
+
+// New builds the daemon: it opens the store and the host's hardware,
+// builds the placer, executor and job manager, recovers the jobs an
+// earlier daemon left, applies the GPU configuration and starts the
+// hardware's background loops. Jobs are not placed until Serve. Close
+// undoes New; Serve closes the daemon itself when it returns.
+func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	cfg, log := o.Config, o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	// Job monitors run in other directories than the daemon: every path
 	// they are handed must be absolute.
 	for _, p := range []*string{&cfg.StateDir, &cfg.Socket} {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
-			return fmt.Errorf("resolving %s: %w", *p, err)
+			return nil, fmt.Errorf("resolving %s: %w", *p, err)
 		}
 		*p = abs
 	}
+	d := &Daemon{cfg: cfg, log: log, version: o.Version, o: o}
+	defer func() {
+		if err != nil {
+			d.Close()
+		}
+	}()
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("state directory: %w", err)
+		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	st, err := store.Open(filepath.Join(cfg.StateDir, "fusiond.db"), store.Options{Logger: log})
-	if err != nil {
-		return err
+	if d.store, err = store.Open(filepath.Join(cfg.StateDir, "fusiond.db"), store.Options{Logger: log}); err != nil {
+		return nil, err
 	}
-	defer st.Close()
-
-	hw, err := hardware.Open(ctx, cfg.GPU.hostConfig(hardware.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}), log)
-	if err != nil {
-		return err
+	if d.hw, err = hardware.Open(ctx, cfg.GPU.hostConfig(hardware.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}), log); err != nil {
+		return nil, err
 	}
-	defer hw.Close()
-	capacity, err := hostCapacity()
-	if err != nil {
-		return err
+	if d.capacity, err = hostCapacity(); err != nil {
+		return nil, err
 	}
-	engine := hostplacer.New(hardwareOf(ctx, hw, capacity, log), placementOptions(hw))
+	engine := hostplacer.New(hardwareOf(ctx, d.hw, d.capacity, log), placementOptions(d.hw))
 	placer, runner, err := newExecutor(cfg, engine, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	prep := &devicePreparer{host: hw, placer: engine, log: log}
-	mgr := jobs.New(jobs.Config{
+	prep := &devicePreparer{host: d.hw, placer: engine, log: log}
+	d.mgr = jobs.New(jobs.Config{
 		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
 		DefaultTiers:     cfg.Tiers,
 		CancelGrace:      time.Duration(cfg.CancelGrace),
@@ -90,59 +116,106 @@ func Run(ctx context.Context, o Options) error {
 		DaemonUID:        uint32(os.Geteuid()),
 		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
 		Preparer:         prep,
-	}, st, runner, placer, log)
-	prep.holders = mgr
-	if err := mgr.Recover(); err != nil {
-		return err
+	}, d.store, runner, placer, log)
+	prep.holders = d.mgr
+	if err := d.mgr.Recover(); err != nil {
+		return nil, err
 	}
-	if err := applyGPUConfig(hw, cfg.GPU, log); err != nil {
-		return err
+	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
+		return nil, err
 	}
-	connectHealth(hw, engine, mgr)
-	powerCtx, stopPower := context.WithCancel(ctx)
-	powerDone := make(chan struct{})
+	connectHealth(d.hw, engine, d.mgr)
+	powerCtx, stopPower := context.WithCancel(context.WithoutCancel(ctx))
+	d.stopPower, d.powerDone = stopPower, make(chan struct{})
 	go func() {
-		defer close(powerDone)
-		powerCaps(powerCtx, hw.GPUs(), cfg.GPU.Power, engine, log)
+		defer close(d.powerDone)
+		powerCaps(powerCtx, d.hw.GPUs(), cfg.GPU.Power, engine, log)
 	}()
-	defer func() { stopPower(); <-powerDone }()
 
 	var adminGID *uint32
 	if cfg.AdminGroup != "" {
 		gid, err := lookupGroup(cfg.AdminGroup)
 		if err != nil {
-			return fmt.Errorf("admin_group: %w", err)
+			return nil, fmt.Errorf("admin_group: %w", err)
 		}
 		adminGID = &gid
 	}
-	svc := &service{Manager: mgr, placer: placer, hw: hw, version: o.Version.Version, started: time.Now().UTC()}
-	srv := api.NewServer(svc, api.ServerConfig{
+	svc := &service{Manager: d.mgr, placer: placer, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
+	d.srv = api.NewServer(svc, api.ServerConfig{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
 		Version:           o.Version,
 		Logger:            log,
-		Devices:           hardware.NewBackend(hw, mgr), // MIG apply and FPGA programming spare what jobs hold
+		Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
 	})
+	return d, nil
+}
+
+// Config is the daemon's configuration with its paths made absolute.
+func (d *Daemon) Config() Config { return d.cfg }
+
+// Handler is the API's HTTP handler. Requests must carry the caller's
+// identity the way Serve's connections do (the server's ConnContext).
+func (d *Daemon) Handler() *api.Server { return d.srv }
+
+// Close stops what New started — the power loop, the hardware's
+// background work — and closes the store. It does not stop jobs (Serve's
+// shutdown does). It is safe to call more than once.
+func (d *Daemon) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		if d.stopPower != nil {
+			d.stopPower()
+			<-d.powerDone
+		}
+		if d.hw != nil {
+			d.hw.Close()
+		}
+		if d.store != nil {
+			err = d.store.Close()
+		}
+	})
+	return err
+}
+
+// Run builds the daemon, opens its socket (or takes Options.Listener) and
+// serves until ctx is cancelled.
+func Run(ctx context.Context, o Options) error {
+	d, err := New(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
 	ln := o.Listener
 	if ln == nil {
-		if ln, err = listen(cfg); err != nil {
+		if ln, err = listen(d.cfg); err != nil {
 			return err
 		}
-		defer os.Remove(cfg.Socket)
+		defer os.Remove(d.cfg.Socket)
 	}
+	return d.Serve(ctx, ln)
+}
 
-	mgr.Start()
+// Serve starts placing jobs and serves the API on ln until ctx is
+// cancelled, then shuts down gracefully: it stops accepting connections,
+// finishes in-flight requests and store writes and stops (or, with
+// leave_jobs_on_shutdown, leaves) running jobs. It closes the daemon when
+// it returns.
+func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
+	defer d.Close()
+	cfg, log, o := d.cfg, d.log, d.o
+	d.mgr.Start()
 	hs := &http.Server{
-		Handler:           srv,
-		ConnContext:       srv.ConnContext,
+		Handler:           d.srv,
+		ConnContext:       d.srv.ConnContext,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(ln) }()
 	log.Info("fusiond ready", "socket", cfg.Socket, "state_dir", cfg.StateDir,
-		"cpu", capacity.CPU.String(), "memory", capacity.Memory.String(), "version", o.Version.Version)
+		"cpu", d.capacity.CPU.String(), "memory", d.capacity.Memory.String(), "version", d.version.Version)
 	if o.OnReady != nil {
 		o.OnReady()
 	}
@@ -173,11 +246,11 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("shutting down: no new requests; finishing in-flight work")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.ShutdownTimeout))
 	defer cancel()
-	srv.CloseStreams()
+	d.srv.CloseStreams()
 	if err := hs.Shutdown(shutdownCtx); err != nil {
 		log.Warn("API server did not finish in time", "err", err)
 	}
-	mgr.Stop(shutdownCtx)
+	d.mgr.Stop(shutdownCtx)
 	log.Info("fusiond stopped")
 	return nil
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 	"sigs.k8s.io/yaml"
 
-	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/cmd/fusionctl/internal/sim"
+	"github.com/fusiond/fusiond/daemon/api"
 )
 
 // DefaultSocket is where fusiond listens unless told otherwise.
