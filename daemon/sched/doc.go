@@ -5,7 +5,7 @@
 //
 // The same code places jobs on the one local host (the daemon passes a
 // single Node) and on the 1213 simulated nodes of the openb trace (the
-// simulator in daemon/sim passes them all).
+// simulator in cmd/fusionctl/internal/sim passes them all).
 //
 // A placement runs filter → score → choose:
 //

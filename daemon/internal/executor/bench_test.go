@@ -17,7 +17,7 @@ import (
 // hogs: as a guaranteed job on its exclusive core, and for contrast as a
 // burstable job on the shared pool the hogs run on.
 //
-//	go test -run '^$' -bench CPUIsolation -benchtime 3x ./daemon/exec/
+//	go test -run '^$' -bench CPUIsolation -benchtime 3x ./daemon/internal/executor/
 func BenchmarkCPUIsolation(b *testing.B) {
 	r := newTestRunner(b)
 	cores, err := cgroups.HostCores("/sys")
@@ -79,7 +79,7 @@ func BenchmarkCPUIsolation(b *testing.B) {
 // BenchmarkStart measures MonitorRunner.Start of a process job, from the
 // call until the job's process runs in its cgroup, and the wait for its end.
 //
-//	go test -run '^$' -bench 'Start$' -benchtime 20x ./daemon/exec/
+//	go test -run '^$' -bench 'Start$' -benchtime 20x ./daemon/internal/executor/
 func BenchmarkStart(b *testing.B) {
 	r := newTestRunner(b)
 	n := 0

@@ -9,7 +9,7 @@ import (
 
 // ContainerRuntime starts a job's process in a container: its own mount,
 // pid, uts, ipc and cgroup namespaces over the job's root filesystem, in the
-// job's (already created) cgroup. Package daemon/exec/container implements
+// job's (already created) cgroup. Package daemon/internal/executor/container implements
 // it with runc's libcontainer; it lives apart because libcontainer needs cgo
 // and a re-exec hook of its own in main.
 type ContainerRuntime interface {
