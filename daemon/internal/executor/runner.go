@@ -112,7 +112,7 @@ func Placement(req jobs.RunRequest, shared []int) (cgroups.Placement, error) {
 	cpu := int64(a.CPU)
 	mem := int64(a.Memory)
 	p := cgroups.Placement{
-		Tier:            cgroups.Tier(req.Tier),
+		Tier:            req.Tier,
 		CPURequestMilli: cpu,
 		MemoryRequest:   mem,
 		MemoryLimit:     mem,

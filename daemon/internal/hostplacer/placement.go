@@ -284,21 +284,15 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-var tierOf = map[api.Tier]sched.Tier{
-	api.TierBestEffort: sched.TierBestEffort,
-	api.TierBurstable:  sched.TierBurstable,
-	api.TierGuaranteed: sched.TierGuaranteed,
-}
-
 var migSlicesRE = regexp.MustCompile(`^([1-8])g\.`)
 
 // request converts a job (its spec and effective tier) to an engine request.
 func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Request {
 	r := spec.Resources
 	req := sched.Request{
-		ID: id, Class: sched.Class(spec.Class), Tier: tierOf[tier], Priority: spec.Priority,
+		ID: id, Class: spec.Class, Tier: tier, Priority: spec.Priority,
 		CPUMilli: int64(r.CPU), MemMiB: int64(math.Ceil(float64(r.Memory) / (1 << 20))),
-		Topology: sched.TopologyPolicy(spec.Topology),
+		Topology: spec.Topology,
 	}
 	if tier == api.TierGuaranteed && r.CPU%1000 == 0 && len(p.hw.CoresPerNUMA) > 0 {
 		// Whole-core guaranteed jobs get exclusive cores (counted in the
