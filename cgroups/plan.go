@@ -59,7 +59,9 @@ var (
 type Placement struct {
 	Tier Tier
 	// CPURequestMilli and CPULimitMilli are in millicores (1000 = one CPU);
-	// zero means "not set".
+	// zero means "not set". CPU and memory are plain int64 in the units of
+	// the daemon's resource vector (api.MilliCPU, api.Bytes): a hardware
+	// package does not import the API.
 	CPURequestMilli int64
 	CPULimitMilli   int64
 	// ExclusiveCPUs are the whole cores a guaranteed job owns (from a

@@ -334,7 +334,13 @@ type NodeStatus struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// NodeResources counts CPU, memory and devices.
+// NodeResources counts CPU, memory and devices: the daemon's one resource
+// vector (a host's capacity, what is allocated on it). Its CPU and memory
+// are the API's quantities, api.MilliCPU and api.Bytes; the placement engine
+// (sched.Node, sched.Request) and cgroups (Placement) hold the same amounts
+// as plain int64 millicores, MiB and bytes, converted at their boundary
+// (Bytes.MiB, BytesOfMiB), because neither may import this package and the
+// engine's fields are its hot path.
 type NodeResources struct {
 	CPU    MilliCPU `json:"cpu"`
 	Memory Bytes    `json:"memory"`

@@ -141,7 +141,9 @@ type FPGARegion struct {
 type Node struct {
 	Name string `json:"name"`
 	// CPUMilli/MemMiB are the allocatable totals, the Free fields what is
-	// left.
+	// left. They are plain int64 (millicores, MiB), not the daemon's
+	// resource vector (api.NodeResources): the engine imports nothing and
+	// filters and scores on these fields in its hot loop.
 	CPUMilli     int64 `json:"cpu_milli"`
 	CPUFreeMilli int64 `json:"cpu_free_milli"`
 	MemMiB       int64 `json:"mem_mib"`
