@@ -20,27 +20,26 @@ import (
 	"slices"
 
 	"github.com/fusiond/fusiond/cgroups/devicefilter"
+	"github.com/fusiond/fusiond/daemon/sched"
 	"github.com/fusiond/fusiond/devices"
 	"github.com/fusiond/fusiond/topology"
 )
 
-// Tier is a job's QoS class.
-type Tier string
+// Tier is a job's QoS tier: the scheduling vocabulary's sched.Tier, the one
+// definition of the tier (daemon/sched imports nothing, so a hardware package
+// may depend on it). Plan's limits follow from it and its string is the name
+// of the tier's cgroup directory.
+type Tier = sched.Tier
 
 // The three tiers, from most to least protected.
 const (
-	Guaranteed Tier = "guaranteed"
-	Burstable  Tier = "burstable"
-	BestEffort Tier = "besteffort"
+	Guaranteed = sched.TierGuaranteed
+	Burstable  = sched.TierBurstable
+	BestEffort = sched.TierBestEffort
 )
 
 // Tiers lists every tier in order of protection.
-var Tiers = [...]Tier{Guaranteed, Burstable, BestEffort}
-
-// Valid reports whether t is one of the three tiers.
-func (t Tier) Valid() bool {
-	return t == Guaranteed || t == Burstable || t == BestEffort
-}
+var Tiers = sched.Tiers
 
 // Sentinel errors callers branch on.
 var (
@@ -60,7 +59,9 @@ var (
 type Placement struct {
 	Tier Tier
 	// CPURequestMilli and CPULimitMilli are in millicores (1000 = one CPU);
-	// zero means "not set".
+	// zero means "not set". CPU and memory are plain int64 in the units of
+	// the daemon's resource vector (api.MilliCPU, api.Bytes): a hardware
+	// package does not import the API.
 	CPURequestMilli int64
 	CPULimitMilli   int64
 	// ExclusiveCPUs are the whole cores a guaranteed job owns (from a

@@ -1,65 +1,51 @@
 package cgroups
 
 import (
+	"context"
 	"os"
-	"path/filepath"
 	"reflect"
-	"strconv"
 	"testing"
+
+	"github.com/fusiond/fusiond/topology"
 )
 
-// writeCPU makes cpuN in a fixture sysfs with its sibling list and node.
-func writeCPU(t *testing.T, root string, cpu int, siblings string, node int) {
-	t.Helper()
-	dir := filepath.Join(root, "devices", "system", "cpu", "cpu"+strconv.Itoa(cpu))
-	if err := os.MkdirAll(filepath.Join(dir, "topology"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "topology", "core_cpus_list"), []byte(siblings+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if node >= 0 {
-		if err := os.Mkdir(filepath.Join(dir, "node"+strconv.Itoa(node)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func TestHostCoresFixture(t *testing.T) {
-	root := t.TempDir()
+func TestCoresOfModel(t *testing.T) {
 	// Two nodes, two SMT cores each: node 0 has cpus 0,4 and 1,5; node 1
-	// has 2,6 and 3,7. cpu 7 is offline.
-	sib := map[int]string{0: "0,4", 4: "0,4", 1: "1,5", 5: "1,5", 2: "2,6", 6: "2,6", 3: "3,7"}
-	for cpu, s := range sib {
-		writeCPU(t, root, cpu, s, map[bool]int{true: 0, false: 1}[cpu%4 < 2])
-	}
-	if err := os.WriteFile(filepath.Join(root, "devices", "system", "cpu", "online"), []byte("0-6\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	got, err := HostCores(root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// has 2,6 and 3,7. cpu 7 is offline (topology leaves it out of its
+	// core), and a core of the model may list its CPUs in any order.
+	h := &topology.Host{Cores: []topology.Core{
+		{Node: 1, ID: 3, CPUs: topology.NewCPUSet(3)},
+		{Node: 0, ID: 0, CPUs: topology.NewCPUSet(4, 0)},
+		{Node: 0, ID: 1, CPUs: topology.NewCPUSet(1, 5)},
+		{Node: 1, ID: 2, CPUs: topology.NewCPUSet(2, 6)},
+		{Node: 1, ID: 4, CPUs: topology.NewCPUSet()},
+	}}
+	got := CoresOf(h)
 	want := []Core{{Node: 0, CPUs: []int{0, 4}}, {Node: 0, CPUs: []int{1, 5}}, {Node: 1, CPUs: []int{2, 6}}, {Node: 1, CPUs: []int{3}}}
 	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("HostCores = %v, want %v", got, want)
+		t.Fatalf("CoresOf = %v, want %v", got, want)
 	}
 	if _, err := NewCPUAllocator(got, 1); err != nil {
 		t.Fatalf("allocator refuses the cores: %v", err)
 	}
+	// A core on no known node counts as node 0.
+	if got := CoresOf(&topology.Host{Cores: []topology.Core{{Node: topology.NoNode, CPUs: topology.NewCPUSet(0)}}}); !reflect.DeepEqual(got, []Core{{Node: 0, CPUs: []int{0}}}) {
+		t.Fatalf("CoresOf(no node) = %v", got)
+	}
 }
 
 func TestHostCoresMissing(t *testing.T) {
-	if _, err := HostCores(t.TempDir()); err == nil {
+	if _, err := topology.Discover(context.Background(), topology.WithRoot(t.TempDir())); err == nil {
 		t.Fatal("no error for a sysfs without cpus")
 	}
 }
 
 func TestHostCoresThisHost(t *testing.T) {
-	cores, err := HostCores("/sys")
+	h, err := topology.Discover(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	cores := CoresOf(h)
 	n := 0
 	for _, c := range cores {
 		n += len(c.CPUs)

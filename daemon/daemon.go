@@ -102,7 +102,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	engine := hostplacer.New(hardwareOf(ctx, d.hw, d.capacity, log), placementOptions(d.hw))
-	placer, runner, err := newExecutor(cfg, engine, log)
+	placer, runner, err := newExecutor(ctx, cfg, engine, liveTopology(d.hw), log)
 	if err != nil {
 		return nil, err
 	}

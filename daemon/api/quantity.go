@@ -94,6 +94,18 @@ var byteUnits = []struct {
 	{"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12},
 }
 
+// MiB is b in mebibytes rounded up, the placement engine's memory unit
+// (sched.Node and sched.Request count MiB): a request never gets less than
+// it asked for.
+func (b Bytes) MiB() int64 { return (int64(b) + 1<<20 - 1) >> 20 }
+
+// WholeMiB is b in whole mebibytes (rounded down): what a host or a recorded
+// allocation offers the engine.
+func (b Bytes) WholeMiB() int64 { return int64(b) >> 20 }
+
+// BytesOfMiB is mib mebibytes.
+func BytesOfMiB(mib int64) Bytes { return Bytes(mib << 20) }
+
 // ParseBytes parses "4Gi", "512Mi", "1G", "1048576".
 func ParseBytes(s string) (Bytes, error) {
 	s = strings.TrimSpace(s)

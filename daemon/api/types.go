@@ -2,50 +2,53 @@ package api
 
 import (
 	"time"
+
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // Class is the kind of work a job is; it selects the default QoS tier and
-// the placement weight profile.
-type Class string
+// the placement weight profile. It is defined once, in the placement
+// engine's vocabulary (sched.Class); the wire form is its string.
+type Class = sched.Class
 
 // Job classes.
 const (
-	ClassTraining  Class = "training"
-	ClassInference Class = "inference"
-	ClassBatch     Class = "batch"
-	ClassService   Class = "service"
+	ClassTraining  = sched.ClassTraining
+	ClassInference = sched.ClassInference
+	ClassBatch     = sched.ClassBatch
+	ClassService   = sched.ClassService
 )
 
 // Classes lists every valid class.
-var Classes = []Class{ClassTraining, ClassInference, ClassBatch, ClassService}
+var Classes = sched.Classes
 
-// Tier is a job's cgroup QoS tier.
-type Tier string
+// Tier is a job's QoS tier (sched.Tier; the wire form is its string).
+type Tier = sched.Tier
 
 // QoS tiers, from most to least protected.
 const (
-	TierGuaranteed Tier = "guaranteed"
-	TierBurstable  Tier = "burstable"
-	TierBestEffort Tier = "besteffort"
+	TierGuaranteed = sched.TierGuaranteed
+	TierBurstable  = sched.TierBurstable
+	TierBestEffort = sched.TierBestEffort
 )
 
 // Tiers lists every valid tier.
-var Tiers = []Tier{TierGuaranteed, TierBurstable, TierBestEffort}
+var Tiers = sched.Tiers
 
 // TopologyPolicy is how strictly a job's CPUs, memory and devices must share
-// a NUMA node (the vocabulary of kubelet's Topology Manager).
-type TopologyPolicy string
+// a NUMA node (sched.TopologyPolicy; the wire form is its string).
+type TopologyPolicy = sched.TopologyPolicy
 
 // Topology policies.
 const (
-	TopologyNone           TopologyPolicy = "none"
-	TopologyBestEffort     TopologyPolicy = "best-effort"
-	TopologyRestricted     TopologyPolicy = "restricted"
-	TopologySingleNUMANode TopologyPolicy = "single-numa-node"
+	TopologyNone           = sched.TopologyNone
+	TopologyBestEffort     = sched.TopologyBestEffort
+	TopologyRestricted     = sched.TopologyRestricted
+	TopologySingleNUMANode = sched.TopologySingleNUMANode
 )
 
 // TopologyPolicies lists every valid topology policy.
-var TopologyPolicies = []TopologyPolicy{TopologyNone, TopologyBestEffort, TopologyRestricted, TopologySingleNUMANode}
+var TopologyPolicies = sched.TopologyPolicies
 
 // RestartPolicy says when a finished job is started again.
 type RestartPolicy string
@@ -331,7 +334,13 @@ type NodeStatus struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// NodeResources counts CPU, memory and devices.
+// NodeResources counts CPU, memory and devices: the daemon's one resource
+// vector (a host's capacity, what is allocated on it). Its CPU and memory
+// are the API's quantities, api.MilliCPU and api.Bytes; the placement engine
+// (sched.Node, sched.Request) and cgroups (Placement) hold the same amounts
+// as plain int64 millicores, MiB and bytes, converted at their boundary
+// (Bytes.MiB, BytesOfMiB), because neither may import this package and the
+// engine's fields are its hot path.
 type NodeResources struct {
 	CPU    MilliCPU `json:"cpu"`
 	Memory Bytes    `json:"memory"`

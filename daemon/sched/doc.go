@@ -25,4 +25,14 @@
 // Gangs (all-or-nothing with reserve/commit and a logical-time timeout), a
 // priority queue with aging and backfill, and preemption planning with a
 // victim budget build on Engine.Place.
+//
+// The package is also the scheduling vocabulary of the whole project: Class,
+// Tier (ordered by Tier.Rank) and TopologyPolicy are defined here once.
+// daemon/api aliases them for the wire (their JSON is their string) and
+// package cgroups names its tier cgroups after Tier; both may import this
+// package because it imports nothing of the project.
+//
+// Exclusive cores are counted here per NUMA node (Node.FreeCores,
+// Assignment.Cores) to filter and score; which CPUs a job gets is not the
+// engine's business (the daemon hands them out with cgroups.CPUAllocator).
 package sched

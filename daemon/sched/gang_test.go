@@ -173,7 +173,7 @@ func TestPreemptionPicksMinimalVictims(t *testing.T) {
 	add(0, "be3", TierBestEffort, []int{3}, 1)
 	add(1, "bu0", TierBurstable, []int{0, 1}, 5)
 	add(1, "bu1", TierBurstable, []int{2}, 1)
-	add(1, "crit", TierCritical, []int{3}, 0)
+	add(1, "crit", TierGuaranteed, []int{3}, 0) // equal tier: never a victim
 	req := Request{ID: "new", Tier: TierGuaranteed, GPUs: 2, GPUMilli: 1000}
 	p, err := PlanPreemption(&req, nodes, running, 3)
 	if err != nil {

@@ -23,7 +23,9 @@ var (
 	ErrUnknownReservation = errors.New("sched: unknown reservation")
 )
 
-// Class is a job class; each class has its own weight Profile.
+// Class is the kind of work a job is; it selects the default QoS tier and
+// the engine's weight Profile. It is the one definition of the job class:
+// daemon/api re-exports it for the wire (a JSON string).
 type Class string
 
 // Job classes.
@@ -34,19 +36,44 @@ const (
 	ClassService   Class = "service"
 )
 
-// Tier orders jobs for preemption: a job may only preempt jobs of a strictly
-// lower tier. BestEffort is the lowest.
-type Tier int
+// Classes lists every valid class.
+var Classes = []Class{ClassTraining, ClassInference, ClassBatch, ClassService}
 
-// Tiers, lowest first.
+// Tier is a job's QoS tier. It is the one definition of the tier: daemon/api
+// re-exports it for the wire and the job records (a JSON string), and package
+// cgroups names its tier cgroups after it. The engine orders tiers by Rank: a
+// job may only preempt jobs of a strictly lower rank. The zero value ranks as
+// best effort.
+type Tier string
+
+// QoS tiers, from most to least protected.
 const (
-	TierBestEffort Tier = iota
-	TierBurstable
-	TierGuaranteed
-	TierCritical
+	TierGuaranteed Tier = "guaranteed"
+	TierBurstable  Tier = "burstable"
+	TierBestEffort Tier = "besteffort"
 )
 
-// TopologyPolicy mirrors the kubelet Topology Manager policies.
+// Tiers lists every valid tier, from most to least protected.
+var Tiers = []Tier{TierGuaranteed, TierBurstable, TierBestEffort}
+
+// Rank orders tiers for preemption and scoring: best effort (and the zero
+// tier) 0, burstable 1, guaranteed 2.
+func (t Tier) Rank() int {
+	switch t {
+	case TierGuaranteed:
+		return 2
+	case TierBurstable:
+		return 1
+	}
+	return 0
+}
+
+// Valid reports whether t is one of the tiers.
+func (t Tier) Valid() bool { return slices.Contains(Tiers, t) }
+
+// TopologyPolicy is how strictly a job's CPUs, memory and devices must share
+// a NUMA node (the vocabulary of kubelet's Topology Manager). It is the one
+// definition of the policy; daemon/api re-exports it.
 type TopologyPolicy string
 
 // Topology policies.
@@ -56,6 +83,9 @@ const (
 	TopologyRestricted     TopologyPolicy = "restricted"
 	TopologySingleNUMANode TopologyPolicy = "single-numa-node"
 )
+
+// TopologyPolicies lists every valid topology policy.
+var TopologyPolicies = []TopologyPolicy{TopologyNone, TopologyBestEffort, TopologyRestricted, TopologySingleNUMANode}
 
 // MIGInstance is one MIG GPU instance on a GPU: a run of Slices compute
 // slices starting at Start.
@@ -111,7 +141,9 @@ type FPGARegion struct {
 type Node struct {
 	Name string `json:"name"`
 	// CPUMilli/MemMiB are the allocatable totals, the Free fields what is
-	// left.
+	// left. They are plain int64 (millicores, MiB), not the daemon's
+	// resource vector (api.NodeResources): the engine imports nothing and
+	// filters and scores on these fields in its hot loop.
 	CPUMilli     int64 `json:"cpu_milli"`
 	CPUFreeMilli int64 `json:"cpu_free_milli"`
 	MemMiB       int64 `json:"mem_mib"`

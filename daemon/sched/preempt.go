@@ -29,7 +29,7 @@ func PlanPreemption(req *Request, nodes []*Node, running []Running, budget int) 
 	byNode := map[int][]int{}
 	for i := range running {
 		r := &running[i]
-		if r.Request.Tier < req.Tier && r.Assignment.NodeIdx >= 0 && r.Assignment.NodeIdx < len(nodes) {
+		if r.Request.Tier.Rank() < req.Tier.Rank() && r.Assignment.NodeIdx >= 0 && r.Assignment.NodeIdx < len(nodes) {
 			byNode[r.Assignment.NodeIdx] = append(byNode[r.Assignment.NodeIdx], i)
 		}
 	}
@@ -42,7 +42,7 @@ func PlanPreemption(req *Request, nodes []*Node, running []Running, budget int) 
 	for _, ni := range idxs {
 		cand := byNode[ni]
 		slices.SortFunc(cand, func(a, b int) int {
-			return cmp.Or(cmp.Compare(running[a].Request.Tier, running[b].Request.Tier), cmp.Compare(running[a].Cost, running[b].Cost), cmp.Compare(running[a].Request.ID, running[b].Request.ID))
+			return cmp.Or(cmp.Compare(running[a].Request.Tier.Rank(), running[b].Request.Tier.Rank()), cmp.Compare(running[a].Cost, running[b].Cost), cmp.Compare(running[a].Request.ID, running[b].Request.ID))
 		})
 		victims, ok := minimalVictims(req, nodes[ni], running, cand, budget)
 		if !ok {

@@ -212,7 +212,7 @@ func randomCluster(r *rand.Rand, n int) []*Node {
 }
 
 func randomRequest(r *rand.Rand, i int) Request {
-	req := Request{ID: "r" + string(rune(i)), CPUMilli: int64(r.IntN(16)) * 500, MemMiB: int64(r.IntN(8)) * 1024, Tier: Tier(r.IntN(4))}
+	req := Request{ID: "r" + string(rune(i)), CPUMilli: int64(r.IntN(16)) * 500, MemMiB: int64(r.IntN(8)) * 1024, Tier: []Tier{TierBestEffort, TierBurstable, TierGuaranteed, TierGuaranteed}[r.IntN(4)]}
 	switch r.IntN(4) {
 	case 1:
 		req.GPUs, req.GPUMilli = 1, int64(100+r.IntN(9)*100)

@@ -112,7 +112,7 @@ func (p *Weighted) Dimensions(req *Request, n *Node, idx int) ([NumDims]float64,
 	s[DimLoad] = 1 - loadOf(n, gpus)
 	taken := req.CPUMilli + int64(req.ExclusiveCores)*1000
 	head := float64(n.CPUFreeMilli-taken) / float64(max(n.CPUMilli, 1))
-	if req.Tier >= TierGuaranteed {
+	if req.Tier.Rank() >= TierGuaranteed.Rank() {
 		s[DimPriority] = head
 	} else {
 		s[DimPriority] = 1 - head

@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/topology"
 )
 
 // BenchmarkCPUIsolation measures a CPU-bound job's throughput (loop
@@ -20,7 +22,8 @@ import (
 //	go test -run '^$' -bench CPUIsolation -benchtime 3x ./daemon/internal/executor/
 func BenchmarkCPUIsolation(b *testing.B) {
 	r := newTestRunner(b)
-	cores, err := cgroups.HostCores("/sys")
+	host, err := topology.Discover(context.Background())
+	cores := cgroups.CoresOf(host)
 	if err != nil {
 		b.Fatal(err)
 	}

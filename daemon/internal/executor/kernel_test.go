@@ -5,6 +5,7 @@ package executor
 // drive cgroup v1; .ci/vm runs them on a pure cgroup v2 kernel.
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/devices"
+	"github.com/fusiond/fusiond/topology"
 )
 
 const mib = api.Bytes(1) << 20
@@ -78,7 +80,8 @@ func TestKernelBestEffortQuota(t *testing.T) {
 
 func TestKernelGuaranteedAffinity(t *testing.T) {
 	r := newTestRunner(t)
-	cores, err := cgroups.HostCores("/sys")
+	host, err := topology.Discover(context.Background())
+	cores := cgroups.CoresOf(host)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,18 +101,20 @@ var ErrNoExclusiveCPUs = errors.New("guaranteed job has no exclusive CPU set")
 // alive; its directory is left alone.
 var ErrAttemptRunning = errors.New("a monitor of this attempt is still running")
 
-// Placement turns a run request into the cgroup placement of the job:
-// guaranteed jobs on their exclusive cores with memory limit = request;
+// cgroupPlacement turns a run request — its tier and recorded allocation
+// (api.Allocation) — into cgroups.Placement, the one hardware-facing form of
+// a placement; the executor keeps no placement type of its own. Guaranteed
+// jobs on their exclusive cores with memory limit = request;
 // burstable jobs on the shared pool weighted by their CPU request with
 // their memory as limit; best-effort jobs on the shared pool with a CPU
 // quota at their request (changeable with SetCPUQuota) and their memory as
 // limit.
-func Placement(req jobs.RunRequest, shared []int) (cgroups.Placement, error) {
+func cgroupPlacement(req jobs.RunRequest, shared []int) (cgroups.Placement, error) {
 	a := req.Allocation
 	cpu := int64(a.CPU)
 	mem := int64(a.Memory)
 	p := cgroups.Placement{
-		Tier:            cgroups.Tier(req.Tier),
+		Tier:            req.Tier,
 		CPURequestMilli: cpu,
 		MemoryRequest:   mem,
 		MemoryLimit:     mem,
@@ -126,7 +128,7 @@ func Placement(req jobs.RunRequest, shared []int) (cgroups.Placement, error) {
 	case cgroups.Guaranteed:
 		cpus, err := cgroups.ParseCPUList(a.CPUSet)
 		if err != nil {
-			return p, err
+			return p, fmt.Errorf("job %s exclusive cpus: %w", req.JobID, err)
 		}
 		if len(cpus) == 0 {
 			return p, ErrNoExclusiveCPUs
@@ -168,7 +170,7 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 		if len(shared) == 0 {
 			shared = onlineCPUs()
 		}
-		p, err := Placement(req, shared)
+		p, err := cgroupPlacement(req, shared)
 		if err != nil {
 			return nil, err
 		}

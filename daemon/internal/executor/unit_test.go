@@ -132,14 +132,14 @@ func TestWriteJSONDurably(t *testing.T) {
 	}
 }
 
-func TestPlacement(t *testing.T) {
+func TestCgroupPlacement(t *testing.T) {
 	shared := []int{0, 1}
 	dev := devices.DeviceNode{Path: "/dev/x", Type: devices.CharDevice, Major: 10, Minor: 1}
 	req := func(tier api.Tier, cpuset string) jobs.RunRequest {
 		return jobs.RunRequest{Tier: tier, Devices: []devices.DeviceNode{dev},
 			Allocation: api.Allocation{CPU: 1500, Memory: 1 << 30, CPUSet: cpuset, NUMANode: 1}}
 	}
-	g, err := Placement(req(api.TierGuaranteed, "2-3"), shared)
+	g, err := cgroupPlacement(req(api.TierGuaranteed, "2-3"), shared)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,14 +150,14 @@ func TestPlacement(t *testing.T) {
 	if _, err := cgroups.Plan(g); err != nil {
 		t.Errorf("guaranteed placement does not plan: %v", err)
 	}
-	if _, err := Placement(req(api.TierGuaranteed, ""), shared); !errors.Is(err, ErrNoExclusiveCPUs) {
+	if _, err := cgroupPlacement(req(api.TierGuaranteed, ""), shared); !errors.Is(err, ErrNoExclusiveCPUs) {
 		t.Errorf("guaranteed without cores: %v", err)
 	}
-	b, err := Placement(req(api.TierBurstable, ""), shared)
+	b, err := cgroupPlacement(req(api.TierBurstable, ""), shared)
 	if err != nil || b.CPULimitMilli != 0 || b.CPURequestMilli != 1500 || !reflect.DeepEqual(b.SharedCPUs, shared) || b.MemNodes != nil {
 		t.Errorf("burstable placement %+v, %v", b, err)
 	}
-	be, err := Placement(req(api.TierBestEffort, ""), shared)
+	be, err := cgroupPlacement(req(api.TierBestEffort, ""), shared)
 	if err != nil || be.CPULimitMilli != 1500 {
 		t.Errorf("besteffort placement %+v, %v", be, err)
 	}

@@ -8,7 +8,6 @@ package hostplacer
 
 import (
 	"fmt"
-	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -253,7 +252,7 @@ func freeSlice(insts []sched.MIGInstance, s int) bool {
 }
 
 func buildNode(hw Hardware) *sched.Node {
-	n := sched.NewNode(cmpOr(hw.Name, "local"), int64(hw.CPU), int64(hw.Memory>>20), 0, "")
+	n := sched.NewNode(cmpOr(hw.Name, "local"), int64(hw.CPU), hw.Memory.WholeMiB(), 0, "")
 	n.FreeCores = slices.Clone(hw.CoresPerNUMA)
 	for _, g := range hw.GPUs {
 		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: g.NUMA,
@@ -284,21 +283,15 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-var tierOf = map[api.Tier]sched.Tier{
-	api.TierBestEffort: sched.TierBestEffort,
-	api.TierBurstable:  sched.TierBurstable,
-	api.TierGuaranteed: sched.TierGuaranteed,
-}
-
 var migSlicesRE = regexp.MustCompile(`^([1-8])g\.`)
 
 // request converts a job (its spec and effective tier) to an engine request.
 func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Request {
 	r := spec.Resources
 	req := sched.Request{
-		ID: id, Class: sched.Class(spec.Class), Tier: tierOf[tier], Priority: spec.Priority,
-		CPUMilli: int64(r.CPU), MemMiB: int64(math.Ceil(float64(r.Memory) / (1 << 20))),
-		Topology: sched.TopologyPolicy(spec.Topology),
+		ID: id, Class: spec.Class, Tier: tier, Priority: spec.Priority,
+		CPUMilli: int64(r.CPU), MemMiB: r.Memory.MiB(),
+		Topology: spec.Topology,
 	}
 	if tier == api.TierGuaranteed && r.CPU%1000 == 0 && len(p.hw.CoresPerNUMA) > 0 {
 		// Whole-core guaranteed jobs get exclusive cores (counted in the
@@ -322,7 +315,7 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 			req.MIGSlices = p.migSlots(g.MIG)
 		case g.Share > 0:
 			req.GPUs, req.GPUMilli = 1, int64(g.Share)
-			req.GPUMemMiB = int64(math.Ceil(float64(g.Memory) / (1 << 20)))
+			req.GPUMemMiB = g.Memory.MiB()
 		default:
 			req.GPUs, req.GPUMilli = g.Count, sched.MilliPerGPU
 		}
@@ -496,7 +489,7 @@ func (p *Placer) estimateProgramming(reqs []sched.Request) {
 
 // allocation names what an assignment holds.
 func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain string) api.Allocation {
-	alloc := api.Allocation{CPU: api.MilliCPU(a.CPUMilli), Memory: api.Bytes(a.MemMiB << 20), NUMANode: -1, Explain: explain}
+	alloc := api.Allocation{CPU: api.MilliCPU(a.CPUMilli), Memory: api.BytesOfMiB(a.MemMiB), NUMANode: -1, Explain: explain}
 	for numa, n := range a.Cores {
 		// The node holding most of the job's cores (lowest on a tie).
 		if n > 0 && (alloc.NUMANode < 0 || n > a.Cores[alloc.NUMANode] || n == a.Cores[alloc.NUMANode] && numa < alloc.NUMANode) {
@@ -584,7 +577,7 @@ func (p *Placer) Reclaim(j *api.Job) error {
 		return nil
 	}
 	req := p.request(j.ID, j.Spec, j.Tier)
-	as := sched.Assignment{Node: p.node.Name, CPUMilli: int64(a.CPU), MemMiB: int64(a.Memory >> 20), FPGA: -1}
+	as := sched.Assignment{Node: p.node.Name, CPUMilli: int64(a.CPU), MemMiB: a.Memory.WholeMiB(), FPGA: -1}
 	if req.ExclusiveCores > 0 && a.NUMANode >= 0 {
 		as.Cores = map[int]int{a.NUMANode: req.ExclusiveCores}
 	}
@@ -675,7 +668,9 @@ func (p *Placer) BestEffortOnly() map[string]bool {
 	return out
 }
 
-// Capacity is the host's total.
+// Capacity is the host's total, in the daemon's one resource vector
+// (api.NodeResources); the engine's node keeps the same amounts as plain
+// millicores and MiB.
 func (p *Placer) Capacity() api.NodeResources {
 	return api.NodeResources{CPU: p.hw.CPU, Memory: p.hw.Memory, GPUs: len(p.hw.GPUs), FPGAs: len(p.hw.FPGAs)}
 }
@@ -700,7 +695,7 @@ func (p *Placer) Allocated() api.NodeResources {
 	}
 	gpus := len(used)
 	return api.NodeResources{
-		CPU: api.MilliCPU(n.CPUMilli - n.CPUFreeMilli), Memory: api.Bytes((n.MemMiB - n.MemFreeMiB) << 20),
+		CPU: api.MilliCPU(n.CPUMilli - n.CPUFreeMilli), Memory: api.BytesOfMiB(n.MemMiB - n.MemFreeMiB),
 		GPUs: gpus, FPGAs: fpgas,
 	}
 }

@@ -33,7 +33,7 @@ var (
 )
 
 // NewExclusiveCPUPlacer wraps inner over the host's cores (see
-// cgroups.HostCores), always leaving minShared cores shared. onShared may be
+// cgroups.CoresOf), always leaving minShared cores shared. onShared may be
 // nil.
 func NewExclusiveCPUPlacer(inner Placer, cores []cgroups.Core, minShared int, onShared func([]int) error, log *slog.Logger) (*ExclusiveCPUPlacer, error) {
 	alloc, err := cgroups.NewCPUAllocator(cores, minShared)

@@ -1,6 +1,7 @@
 // Package store keeps fusiond's durable records — jobs with their spec,
 // state, events, allocation and exit status — in a bbolt database in the
-// state directory. Every write is fsynced before it returns, so a job the
+// state directory. What it writes is its own Record type, converted from
+// and to the API's api.Job at this package's boundary. Every write is fsynced before it returns, so a job the
 // API acknowledged survives a crash. The schema is versioned; Open runs the
 // migrations from older versions and refuses databases from newer ones.
 package store
@@ -166,7 +167,7 @@ func (s *Store) CreateJob(build func(id string) api.Job) (api.Job, error) {
 			return err
 		}
 		job = build(strconv.FormatUint(seq, 10))
-		data, err := json.Marshal(job)
+		data, err := json.Marshal(recordOf(job))
 		if err != nil {
 			return err
 		}
@@ -186,7 +187,7 @@ func (s *Store) PutJob(job api.Job) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.Marshal(job)
+	data, err := json.Marshal(recordOf(job))
 	if err != nil {
 		return fmt.Errorf("encode job %s: %w", job.ID, err)
 	}
@@ -230,11 +231,11 @@ func (s *Store) DeleteJobs(ids ...string) error {
 func (s *Store) Jobs(fn func(api.Job) error) error {
 	return s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketJobs).ForEach(func(k, v []byte) error {
-			var j api.Job
-			if err := json.Unmarshal(v, &j); err != nil {
+			var r Record
+			if err := json.Unmarshal(v, &r); err != nil {
 				return fmt.Errorf("%w: job record %d: %w", ErrCorrupt, binary.BigEndian.Uint64(k), err)
 			}
-			return fn(j)
+			return fn(r.Job())
 		})
 	})
 }
@@ -245,15 +246,18 @@ func (s *Store) GetJob(id string) (api.Job, error) {
 	if err != nil {
 		return api.Job{}, err
 	}
-	var j api.Job
+	var r Record
 	err = s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketJobs).Get(key)
 		if v == nil {
 			return fmt.Errorf("%w: job %s", ErrNotFound, id)
 		}
-		return json.Unmarshal(v, &j)
+		return json.Unmarshal(v, &r)
 	})
-	return j, err
+	if err != nil {
+		return api.Job{}, err
+	}
+	return r.Job(), nil
 }
 
 // SetMeta stores a small daemon-wide setting (e.g. "cordoned").

@@ -25,6 +25,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/executor/exectest"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/devices"
+	"github.com/fusiond/fusiond/topology"
 )
 
 // The test binary is fusiond here: container init, monitor and job modes.
@@ -85,7 +86,8 @@ func TestKernelContainerSeesLimits(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	cores, err := cgroups.HostCores("/sys")
+	host, err := topology.Discover(context.Background())
+	cores := cgroups.CoresOf(host)
 	if err != nil {
 		t.Fatal(err)
 	}

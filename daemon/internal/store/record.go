@@ -1,0 +1,58 @@
+package store
+
+import (
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// Record is a job as the database holds it. It is the store's own type, not
+// the API's: the wire type api.Job may change (fields, tags) without
+// changing what existing databases hold, and the other way round. Its bytes
+// are, field for field, what schema 1 has always written (the encoding of
+// the api.Job of the time), so databases written before Record existed load
+// unchanged; a change to these tags or fields is a schema change and needs a
+// Migration.
+//
+// The submitted spec and the recorded allocation, exit status, events and
+// usage keep the API's types: they are stored as the documents the API
+// accepted and reported, and their quantities (api.MilliCPU, api.Bytes)
+// have one encoding.
+type Record struct {
+	ID         string          `json:"id"`
+	Spec       api.JobSpec     `json:"spec"`
+	Owner      api.Owner       `json:"owner"`
+	Tier       api.Tier        `json:"tier"`
+	State      api.State       `json:"state"`
+	Reason     string          `json:"reason,omitempty"`
+	Attempt    int             `json:"attempt,omitempty"`
+	Allocation *api.Allocation `json:"allocation,omitempty"`
+	Exit       *api.ExitStatus `json:"exit,omitempty"`
+	PID        int             `json:"pid,omitempty"`
+	Events     []api.Event     `json:"events"`
+	CreatedAt  time.Time       `json:"created_at"`
+	StartedAt  *time.Time      `json:"started_at,omitempty"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	Version    uint64          `json:"version"`
+	Usage      *api.Usage      `json:"usage,omitempty"`
+}
+
+// recordOf is the record of j, converted at the store's boundary.
+func recordOf(j api.Job) Record {
+	return Record{
+		ID: j.ID, Spec: j.Spec, Owner: j.Owner, Tier: j.Tier, State: j.State, Reason: j.Reason,
+		Attempt: j.Attempt, Allocation: j.Allocation, Exit: j.Exit, PID: j.PID, Events: j.Events,
+		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Version: j.Version,
+		Usage: j.Usage,
+	}
+}
+
+// Job is the API's view of the record.
+func (r Record) Job() api.Job {
+	return api.Job{
+		ID: r.ID, Spec: r.Spec, Owner: r.Owner, Tier: r.Tier, State: r.State, Reason: r.Reason,
+		Attempt: r.Attempt, Allocation: r.Allocation, Exit: r.Exit, PID: r.PID, Events: r.Events,
+		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Version: r.Version,
+		Usage: r.Usage,
+	}
+}
