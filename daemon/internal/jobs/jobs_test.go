@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,7 +15,10 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/store"
 )
 
-func TestMain(m *testing.M) { jobstest.Main(m) }
+func TestMain(m *testing.M) {
+	jobstest.Reexec() // the job monitors of newManager's runner
+	os.Exit(m.Run())
+}
 
 var root = api.Caller{UID: 0, Admin: true, User: "root"}
 

@@ -22,15 +22,14 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 )
 
-// Main is the TestMain of a package whose tests run jobs through Runner:
-// the test binary is fusiond for them, so it runs the job monitor and the
-// job's first process when re-executed for them (as cmd/fusiond does), and
-// the tests otherwise.
-func Main(m *testing.M) {
+// Reexec must open the TestMain of a package whose tests run jobs through
+// Runner: the test binary is fusiond for them, so when Runner re-executes
+// it as a job monitor or a job's first process, Reexec runs that mode and
+// exits (as cmd/fusiond does); otherwise it returns and the tests run.
+func Reexec() {
 	if code, ok := executor.Dispatch(os.Args); ok {
 		os.Exit(code)
 	}
-	os.Exit(m.Run())
 }
 
 // Placer is the daemon's placer for a host of cpu and memory with the
@@ -50,7 +49,7 @@ func CgroupRoot() string {
 
 // Runner is the daemon's executor keeping its attempts under jobsDir (the
 // job manager's LogDir, as in the daemon): every job attempt runs under a
-// monitor (the test binary, see Main) in a cgroup of a parent named after
+// monitor (the test binary, see Reexec) in a cgroup of a parent named after
 // the test. It needs root, as fusiond does for cgroups. When the test ends
 // (after the cleanups registered later, such as stopping a manager) it
 // kills the monitors and jobs left under jobsDir and removes the cgroups.
