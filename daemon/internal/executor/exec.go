@@ -1,4 +1,4 @@
-// Package exec is fusiond's executor: it implements jobs.Runner.
+// Package executor is fusiond's executor: it implements jobs.Runner.
 //
 // MonitorRunner, the daemon's runner, starts every job attempt under a
 // small monitor process (the fusiond binary re-executed with MonitorArg; see

@@ -32,10 +32,10 @@ func Reexec() {
 	}
 }
 
-// Placer is the daemon's placer for a host of cpu and memory with the
-// given GPUs (none if nil) and no FPGAs.
-func Placer(cpu api.MilliCPU, memory api.Bytes, gpus ...hostplacer.GPU) *hostplacer.Placer {
-	return hostplacer.New(hostplacer.Hardware{Name: "test", CPU: cpu, Memory: memory, GPUs: gpus}, hostplacer.Options{Seed: 1})
+// Placer is the daemon's placer for a host of cpu and memory and no
+// devices (tests that need GPUs or FPGAs build their hostplacer.Hardware).
+func Placer(cpu api.MilliCPU, memory api.Bytes) *hostplacer.Placer {
+	return hostplacer.New(hostplacer.Hardware{Name: "test", CPU: cpu, Memory: memory}, hostplacer.Options{Seed: 1})
 }
 
 // CgroupRoot is where the tests' cgroups live: $FUSIOND_CGROUP_ROOT, or
