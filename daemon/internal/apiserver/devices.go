@@ -3,11 +3,11 @@ package apiserver
 import (
 	"context"
 	"errors"
-	"github.com/fusiond/fusiond/daemon/api"
 	"io"
 	"net/http"
 	"strconv"
 
+	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices/fpga/bitstream"
 	"github.com/fusiond/fusiond/topology"
 )

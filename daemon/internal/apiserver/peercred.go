@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/fusiond/fusiond/daemon/api"
 	"net"
 	"os/user"
 	"strconv"
@@ -12,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fusiond/fusiond/daemon/api"
 )
 
 type callerKey struct{}

@@ -10,7 +10,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/fusiond/fusiond/daemon/api"
 	"io"
 	"log/slog"
 	"maps"
@@ -21,6 +20,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
 )
 
 // Backend is what the API serves; the daemon's job manager implements it.
