@@ -81,7 +81,6 @@ func (EBPFDeviceFilter) Attach(dir string, rules []devicefilter.Rule) error {
 type options struct {
 	root    string
 	parent  string
-	mode    Mode
 	log     *slog.Logger
 	filter  DeviceFilter
 	timeout time.Duration
@@ -97,9 +96,6 @@ func WithRoot(root string) Option { return func(o *options) { o.root = root } }
 // the delegated subtree of the systemd unit ("system.slice/fusiond.service");
 // default is the root. The hierarchy is PARENT/fusiond/<tier>/<job>.
 func WithParent(parent string) Option { return func(o *options) { o.parent = parent } }
-
-// WithMode forces a mode instead of detecting it.
-func WithMode(m Mode) Option { return func(o *options) { o.mode = m } }
 
 // WithLogger sets the logger.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
@@ -145,7 +141,7 @@ type Manager struct {
 	opts options
 }
 
-// NewManager detects (or takes) the mode and returns a Manager.
+// NewManager detects the mode and returns a Manager.
 func NewManager(opts ...Option) (*Manager, error) {
 	o := options{root: DefaultRoot, timeout: 10 * time.Second, filter: EBPFDeviceFilter{}}
 	for _, f := range opts {
@@ -157,21 +153,18 @@ func NewManager(opts ...Option) (*Manager, error) {
 	if !validRel(o.parent, true) {
 		return nil, fmt.Errorf("%w: parent %q", ErrInvalidPlacement, o.parent)
 	}
-	if o.mode == ModeUnknown {
-		m, err := DetectMode(o.root)
-		if err != nil {
-			return nil, err
-		}
-		o.mode = m
+	mode, err := DetectMode(o.root)
+	if err != nil {
+		return nil, err
 	}
-	m := &Manager{mode: o.mode, base: path.Join(o.parent, "fusiond"), log: o.log, opts: o}
-	switch o.mode {
+	m := &Manager{mode: mode, base: path.Join(o.parent, "fusiond"), log: o.log, opts: o}
+	switch mode {
 	case ModeV1:
 		m.be = newV1(o.root, o.timeout)
 	case ModeV2:
 		m.be = newV2(o.root, o.filter, o.timeout)
 	default:
-		return nil, fmt.Errorf("%w: mode %v", ErrNoCgroups, o.mode)
+		return nil, fmt.Errorf("%w: mode %v", ErrNoCgroups, mode)
 	}
 	return m, nil
 }

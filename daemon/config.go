@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 )
 
@@ -116,9 +117,9 @@ func DefaultConfig() Config {
 		},
 		CancelGrace:         Duration(10 * time.Second),
 		ShutdownTimeout:     Duration(30 * time.Second),
-		MaxRequestBytes:     api.DefaultMaxBodyBytes,
+		MaxRequestBytes:     apiserver.DefaultMaxBodyBytes,
 		LeaveJobsOnShutdown: true,
-		MaxBitstreamBytes:   api.DefaultMaxBitstreamBytes,
+		MaxBitstreamBytes:   apiserver.DefaultMaxBitstreamBytes,
 		Retention:           Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
 		GPU:                 GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
@@ -45,8 +46,8 @@ type Options struct {
 }
 
 // Daemon is a built fusiond: its store open, its hardware discovered, its
-// jobs recovered, its API handler ready. New builds one without a socket
-// (tests drive Handler directly); Serve runs it on a listener.
+// jobs recovered, its API handler ready. New builds one without a socket;
+// Serve runs it on a listener.
 type Daemon struct {
 	cfg     Config
 	log     *slog.Logger
@@ -57,7 +58,7 @@ type Daemon struct {
 	hw       *hardware.Host
 	capacity api.NodeResources
 	mgr      *jobs.Manager
-	srv      *api.Server
+	srv      *apiserver.Server
 
 	stopPower context.CancelFunc
 	powerDone chan struct{}
@@ -141,7 +142,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		adminGID = &gid
 	}
 	svc := &service{Manager: d.mgr, placer: placer, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
-	d.srv = api.NewServer(svc, api.ServerConfig{
+	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
 		Version:           o.Version,
@@ -151,13 +152,6 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	})
 	return d, nil
 }
-
-// Config is the daemon's configuration with its paths made absolute.
-func (d *Daemon) Config() Config { return d.cfg }
-
-// Handler is the API's HTTP handler. Requests must carry the caller's
-// identity the way Serve's connections do (the server's ConnContext).
-func (d *Daemon) Handler() *api.Server { return d.srv }
 
 // Close stops what New started — the power loop, the hardware's
 // background work — and closes the store. It does not stop jobs (Serve's
@@ -266,7 +260,7 @@ func selfCheck(ctx context.Context, socket string, timeout time.Duration) error 
 	return err
 }
 
-// hostCapacity is what the capacity placer hands out: every online CPU and
+// hostCapacity is what the placer hands out: every online CPU and
 // all physical memory.
 func hostCapacity() (api.NodeResources, error) {
 	var si unix.Sysinfo_t
@@ -346,7 +340,7 @@ type service struct {
 	started time.Time
 }
 
-var _ api.Backend = (*service)(nil)
+var _ apiserver.Backend = (*service)(nil)
 
 // Node reports the host's capacity, allocation, job counts and devices.
 func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error) {

@@ -39,7 +39,6 @@ type options struct {
 	root    string
 	logger  *slog.Logger
 	links   LinkSource
-	pciids  string
 	noNames bool
 }
 
@@ -52,12 +51,6 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 
 // WithLinkSource adds NVLink-style links to the model.
 func WithLinkSource(s LinkSource) Option { return func(o *options) { o.links = s } }
-
-// WithPCIIDs names the pci.ids file used for vendor and device names. By
-// default $PCIDB_PATH, then the tree's own and the host's standard
-// locations (/usr/share/misc/pci.ids, /usr/share/hwdata/pci.ids) are
-// tried; the network is never used.
-func WithPCIIDs(path string) Option { return func(o *options) { o.pciids = path } }
 
 // WithoutNames skips the pci.ids lookup (names stay empty); Watcher uses
 // it for cheap periodic refreshes when names are not wanted.
@@ -522,9 +515,6 @@ func (d *discovery) pciNames() *pcidb.PCIDB {
 		return nil
 	}
 	var candidates []string
-	if d.o.pciids != "" {
-		candidates = append(candidates, d.o.pciids)
-	}
 	if p := os.Getenv("PCIDB_PATH"); p != "" {
 		candidates = append(candidates, p)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/devices/fpga"
 	"github.com/fusiond/fusiond/devices/fpga/bitstream"
 	"github.com/fusiond/fusiond/devices/nvidia"
@@ -37,7 +38,7 @@ type Backend struct {
 	held Holders
 }
 
-var _ api.DeviceBackend = (*Backend)(nil)
+var _ apiserver.DeviceBackend = (*Backend)(nil)
 
 // NewBackend returns the API backend for h; held may be nil (nothing held).
 func NewBackend(h *Host, held Holders) *Backend {

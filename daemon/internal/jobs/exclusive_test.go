@@ -8,13 +8,15 @@ import (
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 )
 
 func TestExclusiveCPUPlacer(t *testing.T) {
 	cores := []cgroups.Core{{Node: 0, CPUs: []int{0, 4}}, {Node: 0, CPUs: []int{1, 5}}, {Node: 1, CPUs: []int{2, 6}}, {Node: 1, CPUs: []int{3, 7}}}
 	var pools [][]int
-	p, err := jobs.NewExclusiveCPUPlacer(jobs.NewCapacityPlacer(api.NodeResources{CPU: 8000, Memory: 1 << 30}), cores, 1,
+	p, err := jobs.NewExclusiveCPUPlacer(jobstest.Placer(8000, 1<<30), cores, 1,
 		func(s []int) error { pools = append(pools, s); return nil }, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -61,10 +63,10 @@ func TestExclusiveCPUPlacer(t *testing.T) {
 
 // nodePlacer places every job on NUMA node 1 (as the engine does for a job
 // whose GPU sits there).
-type nodePlacer struct{ *jobs.CapacityPlacer }
+type nodePlacer struct{ *hostplacer.Placer }
 
 func (p nodePlacer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
-	a, why, ok := p.CapacityPlacer.Place(group)
+	a, why, ok := p.Placer.Place(group)
 	for i := range a {
 		a[i].NUMANode = 1
 	}
@@ -73,7 +75,7 @@ func (p nodePlacer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 
 func TestExclusiveCPUPlacerFollowsDeviceNode(t *testing.T) {
 	cores := []cgroups.Core{{Node: 0, CPUs: []int{0}}, {Node: 0, CPUs: []int{1}}, {Node: 1, CPUs: []int{2}}, {Node: 1, CPUs: []int{3}}}
-	p, err := jobs.NewExclusiveCPUPlacer(nodePlacer{jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 1 << 30})},
+	p, err := jobs.NewExclusiveCPUPlacer(nodePlacer{jobstest.Placer(4000, 1<<30)},
 		cores, 1, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

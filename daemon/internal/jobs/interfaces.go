@@ -42,7 +42,7 @@ type Process interface {
 	Signal(sig syscall.Signal) error
 }
 
-// Runner starts jobs. The plain-process runner in daemon/internal/executor is one.
+// Runner starts jobs; the daemon's is executor.MonitorRunner.
 type Runner interface {
 	Start(ctx context.Context, req RunRequest) (Process, error)
 	// Attach finds an attempt started by an earlier daemon: its monitor

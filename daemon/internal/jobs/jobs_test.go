@@ -3,16 +3,22 @@ package jobs_test
 import (
 	"context"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/executor"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 )
+
+func TestMain(m *testing.M) {
+	jobstest.Reexec() // the job monitors of newManager's runner
+	os.Exit(m.Run())
+}
 
 var root = api.Caller{UID: 0, Admin: true, User: "root"}
 
@@ -41,9 +47,12 @@ func TestTransitions(t *testing.T) {
 	}
 }
 
+// newManager runs the daemon's job manager over the daemon's placer for a
+// host with capacity's CPU and memory and the daemon's executor.
 func newManager(t *testing.T, capacity api.NodeResources) *jobs.Manager {
 	t.Helper()
 	dir := t.TempDir()
+	runner := jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second)
 	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +60,7 @@ func newManager(t *testing.T, capacity api.NodeResources) *jobs.Manager {
 	t.Cleanup(func() { st.Close() })
 	log := slog.New(slog.DiscardHandler)
 	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
-		executor.NewProcessRunner(log, "/proc"), jobs.NewCapacityPlacer(capacity), log)
+		runner, jobstest.Placer(capacity.CPU, capacity.Memory), log)
 	if err := m.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +120,9 @@ func TestGangAllOrNothing(t *testing.T) {
 	// The third member makes the gang need 3 CPUs on a 2-CPU host: none is
 	// placed.
 	c := submit(t, m, api.JobSpec{Command: []string{"true"}, Gang: gang})
-	waitFor(t, m, c.ID, func(j api.Job) bool { return strings.Contains(j.Reason, "needs 3 CPU") })
+	waitFor(t, m, c.ID, func(j api.Job) bool {
+		return strings.Contains(j.Reason, "gang of 3 does not fit") && strings.Contains(j.Reason, "insufficient cpu")
+	})
 	for _, id := range []string{a.ID, b.ID, c.ID} {
 		if j, _ := m.Get(context.Background(), root, id); j.State != api.StatePending {
 			t.Errorf("member %s is %s: a gang that does not fit must place nobody", id, j.State)
@@ -147,7 +158,7 @@ func TestQueueOrderAndWaitingReason(t *testing.T) {
 	// high priority first, even though submitted last.
 	waitFor(t, m, high.ID, state(api.StateSucceeded))
 	waitFor(t, m, hog.ID, state(api.StateRunning))
-	j := waitFor(t, m, low.ID, func(j api.Job) bool { return strings.Contains(j.Reason, "waiting: needs 1 CPU") })
+	j := waitFor(t, m, low.ID, func(j api.Job) bool { return strings.Contains(j.Reason, "waiting: insufficient cpu") })
 	if j.State != api.StatePending {
 		t.Errorf("low is %s", j.State)
 	}

@@ -12,11 +12,18 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 )
 
 // fakeRunner's processes end when their exit is sent; Attach answers from
-// attached (ErrGone when absent).
+// attached (ErrGone when absent). It stands in for the executor only here:
+// this test scripts, for one restarted manager, the three answers Attach
+// can give at once (a live monitor, a result recorded while no daemon ran,
+// a monitor gone without one) with fixed usage figures to assert on, which
+// real monitors cannot be made to give deterministically. The executor's
+// own tests re-attach real monitors (daemon/internal/executor), and the
+// end-to-end crash tests run the whole daemon (daemon/e2e).
 type fakeRunner struct {
 	mu       sync.Mutex
 	started  map[string]*fakeProc
@@ -78,7 +85,7 @@ func TestRecoverReattaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	r1 := &fakeRunner{started: map[string]*fakeProc{}}
-	m1 := jobs.New(cfg, st, r1, jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 1 << 30}), log)
+	m1 := jobs.New(cfg, st, r1, jobstest.Placer(4000, 1<<30), log)
 	if err := m1.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +108,7 @@ func TestRecoverReattaches(t *testing.T) {
 	live, ended := newFakeProc(2000), newFakeProc(2001)
 	ended.exit <- api.ExitStatus{Code: 3}
 	r2 := &fakeRunner{started: map[string]*fakeProc{}, attached: map[string]*fakeProc{ids[0]: live, ids[1]: ended}}
-	placer := jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 1 << 30})
+	placer := jobstest.Placer(4000, 1<<30)
 	m2 := jobs.New(cfg, st2, r2, placer, log)
 	if err := m2.Recover(); err != nil {
 		t.Fatal(err)

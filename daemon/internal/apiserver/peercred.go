@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"context"
@@ -11,40 +11,42 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fusiond/fusiond/daemon/api"
 )
 
 type callerKey struct{}
 
 // WithCaller returns ctx carrying c (or the error that kept it from being
 // known).
-func withCaller(ctx context.Context, c Caller, err error) context.Context {
+func withCaller(ctx context.Context, c api.Caller, err error) context.Context {
 	return context.WithValue(ctx, callerKey{}, callerOrErr{c, err})
 }
 
 type callerOrErr struct {
-	c   Caller
+	c   api.Caller
 	err error
 }
 
 // CallerFrom returns the identity the connection's peer credentials gave.
-func CallerFrom(ctx context.Context) (Caller, error) {
+func CallerFrom(ctx context.Context) (api.Caller, error) {
 	v, ok := ctx.Value(callerKey{}).(callerOrErr)
 	if !ok {
-		return Caller{}, errors.New("no peer credentials on this connection")
+		return api.Caller{}, errors.New("no peer credentials on this connection")
 	}
 	return v.c, v.err
 }
 
 // peerCredentials reads SO_PEERCRED (uid, gid, pid) and SO_PEERGROUPS (the
 // supplementary groups at connect time) from a Unix socket connection.
-func peerCredentials(conn net.Conn) (Caller, error) {
+func peerCredentials(conn net.Conn) (api.Caller, error) {
 	uc, ok := conn.(*net.UnixConn)
 	if !ok {
-		return Caller{}, fmt.Errorf("connection is %T, not a Unix socket: no peer credentials", conn)
+		return api.Caller{}, fmt.Errorf("connection is %T, not a Unix socket: no peer credentials", conn)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return Caller{}, err
+		return api.Caller{}, err
 	}
 	var cred *unix.Ucred
 	var groups []uint32
@@ -54,15 +56,15 @@ func peerCredentials(conn net.Conn) (Caller, error) {
 		groups, groupsErr = peerGroups(int(fd))
 	})
 	if err != nil {
-		return Caller{}, err
+		return api.Caller{}, err
 	}
 	if credErr != nil {
-		return Caller{}, fmt.Errorf("SO_PEERCRED: %w", credErr)
+		return api.Caller{}, fmt.Errorf("SO_PEERCRED: %w", credErr)
 	}
 	if groupsErr != nil {
-		return Caller{}, fmt.Errorf("SO_PEERGROUPS: %w", groupsErr)
+		return api.Caller{}, fmt.Errorf("SO_PEERGROUPS: %w", groupsErr)
 	}
-	return Caller{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid, Groups: groups}, nil
+	return api.Caller{UID: cred.Uid, GID: cred.Gid, PID: cred.Pid, Groups: groups}, nil
 }
 
 func peerGroups(fd int) ([]uint32, error) {

@@ -1,4 +1,4 @@
-package api_test
+package apiserver_test
 
 import (
 	"context"
@@ -18,7 +18,9 @@ import (
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/devices/fpga/bitstream"
 	"github.com/fusiond/fusiond/devices/fpga/bitstream/forge"
 	fpgasim "github.com/fusiond/fusiond/devices/fpga/simhost"
@@ -32,6 +34,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	jobstest.Reexec() // the job monitors of startServer's runner
 	code := m.Run()
 	if simHost != nil {
 		simHost.Close()
@@ -67,9 +70,9 @@ func (h held) HeldDevices() map[string]bool { return h }
 // startDeviceServer serves the device routes for h on two Unix sockets:
 // one whose callers are admins (the tests run as root) and one whose
 // callers are an ordinary user.
-func startDeviceServer(t *testing.T, dev api.DeviceBackend, maxBitstream int64) (admin, user *http.Client) {
+func startDeviceServer(t *testing.T, dev apiserver.DeviceBackend, maxBitstream int64) (admin, user *http.Client) {
 	t.Helper()
-	srv := api.NewServer(backend{}, api.ServerConfig{MaxBodyBytes: 64 << 10, Devices: dev, MaxBitstreamBytes: maxBitstream})
+	srv := apiserver.New(backend{}, apiserver.Config{MaxBodyBytes: 64 << 10, Devices: dev, MaxBitstreamBytes: maxBitstream})
 	dir := t.TempDir()
 	serve := func(name string, asUser bool) *http.Client {
 		sock := filepath.Join(dir, name)
@@ -79,7 +82,7 @@ func startDeviceServer(t *testing.T, dev api.DeviceBackend, maxBitstream int64) 
 		}
 		hs := &http.Server{Handler: srv, ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if asUser {
-				return api.WithCaller(ctx, api.Caller{UID: 4242, GID: 4242}, nil)
+				return apiserver.WithCaller(ctx, api.Caller{UID: 4242, GID: 4242}, nil)
 			}
 			return srv.ConnContext(ctx, c)
 		}}
@@ -97,7 +100,7 @@ func TestDeviceRoutes(t *testing.T) {
 	gpu7 := h.GPUs().GPUs()[7].UUID
 	admin, user := startDeviceServer(t, hardware.NewBackend(h, held{fpgasim.DFL1: true, gpu7: true}), 3<<20)
 
-	layout, err := os.ReadFile("../../examples/mig-layouts.yaml")
+	layout, err := os.ReadFile("../../../examples/mig-layouts.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +203,7 @@ func TestDeviceRoutes(t *testing.T) {
 // TestDeviceClient drives the device routes through the Go client.
 func TestDeviceClient(t *testing.T) {
 	h := sharedSimHost(t)
-	srv := api.NewServer(backend{}, api.ServerConfig{Devices: hardware.NewBackend(h, nil)})
+	srv := apiserver.New(backend{}, apiserver.Config{Devices: hardware.NewBackend(h, nil)})
 	sock := filepath.Join(t.TempDir(), "s")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -268,14 +271,14 @@ func TestDeviceClient(t *testing.T) {
 
 // TestDeviceRoutesWithoutBackend: a server without devices answers 503.
 func TestDeviceRoutesWithoutBackend(t *testing.T) {
-	srv := api.NewServer(backend{}, api.ServerConfig{})
-	for _, r := range api.Routes {
+	srv := apiserver.New(backend{}, apiserver.Config{})
+	for _, r := range apiserver.Routes {
 		if !strings.Contains(r.Path, "/topology") && !strings.Contains(r.Path, "/gpus") && !strings.Contains(r.Path, "/mig/") && !strings.Contains(r.Path, "/fpga/") {
 			continue
 		}
 		path := strings.NewReplacer("{id}", "x", "{ref}", "y").Replace(r.Path)
 		req, _ := http.NewRequest(r.Method, "http://x"+path, strings.NewReader("{}"))
-		req = req.WithContext(api.WithCaller(req.Context(), api.Caller{Admin: true}, nil))
+		req = req.WithContext(apiserver.WithCaller(req.Context(), api.Caller{Admin: true}, nil))
 		w := httptest.NewRecorder()
 		srv.ServeHTTP(w, req)
 		if w.Code != http.StatusServiceUnavailable {

@@ -1,4 +1,4 @@
-package api_test
+package apiserver_test
 
 import (
 	"bytes"
@@ -17,8 +17,9 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/executor"
+	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 )
 
@@ -29,25 +30,26 @@ func (backend) Node(context.Context, api.Caller) (api.NodeStatus, error) {
 	return api.NodeStatus{Hostname: "test"}, nil
 }
 
-// startServer runs the real manager, store and process runner behind the
-// API on a Unix socket and returns an HTTP client for it.
+// startServer runs the daemon's job manager, store, placer (a host of 4
+// CPUs and 8 GiB) and executor (job monitors and cgroups) behind the API on
+// a Unix socket and returns an HTTP client for it.
 func startServer(t *testing.T) (*http.Client, *jobs.Manager) {
 	t.Helper()
 	dir := t.TempDir()
 	log := slog.New(slog.DiscardHandler)
+	runner := jobstest.Runner(t, filepath.Join(dir, "jobs"), time.Second)
 	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	placer := jobs.NewCapacityPlacer(api.NodeResources{CPU: 4000, Memory: 8 << 30})
 	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "jobs"), CancelGrace: time.Second}, st,
-		executor.NewProcessRunner(log, "/proc"), placer, log)
+		runner, jobstest.Placer(4000, 8<<30), log)
 	if err := mgr.Recover(); err != nil {
 		t.Fatal(err)
 	}
 	mgr.Start()
-	srv := api.NewServer(backend{mgr}, api.ServerConfig{MaxBodyBytes: 4096, LogPoll: 10 * time.Millisecond})
+	srv := apiserver.New(backend{mgr}, apiserver.Config{MaxBodyBytes: 4096, LogPoll: 10 * time.Millisecond})
 	sock := filepath.Join(dir, "s")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -221,7 +223,7 @@ func TestLogsFollowAndEvents(t *testing.T) {
 // server registers: every route documented, nothing documented that is not
 // a route.
 func TestAPIDocsMatchRoutes(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/api.md")
+	doc, err := os.ReadFile("../../../docs/api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +233,7 @@ func TestAPIDocsMatchRoutes(t *testing.T) {
 		documented = append(documented, string(m[1])+" "+string(m[2]))
 	}
 	var routes []string
-	for _, r := range api.Routes {
+	for _, r := range apiserver.Routes {
 		routes = append(routes, r.Method+" "+r.Path)
 	}
 	slices.Sort(documented)

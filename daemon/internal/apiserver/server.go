@@ -1,4 +1,9 @@
-package api
+// Package apiserver is fusiond's HTTP server for the API that package api
+// defines: the routes (Routes, which docs/api.md documents), their
+// handlers over a Backend (the job manager and node status) and a
+// DeviceBackend (the host's hardware), and the callers' identities read
+// from each connection's peer credentials.
+package apiserver
 
 import (
 	"bufio"
@@ -15,20 +20,22 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
 )
 
 // Backend is what the API serves; the daemon's job manager implements it.
 type Backend interface {
-	Submit(ctx context.Context, c Caller, spec JobSpec) (Job, error)
-	List(ctx context.Context, c Caller, opts ListOptions) ([]Job, error)
-	Get(ctx context.Context, c Caller, id string) (Job, error)
-	Cancel(ctx context.Context, c Caller, id string) (Job, error)
+	Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (api.Job, error)
+	List(ctx context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, error)
+	Get(ctx context.Context, c api.Caller, id string) (api.Job, error)
+	Cancel(ctx context.Context, c api.Caller, id string) (api.Job, error)
 	// LogPath is the job's log file and whether the job has finished.
-	LogPath(c Caller, id string) (string, bool, error)
+	LogPath(c api.Caller, id string) (string, bool, error)
 	// Subscribe streams the events c may see, of one job or all.
-	Subscribe(c Caller, jobID string) (<-chan Event, func())
-	Node(ctx context.Context, c Caller) (NodeStatus, error)
-	SetCordoned(c Caller, on bool) error
+	Subscribe(c api.Caller, jobID string) (<-chan api.Event, func())
+	Node(ctx context.Context, c api.Caller) (api.NodeStatus, error)
+	SetCordoned(c api.Caller, on bool) error
 	// Ready is nil when the daemon takes work.
 	Ready() error
 }
@@ -65,13 +72,13 @@ var Routes = []Route{
 	{"DELETE", "/v1/fpga/bitstreams/{ref}", "remove a bitstream from the library (admin)"},
 }
 
-// ServerConfig tunes the HTTP server.
-type ServerConfig struct {
+// Config tunes the HTTP server.
+type Config struct {
 	// MaxBodyBytes caps request bodies (413 past it).
 	MaxBodyBytes int64
 	// AdminGID, when set, makes members of that group admins.
 	AdminGID *uint32
-	Version  Version
+	Version  api.Version
 	Logger   *slog.Logger
 	// LogPoll is how often a followed log is checked for new output.
 	LogPoll time.Duration
@@ -84,7 +91,7 @@ type ServerConfig struct {
 
 // Server serves the API for a Backend.
 type Server struct {
-	cfg     ServerConfig
+	cfg     Config
 	b       Backend
 	log     *slog.Logger
 	mux     *http.ServeMux
@@ -95,8 +102,8 @@ type Server struct {
 // DefaultMaxBodyBytes is the default request body limit.
 const DefaultMaxBodyBytes = 1 << 20
 
-// NewServer returns the API handler.
-func NewServer(b Backend, cfg ServerConfig) *Server {
+// New returns the API handler.
+func New(b Backend, cfg Config) *Server {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
@@ -136,11 +143,11 @@ func NewServer(b Backend, cfg ServerConfig) *Server {
 	}
 	for p := range paths {
 		s.mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, Errorf(CodeMethodNotAllowed, "%s is not allowed on %s", r.Method, p))
+			writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s", r.Method, p))
 		})
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, Errorf(CodeNotFound, "no route %s %s (the API is under /v1)", r.Method, r.URL.Path))
+		writeError(w, api.Errorf(api.CodeNotFound, "no route %s %s (the API is under /v1)", r.Method, r.URL.Path))
 	})
 	return s
 }
@@ -171,14 +178,14 @@ func (s *Server) CloseStreams() { close(s.streams) }
 func (s *Server) authenticated(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := CallerFrom(r.Context()); err != nil {
-			writeError(w, Errorf(CodeForbidden, "cannot identify the caller: %v", err))
+			writeError(w, api.Errorf(api.CodeForbidden, "cannot identify the caller: %v", err))
 			return
 		}
 		h(w, r)
 	})
 }
 
-func caller(r *http.Request) Caller {
+func caller(r *http.Request) api.Caller {
 	c, _ := CallerFrom(r.Context())
 	return c
 }
@@ -192,9 +199,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	var e *Error
+	var e *api.Error
 	if !errors.As(err, &e) {
-		e = &Error{Code: CodeInternal, Message: err.Error()}
+		e = &api.Error{Code: api.CodeInternal, Message: err.Error()}
 	}
 	writeJSON(w, e.HTTPStatus(), e)
 }
@@ -204,13 +211,13 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, Errorf(CodeTooLarge, "request body larger than %d bytes", s.cfg.MaxBodyBytes))
+			writeError(w, api.Errorf(api.CodeTooLarge, "request body larger than %d bytes", s.cfg.MaxBodyBytes))
 			return
 		}
-		writeError(w, Errorf(CodeBadRequest, "reading body: %v", err))
+		writeError(w, api.Errorf(api.CodeBadRequest, "reading body: %v", err))
 		return
 	}
-	spec, err := DecodeSpec(body)
+	spec, err := api.DecodeSpec(body)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -227,7 +234,7 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 func checkQuery(r *http.Request, allowed ...string) error {
 	for k := range r.URL.Query() {
 		if !slices.Contains(allowed, k) {
-			return &Error{Code: CodeBadRequest, Field: k, Message: "unknown query parameter (allowed: " + strings.Join(allowed, ", ") + ")"}
+			return &api.Error{Code: api.CodeBadRequest, Field: k, Message: "unknown query parameter (allowed: " + strings.Join(allowed, ", ") + ")"}
 		}
 	}
 	return nil
@@ -240,44 +247,9 @@ func parseBool(r *http.Request, name string) (bool, error) {
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return false, &Error{Code: CodeBadRequest, Field: name, Message: "want true or false, got " + strconv.Quote(v)}
+		return false, &api.Error{Code: api.CodeBadRequest, Field: name, Message: "want true or false, got " + strconv.Quote(v)}
 	}
 	return b, nil
-}
-
-// ParseListQuery decodes list filters from a query string.
-func ParseListQuery(q map[string][]string) (ListOptions, error) {
-	var o ListOptions
-	for _, v := range q["state"] {
-		for _, st := range strings.Split(v, ",") {
-			if !slices.Contains(States, State(st)) {
-				return o, &Error{Code: CodeBadRequest, Field: "state", Message: "unknown state " + strconv.Quote(st)}
-			}
-			o.State = append(o.State, State(st))
-		}
-	}
-	if c := first(q["class"]); c != "" {
-		if !slices.Contains(Classes, Class(c)) {
-			return o, &Error{Code: CodeBadRequest, Field: "class", Message: "unknown class " + strconv.Quote(c)}
-		}
-		o.Class = Class(c)
-	}
-	o.User = first(q["user"])
-	if l := first(q["limit"]); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 0 {
-			return o, &Error{Code: CodeBadRequest, Field: "limit", Message: "want a non-negative integer, got " + strconv.Quote(l)}
-		}
-		o.Limit = n
-	}
-	return o, nil
-}
-
-func first(v []string) string {
-	if len(v) == 0 {
-		return ""
-	}
-	return v[0]
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
@@ -285,7 +257,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	opts, err := ParseListQuery(r.URL.Query())
+	opts, err := api.ParseListQuery(r.URL.Query())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -334,7 +306,7 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	}
 	f, err := os.Open(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		writeError(w, Errorf(CodeInternal, "open log: %v", err))
+		writeError(w, api.Errorf(api.CodeInternal, "open log: %v", err))
 		return
 	}
 	if f != nil {
@@ -450,15 +422,15 @@ func (s *Server) cordon(on bool) http.HandlerFunc {
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, Health{Status: "ok"})
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok"})
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	if err := s.b.Ready(); err != nil {
-		writeError(w, Errorf(CodeUnavailable, "not ready: %v", err))
+		writeError(w, api.Errorf(api.CodeUnavailable, "not ready: %v", err))
 		return
 	}
-	writeJSON(w, http.StatusOK, Health{Status: "ready"})
+	writeJSON(w, http.StatusOK, api.Health{Status: "ready"})
 }
 
 func (s *Server) version(w http.ResponseWriter, _ *http.Request) {
