@@ -5,14 +5,16 @@ import (
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // migHost is dgx() (7 whole GPUs left) with GPU-h in MIG mode holding two 1g instances (slices
 // 0 and 1); slices 2..6 are free for on-demand instances.
 func migHost() Hardware {
 	hw := dgx()
-	hw.GPUs[7].MIG = &MIG{TotalSlices: 7, ReconfigMs: 1500, Profiles: map[string]int{"1g.18gb": 1, "3g.71gb": 3},
-		Instances: []MIGInstance{{ID: "MIG-h0", Profile: "1g.18gb", Start: 0, Slices: 1}, {ID: "MIG-h1", Profile: "1g.18gb", Start: 1, Slices: 1}}}
+	hw.GPUs[7].ReconfigMs = 1500
+	hw.GPUs[7].MIG = &devices.MIG{Slots: 7, Profiles: map[string]int{"1g.18gb": 1, "3g.71gb": 3},
+		Instances: []devices.MIGInstance{{ID: "MIG-h0", Profile: "1g.18gb", Start: 0, Slots: 1}, {ID: "MIG-h1", Profile: "1g.18gb", Start: 1, Slots: 1}}}
 	return hw
 }
 
@@ -131,7 +133,7 @@ func TestSetHealthy(t *testing.T) {
 
 func TestUnhealthyAtStartAdmitsButWaits(t *testing.T) {
 	hw := dgx()
-	hw.GPUs[3].Healthy = false
+	hw.GPUs[3].Health.Healthy = false
 	p := New(hw, Options{})
 	if err := p.Admit(job("8", api.TierBurstable, gpus(8)).Spec); err != nil {
 		t.Fatalf("8 GPUs refused while one is only out of service: %v", err)
