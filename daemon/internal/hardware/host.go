@@ -1,12 +1,18 @@
-// Package host assembles fusiond's view of the machine it runs on: the
-// topology model (sockets, NUMA nodes, PCIe tree, NVLinks), the NVIDIA GPU
-// manager, the FPGA region manager and the bitstream library. It opens them
-// over the live host or, with Config.Simulate, over a simulated DGX-class
-// host (go-nvml's mock GPUs plus sysfs fixture trees written once under the
-// state directory), owns their background work (GPU telemetry sampling,
-// GPU health watch, topology refresh) and serves them to the API through
-// Backend. Placement decisions are not made here: the scheduler reads the
-// accessors (Topology, GPUs, FPGAs, Library).
+// Package hardware assembles fusiond's view of the machine it runs on: the
+// topology model (sockets, NUMA nodes, PCIe tree, NVLinks), the device
+// drivers (one list of devices.Driver: the NVIDIA GPU driver when the host
+// has one, then the FPGA region driver) and the bitstream library. It opens
+// them over the live host or, with Config.Simulate, over a simulated
+// DGX-class host (go-nvml's mock GPUs plus sysfs fixture trees written once
+// under the state directory), owns their background work (GPU telemetry
+// sampling, GPU health watch, topology refresh), fans the drivers' updates
+// and topology changes out to subscribers (Subscribe), and serves them to
+// the API through Backend. Placement decisions are not made here: the
+// daemon builds the placer's inventory from Drivers and Topology.
+//
+// It touches hardware only through devices/*, topology and their simulated
+// hosts, and may import those, daemon/api (for the API's device backend)
+// and the standard library; not the daemon's other internal packages.
 package hardware
 
 import (
