@@ -51,6 +51,13 @@ type Driver interface {
 	Release(ctx context.Context, jobID string) error
 }
 
+// Runner is implemented by drivers with background work (telemetry
+// sampling, a health watch); whoever holds the drivers runs it once.
+type Runner interface {
+	// Run works until ctx ends and returns nil then.
+	Run(ctx context.Context) error
+}
+
 // Inventory is what a driver offers.
 type Inventory struct {
 	Devices []Device `json:"devices"`

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"time"
 
 	"github.com/fusiond/fusiond/devices"
 )
@@ -19,8 +20,10 @@ const migCreateMs = 1500
 // and per-job preparation: GPU share admission, on-demand MIG instance
 // creation and the grant.
 type Driver struct {
-	m   *Manager
-	log *slog.Logger
+	m       *Manager
+	log     *slog.Logger
+	opts    DriverOptions
+	sampler *Sampler
 	// migMu serialises on-demand MIG creation: two jobs prepared at once
 	// must not plan the same free slots.
 	migMu sync.Mutex
@@ -29,15 +32,52 @@ type Driver struct {
 	shares map[string]string // job ID → GPU UUID of its admitted share
 }
 
-var _ devices.Driver = (*Driver)(nil)
+var (
+	_ devices.Driver = (*Driver)(nil)
+	_ devices.Runner = (*Driver)(nil)
+)
+
+// DriverOptions tune the driver's background work (Run).
+type DriverOptions struct {
+	// SampleInterval is the telemetry period (default 100 ms, 10 Hz).
+	SampleInterval time.Duration
+	// HealthProbe is how often unhealthy GPUs are probed (default 10 s).
+	HealthProbe time.Duration
+}
 
 // NewDriver returns the driver over m; log may be nil.
-func NewDriver(m *Manager, log *slog.Logger) *Driver {
+func NewDriver(m *Manager, log *slog.Logger, o DriverOptions) *Driver {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Driver{m: m, log: log, shares: map[string]string{}}
+	if o.HealthProbe <= 0 {
+		o.HealthProbe = 10 * time.Second
+	}
+	return &Driver{m: m, log: log, opts: o, sampler: m.NewSampler(o.SampleInterval), shares: map[string]string{}}
 }
+
+// Run samples telemetry and watches GPU health (publishing both as
+// updates) until ctx ends. A host without GPUs has nothing to run.
+func (d *Driver) Run(ctx context.Context) error {
+	if len(d.m.GPUs()) == 0 {
+		return nil
+	}
+	var wg sync.WaitGroup
+	run := func(name string, f func(context.Context) error) {
+		wg.Go(func() {
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				d.log.Error(name+" stopped", "err", err)
+			}
+		})
+	}
+	run("GPU telemetry", func(ctx context.Context) error { return d.sampler.Run(ctx, nil) })
+	run("GPU health watch", func(ctx context.Context) error { return d.m.WatchHealth(ctx, d.opts.HealthProbe, nil) })
+	wg.Wait()
+	return nil
+}
+
+// Telemetry is the latest telemetry sweep (empty before Run's first).
+func (d *Driver) Telemetry() []Sample { return d.sampler.Latest() }
 
 // Manager is the NVIDIA manager behind the driver, for the API's GPU
 // routes (MIG layout plans, sharing status, telemetry).

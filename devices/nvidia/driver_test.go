@@ -19,7 +19,7 @@ func TestDriverPrepareCreatesMIG(t *testing.T) {
 	if err := m.Apply(ctx, []Action{{Kind: SetMIGMode, GPU: 0, GPUUUID: g.UUID, Enable: true}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	var d devices.Driver = NewDriver(m, nil)
+	var d devices.Driver = NewDriver(m, nil, DriverOptions{})
 	var mu sync.Mutex
 	var changed []string
 	cancel := d.Subscribe(func(u devices.Update) {

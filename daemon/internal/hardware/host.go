@@ -92,7 +92,6 @@ type Host struct {
 	topo    *topology.Watcher
 	gpus    *nvidia.Manager
 	gpuSim  *nvidia.SimHost
-	sampler *nvidia.Sampler
 	fpgas   *fpga.Manager
 	fpgaSim *fpgasim.Host
 	lib     *bitstream.Library
@@ -208,7 +207,8 @@ func (h *Host) openGPUs() error {
 		return nil
 	}
 	h.gpus = m
-	h.gpuDrv = nvidia.NewDriver(m, h.log.With("component", "nvidia"))
+	h.gpuDrv = nvidia.NewDriver(m, h.log.With("component", "nvidia"),
+		nvidia.DriverOptions{SampleInterval: h.cfg.SampleInterval, HealthProbe: h.cfg.HealthProbe})
 	h.drivers = append(h.drivers, h.gpuDrv)
 	if len(m.GPUs()) == 0 {
 		h.notes = append(h.notes, "the NVIDIA driver reports no GPUs")
@@ -335,8 +335,8 @@ func (h *Host) openFPGAs(ctx context.Context) error {
 	return nil
 }
 
-// start runs the background work: GPU telemetry and health, topology
-// refresh.
+// start runs the background work: each driver's (GPU telemetry and
+// health), topology refresh.
 func (h *Host) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -349,13 +349,12 @@ func (h *Host) start() {
 			}
 		}()
 	}
-	if h.gpus != nil && len(h.gpus.GPUs()) > 0 {
-		h.sampler = h.gpus.NewSampler(h.cfg.SampleInterval)
-		run("GPU telemetry", func(ctx context.Context) error { return h.sampler.Run(ctx, nil) })
-		run("GPU health watch", func(ctx context.Context) error {
-			// Transitions reach noteUpdate through the driver's updates.
-			return h.gpus.WatchHealth(ctx, h.cfg.HealthProbe, nil)
-		})
+	// The drivers' own work (GPU telemetry and health watch); what it
+	// finds reaches noteUpdate through the drivers' updates.
+	for _, d := range h.drivers {
+		if r, ok := d.(devices.Runner); ok {
+			run(string(d.Kind())+" driver", r.Run)
+		}
 	}
 	if h.cfg.Simulate == "" && h.cfg.TopologyPeriod > 0 {
 		events, unsubscribe := h.topo.Subscribe()
@@ -412,10 +411,10 @@ func (h *Host) GPUs() *nvidia.Manager { return h.gpus }
 
 // Telemetry is the latest GPU telemetry sweep (nil without GPUs).
 func (h *Host) Telemetry() []nvidia.Sample {
-	if h.sampler == nil {
+	if h.gpuDrv == nil {
 		return nil
 	}
-	return h.sampler.Latest()
+	return h.gpuDrv.Telemetry()
 }
 
 // FPGAs is the FPGA region manager, nil when the host has no FPGA regions.
