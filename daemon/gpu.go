@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
@@ -100,14 +101,43 @@ type devicePublisher interface {
 // stream. It then brings the placer up to date with what changed before
 // the connection. The returned function disconnects.
 func connectDevices(hw *hardware.Host, placer inventoryTarget, pub devicePublisher, inventory func() hostplacer.Hardware) (cancel func()) {
+	var s inventorySync
+	update := func() { s.run(func() { placer.UpdateHardware(inventory()) }) }
 	cancel = hw.Subscribe(func(u devices.Update) {
 		if u.Kind == devices.HealthChanged || u.Kind == devices.DeviceChanged {
-			placer.UpdateHardware(inventory())
+			update()
 		}
 	})
 	hw.OnHealth(pub.PublishDevice)
-	placer.UpdateHardware(inventory())
+	update()
 	return cancel
+}
+
+// inventorySync runs inventory updates one at a time, so an older
+// inventory never replaces a newer one. An update asked for while one runs
+// (from another goroutine, or from a driver publishing while its inventory
+// is read) makes the running one read the inventory again instead.
+type inventorySync struct {
+	mu             sync.Mutex
+	running, dirty bool
+}
+
+func (s *inventorySync) run(update func()) {
+	s.mu.Lock()
+	s.dirty = true
+	if s.running {
+		s.mu.Unlock()
+		return
+	}
+	s.running = true
+	for s.dirty {
+		s.dirty = false
+		s.mu.Unlock()
+		update()
+		s.mu.Lock()
+	}
+	s.running = false
+	s.mu.Unlock()
 }
 
 // applyGPUConfig applies the sharing section at start.

@@ -91,3 +91,22 @@ func TestInventoryFollowsDevices(t *testing.T) {
 		t.Errorf("allocated %+v, want the MIG job's GPU and the FPGA job's region", got)
 	}
 }
+
+// TestInventorySyncReruns: an update asked for while one runs (here from
+// inside it, as a driver publishing while its inventory is read) does not
+// deadlock or run concurrently, and makes the running one go again.
+func TestInventorySyncReruns(t *testing.T) {
+	var s inventorySync
+	runs := 0
+	var update func()
+	update = func() {
+		runs++
+		if runs == 1 {
+			s.run(update)
+		}
+	}
+	s.run(update)
+	if runs != 2 {
+		t.Fatalf("%d runs, want 2", runs)
+	}
+}
