@@ -60,9 +60,11 @@ type Daemon struct {
 	mgr      *jobs.Manager
 	srv      *apiserver.Server
 
-	stopPower context.CancelFunc
-	powerDone chan struct{}
-	closeOnce sync.Once
+	// disconnect stops the device updates reaching the placer.
+	disconnect func()
+	stopPower  context.CancelFunc
+	powerDone  chan struct{}
+	closeOnce  sync.Once
 }
 
 // New builds the daemon: it opens the store and the host's hardware,
@@ -102,12 +104,15 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if d.capacity, err = hostCapacity(); err != nil {
 		return nil, err
 	}
-	engine := hostplacer.New(hardwareOf(ctx, d.hw, d.capacity, log), placementOptions(d.hw))
+	inventory := func() hostplacer.Hardware {
+		return hardwareOf(context.WithoutCancel(ctx), d.hw, d.capacity, log)
+	}
+	engine := hostplacer.New(inventory(), placementOptions(d.hw))
 	placer, runner, err := newExecutor(ctx, cfg, engine, liveTopology(d.hw), log)
 	if err != nil {
 		return nil, err
 	}
-	prep := &devicePreparer{host: d.hw, placer: engine, log: log}
+	prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
 	d.mgr = jobs.New(jobs.Config{
 		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
 		DefaultTiers:     cfg.Tiers,
@@ -125,7 +130,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
 		return nil, err
 	}
-	connectHealth(d.hw, engine, d.mgr)
+	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
 	powerCtx, stopPower := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopPower, d.powerDone = stopPower, make(chan struct{})
 	go func() {
@@ -159,6 +164,9 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 func (d *Daemon) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
+		if d.disconnect != nil {
+			d.disconnect()
+		}
 		if d.stopPower != nil {
 			d.stopPower()
 			<-d.powerDone

@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/devices"
 	"github.com/fusiond/fusiond/devices/nvidia"
 )
 
@@ -80,9 +83,9 @@ func (g GPUConfig) hostConfig(c hardware.Config) hardware.Config {
 	return c
 }
 
-// healthTarget is the part of the placer the GPU health watch drives.
-type healthTarget interface {
-	SetHealthy(deviceID string, healthy bool) bool
+// inventoryTarget is the part of the placer the device updates drive.
+type inventoryTarget interface {
+	UpdateHardware(hostplacer.Hardware)
 }
 
 // devicePublisher sends device events to the event stream.
@@ -90,19 +93,51 @@ type devicePublisher interface {
 	PublishDevice(api.Event)
 }
 
-// connectHealth makes health transitions stop and resume placement and
-// appear in the event stream, then brings the placer up to date with what
-// changed before the connection.
-func connectHealth(hw *hardware.Host, placer healthTarget, pub devicePublisher) {
-	hw.OnHealth(func(e api.Event) {
-		placer.SetHealthy(e.Device, e.Healthy != nil && *e.Healthy)
-		pub.PublishDevice(e)
-	})
-	if m := hw.GPUs(); m != nil {
-		for _, g := range m.GPUs() {
-			placer.SetHealthy(g.UUID, m.Healthy(g.UUID))
+// connectDevices keeps the placer's inventory in line with the drivers:
+// every health transition and device change (MIG layout applied or an
+// instance created for a job, FPGA region programmed, device found or
+// gone, topology refreshed) reads the inventory again with inventory and
+// hands it to the placer; health transitions also appear in the event
+// stream. It then brings the placer up to date with what changed before
+// the connection. The returned function disconnects.
+func connectDevices(hw *hardware.Host, placer inventoryTarget, pub devicePublisher, inventory func() hostplacer.Hardware) (cancel func()) {
+	var s inventorySync
+	update := func() { s.run(func() { placer.UpdateHardware(inventory()) }) }
+	cancel = hw.Subscribe(func(u devices.Update) {
+		if u.Kind == devices.HealthChanged || u.Kind == devices.DeviceChanged {
+			update()
 		}
+	})
+	hw.OnHealth(pub.PublishDevice)
+	update()
+	return cancel
+}
+
+// inventorySync runs inventory updates one at a time, so an older
+// inventory never replaces a newer one. An update asked for while one runs
+// (from another goroutine, or from a driver publishing while its inventory
+// is read) makes the running one read the inventory again instead.
+type inventorySync struct {
+	mu             sync.Mutex
+	running, dirty bool
+}
+
+func (s *inventorySync) run(update func()) {
+	s.mu.Lock()
+	s.dirty = true
+	if s.running {
+		s.mu.Unlock()
+		return
 	}
+	s.running = true
+	for s.dirty {
+		s.dirty = false
+		s.mu.Unlock()
+		update()
+		s.mu.Lock()
+	}
+	s.running = false
+	s.mu.Unlock()
 }
 
 // applyGPUConfig applies the sharing section at start.

@@ -235,9 +235,12 @@ func (r *recordingPublisher) count() int {
 func TestConnectHealth(t *testing.T) {
 	ctx := context.Background()
 	h := openSim(t, hardware.Config{HealthProbe: 20 * time.Millisecond, HealthProbation: 200 * time.Millisecond})
-	p := hostplacer.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler)), placementOptions(h))
+	inventory := func() hostplacer.Hardware {
+		return hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler))
+	}
+	p := hostplacer.New(inventory(), placementOptions(h))
 	pub := &recordingPublisher{}
-	connectHealth(h, p, pub)
+	defer connectDevices(h, p, pub, inventory)()
 	uuid := h.GPUs().GPUs()[5].UUID
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()

@@ -8,13 +8,15 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
-	"github.com/fusiond/fusiond/devices/nvidia"
+	"github.com/fusiond/fusiond/devices"
 	"github.com/fusiond/fusiond/topology"
 )
 
 // hardwareOf is the placement engine's view of the host: the real CPUs and
-// memory jobs run on, and the GPUs and FPGA regions the host's drivers
-// (real or simulated) report, with their NUMA nodes and NVLinks.
+// memory jobs run on, and the devices every driver (real or simulated)
+// reports, with their NUMA nodes (the topology's, where it knows the
+// device's PCI address) and NVLinks. It is read again whenever a device
+// changes (see connectDevices).
 func hardwareOf(ctx context.Context, h *hardware.Host, capacity api.NodeResources, log *slog.Logger) hostplacer.Hardware {
 	hw := hostplacer.Hardware{CPU: capacity.CPU, Memory: capacity.Memory}
 	topo := h.Topology()
@@ -30,62 +32,37 @@ func hardwareOf(ctx context.Context, h *hardware.Host, capacity api.NodeResource
 			hw.CoresPerNUMA = coresPerNUMA(topo)
 		}
 	}
-	if g := h.GPUs(); g != nil {
-		state, err := g.State(ctx, nil)
+	for _, drv := range h.Drivers() {
+		inv, err := drv.Inventory(ctx)
 		if err != nil {
-			// Without the MIG state the engine could plan instances on
-			// occupied slices: keep MIG GPUs out of service instead.
-			log.Error("reading MIG state; MIG-enabled GPUs take no work until restart", "err", err)
+			// The driver marks what it could not read unhealthy (MIG
+			// GPUs without a MIG state could otherwise get instances
+			// planned on occupied slots); it is read again on the next
+			// device change.
+			log.Error("device inventory incomplete; devices it could not read take no work", "driver", drv.Kind(), "err", err)
 		}
-		index := map[string]int{}
-		for i, gpu := range g.GPUs() {
-			numa := gpu.NUMANode
-			if n, ok := numaOf[strings.ToLower(gpu.BDF)]; ok && n >= 0 {
-				numa = n
+		gpuAt := map[string]int{} // PCI address → index into hw.GPUs
+		for _, d := range inv.Devices {
+			if n, ok := numaOf[strings.ToLower(d.PCI)]; ok && n >= 0 {
+				d.NUMA = n
 			}
-			pg := hostplacer.GPU{
-				ID: gpu.UUID, Model: gpu.Model, MemoryMB: int64(gpu.MemoryMB), NUMA: max(numa, 0),
-				Healthy: g.Healthy(gpu.UUID) && (err == nil || !gpu.MIGEnabled), PerfPerWatt: 1,
+			d.NUMA = max(d.NUMA, 0)
+			switch d.Kind {
+			case devices.GPU:
+				gpuAt[d.PCI] = len(hw.GPUs)
+				hw.GPUs = append(hw.GPUs, d)
+			case devices.FPGA:
+				hw.FPGAs = append(hw.FPGAs, d)
+			default:
+				log.Warn("device of a kind the placer does not model", "driver", drv.Kind(), "device", d.ID, "kind", d.Kind)
 			}
-			if gpu.MIGEnabled {
-				// MIG GPUs are modelled in memory slots, the unit NVIDIA
-				// places instances in (a 3g instance takes 4 of 8).
-				m := &hostplacer.MIG{TotalSlices: nvidia.MemorySlots, ReconfigMs: 1500, Profiles: map[string]int{}}
-				for _, p := range gpu.Profiles {
-					m.Profiles[p.Name] = p.MemSlots
-				}
-				for _, gs := range state.GPUs {
-					if gs.UUID != gpu.UUID {
-						continue
-					}
-					for _, in := range gs.Instances {
-						m.Instances = append(m.Instances, hostplacer.MIGInstance{ID: in.UUID, Profile: in.Profile, Start: in.Start, Slices: in.Size})
-					}
-				}
-				pg.MIG = m
-			}
-			index[gpu.BDF] = i
-			hw.GPUs = append(hw.GPUs, pg)
 		}
-		links, _ := g.DeviceLinks(ctx)
-		for _, l := range links {
-			a, okA := index[l.A]
-			b, okB := index[l.B]
+		for _, l := range inv.Links {
+			a, okA := gpuAt[l.A]
+			b, okB := gpuAt[l.B]
 			if okA && okB {
 				hw.NVLink = append(hw.NVLink, [2]int{a, b})
 			}
-		}
-	}
-	if f := h.FPGAs(); f != nil {
-		regions, _ := f.Regions(ctx)
-		for _, r := range regions {
-			numa := 0
-			if n, ok := numaOf[strings.ToLower(r.PCI)]; ok && n >= 0 {
-				numa = n
-			}
-			hw.FPGAs = append(hw.FPGAs, hostplacer.FPGARegion{
-				ID: r.ID, Bitstream: r.LoadedBitstream, ProgramMs: 1000, NUMA: numa, Healthy: r.Health.Healthy,
-			})
 		}
 	}
 	return hw

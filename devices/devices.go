@@ -1,8 +1,11 @@
-// Package devices holds the small, hardware-neutral types that device
-// drivers (devices/nvidia, devices/fpga) hand to the rest of fusiond: the
-// device nodes and environment a job must be granted, device health, and
-// point-to-point links between devices. It imports nothing but the standard
-// library so that every layer can depend on it.
+// Package devices is the contract between fusiond's device drivers
+// (devices/nvidia, devices/fpga) and the rest of the daemon: the Driver
+// interface every driver implements (inventory, live updates,
+// prepare/reclaim/release for a job), the hardware-neutral types it speaks
+// (Device, Allocation, Update), the device nodes and environment a job must
+// be granted, device health, and point-to-point links between devices. It
+// owns no hardware and imports nothing but the standard library, so that
+// every layer can depend on it.
 package devices
 
 import "time"

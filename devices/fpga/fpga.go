@@ -21,7 +21,13 @@
 // bitstream against a region before touching anything, marks the region
 // busy while it is reprogrammed, records programming failures as
 // unhealthy, and keeps a per-region, per-bitstream programming-time
-// estimate for the scheduler.
+// estimate for the scheduler. Driver presents the Manager to the daemon as
+// a devices.Driver: regions and their loaded bitstreams as an inventory,
+// programming runs and regions found or gone as updates, and per-job
+// preparation (programming, grants).
+//
+// It owns the host's FPGA regions and may import the standard library,
+// devices and its own subpackages (bitstream); nothing of the daemon.
 package fpga
 
 import (

@@ -79,7 +79,16 @@ type Manager struct {
 	mu      sync.Mutex
 	regions map[string]*regionState
 	est     map[estKey]time.Duration
+
+	// hub tells subscribers about programming runs and regions found or
+	// gone; it is only published to with mu unlocked.
+	hub devices.Hub
 }
+
+// Subscribe calls fn with a devices.DeviceChanged update whenever a region
+// is programmed (or its programming fails) and whenever rediscovery finds
+// a region appear or disappear, until cancel is called.
+func (m *Manager) Subscribe(fn func(devices.Update)) (cancel func()) { return m.hub.Subscribe(fn) }
 
 type estKey struct{ region, bitstream string }
 
@@ -140,6 +149,12 @@ func (m *Manager) Refresh(ctx context.Context) error {
 			all = append(all, found{r, b})
 		}
 	}
+	var changed []string
+	defer func() {
+		for _, d := range changed {
+			m.hub.Publish(devices.Update{Kind: devices.DeviceChanged, Device: d, Detail: "region found or gone"})
+		}
+	}()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	seen := map[string]bool{}
@@ -149,6 +164,7 @@ func (m *Manager) Refresh(ctx context.Context) error {
 		if !ok {
 			st = &regionState{}
 			m.regions[f.r.ID] = st
+			changed = append(changed, f.r.ID)
 			m.cfg.log.Info("fpga region found", "region", f.r.ID, "kind", f.r.Kind, "interface", f.r.InterfaceID, "loaded", f.r.Loaded.AFUID)
 		}
 		if st.busy {
@@ -159,6 +175,7 @@ func (m *Manager) Refresh(ctx context.Context) error {
 	for id, st := range m.regions {
 		if !seen[id] && !st.busy {
 			delete(m.regions, id)
+			changed = append(changed, id)
 			m.cfg.log.Warn("fpga region gone", "region", id)
 		}
 	}
@@ -407,6 +424,9 @@ func (m *Manager) Program(ctx context.Context, id, ref string, opts ...ProgramOp
 	}
 	cancel()
 	took := m.cfg.now().Sub(start)
+	// The region changed (new bitstream, or unhealthy after a failure):
+	// say so once the lock is released.
+	defer m.hub.Publish(devices.Update{Kind: devices.DeviceChanged, Device: id, Detail: "programmed " + b.ID})
 
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -3,9 +3,12 @@ package nvidia
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/fusiond/fusiond/devices"
 )
 
 // Busy is the set of UUIDs (GPU or MIG device) that hold work.
@@ -119,6 +122,13 @@ func migDevices(d nvml.Device) map[int]migDev {
 // partial failure, converges. It refuses actions on a GPU or instance that
 // busy names.
 func (m *Manager) Apply(ctx context.Context, actions []Action, busy Busy) error {
+	var touched []string
+	defer func() {
+		// Even a partial apply changed the layout of the GPUs it reached.
+		for _, uuid := range touched {
+			m.hub.Publish(devices.Update{Kind: devices.DeviceChanged, Device: uuid, Detail: "MIG layout changed"})
+		}
+	}()
 	for _, a := range actions {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -126,6 +136,9 @@ func (m *Manager) Apply(ctx context.Context, actions []Action, busy Busy) error 
 		g, d, err := m.gpu(a.GPUUUID)
 		if err != nil {
 			return err
+		}
+		if !slices.Contains(touched, g.UUID) {
+			touched = append(touched, g.UUID)
 		}
 		if err := m.applyOne(g, d, a, busy); err != nil {
 			return fmt.Errorf("%s: %w", a, err)

@@ -243,6 +243,7 @@ func (m *Manager) CheckRecovery() []HealthEvent {
 // GPU and probes out-of-service devices every probeEvery, calling emit for
 // each transition, until ctx ends.
 func (m *Manager) WatchHealth(ctx context.Context, probeEvery time.Duration, emit func(HealthEvent)) error {
+	emit = m.publishHealth(emit)
 	set, err := call("EventSetCreate", m.lib.EventSetCreate)
 	switch {
 	case errors.Is(err, ErrNotSupported):
@@ -297,4 +298,15 @@ func (m *Manager) WatchHealth(ctx context.Context, probeEvery time.Duration, emi
 		}
 	}
 	return nil
+}
+
+// publishHealth wraps emit so that subscribers learn every transition too.
+func (m *Manager) publishHealth(emit func(HealthEvent)) func(HealthEvent) {
+	return func(e HealthEvent) {
+		h := devices.Health{Healthy: e.Healthy, Reason: e.Reason, Since: e.At}
+		m.hub.Publish(devices.Update{Kind: devices.HealthChanged, Device: e.UUID, At: e.At, Health: &h, Code: e.Xid, Detail: e.Reason})
+		if emit != nil {
+			emit(e)
+		}
+	}
 }

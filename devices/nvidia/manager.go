@@ -115,7 +115,16 @@ type Manager struct {
 	handles []nvml.Device
 	shares  map[string]*shareState // by GPU UUID
 	health  *healthState
+
+	// hub tells subscribers about health transitions, telemetry sweeps
+	// and MIG reconfiguration.
+	hub devices.Hub
 }
+
+// Subscribe calls fn with every health transition (from WatchHealth),
+// telemetry sample (from a running Sampler) and MIG change (from Apply)
+// until cancel is called.
+func (m *Manager) Subscribe(fn func(devices.Update)) (cancel func()) { return m.hub.Subscribe(fn) }
 
 // Open initialises NVML and takes the inventory. Without a driver it
 // returns an error wrapping ErrNoDriver; the daemon then runs with zero

@@ -9,6 +9,15 @@
 //     time-slicing), grants for the executor, health with probation, and
 //     telemetry.
 //
+// Driver presents the Manager to the daemon as a devices.Driver: its GPUs
+// and MIG layouts as an inventory, health transitions, telemetry sweeps
+// and MIG changes as updates, and per-job preparation (share admission,
+// on-demand MIG instance creation, grants). Everything MIG-specific the
+// daemon needs lives here, behind that interface.
+//
+// It owns the host's NVIDIA GPUs and may import the standard library,
+// go-nvml and devices; nothing of the daemon.
+//
 // Without an NVIDIA driver Open returns ErrNoDriver and the daemon runs with
 // zero GPUs.
 package nvidia

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/fusiond/fusiond/devices"
 )
 
 // ProcessUsage is one process's use of a GPU.
@@ -127,6 +129,11 @@ func (s *Sampler) Run(ctx context.Context, each func([]Sample)) error {
 		s.mu.Lock()
 		s.latest = samples
 		s.mu.Unlock()
+		for _, x := range samples {
+			s.m.hub.Publish(devices.Update{Kind: devices.Telemetry, Device: x.UUID, At: x.At, Sample: &devices.Sample{
+				Util: float64(x.SMUtil) / 100, MemUsedMB: int64(x.MemUsedMB), PowerW: x.PowerW, TempC: float64(x.TempC),
+			}})
+		}
 		if each != nil {
 			each(samples)
 		}

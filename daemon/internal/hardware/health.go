@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/devices/nvidia"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // maxHealthEvents is how many device health transitions the host keeps
@@ -41,20 +41,20 @@ func (h *Host) HealthEvents() []api.Event {
 	return slices.Clone(h.health.events)
 }
 
-// healthEvent turns the GPU driver's transition into a device event.
-func healthEvent(e nvidia.HealthEvent) api.Event {
-	healthy := e.Healthy
-	return api.Event{Time: e.At.UTC(), Kind: api.EventDevice, Device: e.UUID, Healthy: &healthy, Xid: e.Xid, Reason: e.Reason}
+// healthEvent turns a driver's health transition into a device event.
+func healthEvent(u devices.Update) api.Event {
+	healthy := u.Health.Healthy
+	return api.Event{Time: u.At.UTC(), Kind: api.EventDevice, Device: u.Device, Healthy: &healthy, Xid: u.Code, Reason: u.Health.Reason}
 }
 
 // noteHealth logs, records and hands out one transition.
-func (h *Host) noteHealth(e nvidia.HealthEvent) {
-	if e.Healthy {
-		h.log.Info("GPU back in service", "uuid", e.UUID, "reason", e.Reason)
+func (h *Host) noteHealth(u devices.Update) {
+	if u.Health.Healthy {
+		h.log.Info("device back in service", "device", u.Device, "reason", u.Health.Reason)
 	} else {
-		h.log.Warn("GPU unhealthy: no new work is placed on it", "uuid", e.UUID, "xid", e.Xid, "reason", e.Reason)
+		h.log.Warn("device unhealthy: no new work is placed on it", "device", u.Device, "code", u.Code, "reason", u.Health.Reason)
 	}
-	ev := healthEvent(e)
+	ev := healthEvent(u)
 	h.mu.Lock()
 	h.health.events = append(h.health.events, ev)
 	if n := len(h.health.events); n > maxHealthEvents {

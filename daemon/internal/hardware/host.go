@@ -1,12 +1,18 @@
-// Package host assembles fusiond's view of the machine it runs on: the
-// topology model (sockets, NUMA nodes, PCIe tree, NVLinks), the NVIDIA GPU
-// manager, the FPGA region manager and the bitstream library. It opens them
-// over the live host or, with Config.Simulate, over a simulated DGX-class
-// host (go-nvml's mock GPUs plus sysfs fixture trees written once under the
-// state directory), owns their background work (GPU telemetry sampling,
-// GPU health watch, topology refresh) and serves them to the API through
-// Backend. Placement decisions are not made here: the scheduler reads the
-// accessors (Topology, GPUs, FPGAs, Library).
+// Package hardware assembles fusiond's view of the machine it runs on: the
+// topology model (sockets, NUMA nodes, PCIe tree, NVLinks), the device
+// drivers (one list of devices.Driver: the NVIDIA GPU driver when the host
+// has one, then the FPGA region driver) and the bitstream library. It opens
+// them over the live host or, with Config.Simulate, over a simulated
+// DGX-class host (go-nvml's mock GPUs plus sysfs fixture trees written once
+// under the state directory), owns their background work (GPU telemetry
+// sampling, GPU health watch, topology refresh), fans the drivers' updates
+// and topology changes out to subscribers (Subscribe), and serves them to
+// the API through Backend. Placement decisions are not made here: the
+// daemon builds the placer's inventory from Drivers and Topology.
+//
+// It touches hardware only through devices/*, topology and their simulated
+// hosts, and may import those, daemon/api (for the API's device backend)
+// and the standard library; not the daemon's other internal packages.
 package hardware
 
 import (
@@ -23,6 +29,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices"
 	"github.com/fusiond/fusiond/devices/fpga"
 	"github.com/fusiond/fusiond/devices/fpga/bitstream"
 	fpgasim "github.com/fusiond/fusiond/devices/fpga/simhost"
@@ -85,11 +92,19 @@ type Host struct {
 	topo    *topology.Watcher
 	gpus    *nvidia.Manager
 	gpuSim  *nvidia.SimHost
-	sampler *nvidia.Sampler
 	fpgas   *fpga.Manager
 	fpgaSim *fpgasim.Host
 	lib     *bitstream.Library
-	notes   []string
+	// drivers are the device drivers, GPU driver first when present,
+	// then FPGA; gpuDrv and fpgaDrv are the same drivers, typed, for the
+	// API's kind-specific routes.
+	drivers []devices.Driver
+	gpuDrv  *nvidia.Driver
+	fpgaDrv *fpga.Driver
+	// hub hands subscribers every driver update and topology change.
+	hub    devices.Hub
+	unsubs []func()
+	notes  []string
 	// samples is the directory of the simulated host's sample bitstreams.
 	samples string
 
@@ -153,6 +168,9 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Host, error) {
 	if err := h.openFPGAs(ctx); err != nil {
 		return nil, err
 	}
+	for _, d := range h.drivers {
+		h.unsubs = append(h.unsubs, d.Subscribe(h.noteUpdate))
+	}
 	h.start()
 	ok = true
 	return h, nil
@@ -189,6 +207,9 @@ func (h *Host) openGPUs() error {
 		return nil
 	}
 	h.gpus = m
+	h.gpuDrv = nvidia.NewDriver(m, h.log.With("component", "nvidia"),
+		nvidia.DriverOptions{SampleInterval: h.cfg.SampleInterval, HealthProbe: h.cfg.HealthProbe})
+	h.drivers = append(h.drivers, h.gpuDrv)
 	if len(m.GPUs()) == 0 {
 		h.notes = append(h.notes, "the NVIDIA driver reports no GPUs")
 	}
@@ -307,13 +328,15 @@ func (h *Host) openFPGAs(ctx context.Context) error {
 		return nil
 	}
 	h.fpgas = m
+	h.fpgaDrv = fpga.NewDriver(m, flog)
+	h.drivers = append(h.drivers, h.fpgaDrv)
 	h.regions = len(regions)
 	flog.Info("FPGA regions", "count", len(regions))
 	return nil
 }
 
-// start runs the background work: GPU telemetry and health, topology
-// refresh.
+// start runs the background work: each driver's (GPU telemetry and
+// health), topology refresh.
 func (h *Host) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -326,12 +349,12 @@ func (h *Host) start() {
 			}
 		}()
 	}
-	if h.gpus != nil && len(h.gpus.GPUs()) > 0 {
-		h.sampler = h.gpus.NewSampler(h.cfg.SampleInterval)
-		run("GPU telemetry", func(ctx context.Context) error { return h.sampler.Run(ctx, nil) })
-		run("GPU health watch", func(ctx context.Context) error {
-			return h.gpus.WatchHealth(ctx, h.cfg.HealthProbe, h.noteHealth)
-		})
+	// The drivers' own work (GPU telemetry and health watch); what it
+	// finds reaches noteUpdate through the drivers' updates.
+	for _, d := range h.drivers {
+		if r, ok := d.(devices.Runner); ok {
+			run(string(d.Kind())+" driver", r.Run)
+		}
 	}
 	if h.cfg.Simulate == "" && h.cfg.TopologyPeriod > 0 {
 		events, unsubscribe := h.topo.Subscribe()
@@ -347,6 +370,8 @@ func (h *Host) start() {
 						return nil
 					}
 					h.log.Info("topology changed", "event", e.Kind, "detail", fmt.Sprintf("%+v", e))
+					// NUMA nodes and PCI placement feed the inventory.
+					h.hub.Publish(devices.Update{Kind: devices.DeviceChanged, Detail: fmt.Sprintf("topology: %s", e.Kind)})
 				}
 			}
 		})
@@ -362,6 +387,9 @@ func (h *Host) Close() error {
 			h.cancel()
 		}
 		h.wg.Wait()
+		for _, cancel := range h.unsubs {
+			cancel()
+		}
 		if h.gpus != nil {
 			if cerr := h.gpus.Close(); cerr != nil {
 				err = fmt.Errorf("nvidia: %w", cerr)
@@ -383,10 +411,10 @@ func (h *Host) GPUs() *nvidia.Manager { return h.gpus }
 
 // Telemetry is the latest GPU telemetry sweep (nil without GPUs).
 func (h *Host) Telemetry() []nvidia.Sample {
-	if h.sampler == nil {
+	if h.gpuDrv == nil {
 		return nil
 	}
-	return h.sampler.Latest()
+	return h.gpuDrv.Telemetry()
 }
 
 // FPGAs is the FPGA region manager, nil when the host has no FPGA regions.
@@ -424,30 +452,74 @@ func (h *Host) Capacity() api.NodeResources {
 	return r
 }
 
-// Devices lists every GPU and FPGA region for node status.
+// Drivers are the host's device drivers: the GPU driver first when the
+// host has one, then the FPGA driver. The daemon builds the placement
+// inventory and prepares jobs' devices by looping over them.
+func (h *Host) Drivers() []devices.Driver { return slices.Clone(h.drivers) }
+
+// Subscribe calls fn with every update of every driver (health
+// transitions, telemetry, device changes) and with a devices.DeviceChanged
+// update without a Device after a topology change, until cancel is called.
+func (h *Host) Subscribe(fn func(devices.Update)) (cancel func()) { return h.hub.Subscribe(fn) }
+
+// noteUpdate records a driver's health transitions and passes every
+// update on to the host's subscribers.
+func (h *Host) noteUpdate(u devices.Update) {
+	// Subscribers (the placer) first: whoever sees the health event has
+	// a placer that already knows.
+	h.hub.Publish(u)
+	if u.Kind == devices.HealthChanged && u.Health != nil {
+		h.noteHealth(u)
+	}
+}
+
+// Devices lists every device of every driver for node status.
 func (h *Host) Devices(ctx context.Context) []api.DeviceStatus {
 	var out []api.DeviceStatus
-	if h.gpus != nil {
-		st, _ := h.gpus.State(ctx, nil)
-		migs := map[string][]string{}
-		for _, g := range st.GPUs {
-			for _, in := range g.Instances {
-				migs[g.UUID] = append(migs[g.UUID], in.Profile)
-			}
+	for _, d := range h.drivers {
+		inv, err := d.Inventory(ctx)
+		if err != nil {
+			h.log.Warn("device inventory incomplete", "driver", d.Kind(), "err", err)
 		}
-		for _, g := range h.gpus.Status().GPUs {
-			out = append(out, api.DeviceStatus{
-				ID: g.UUID, Kind: "gpu", Model: g.Model, Healthy: g.Health.Healthy,
-				Detail: gpuDetail(g, migs[g.UUID], h.probationEnds(g.UUID)),
-			})
+		detail := h.detailer(ctx, d.Kind(), len(inv.Devices))
+		for _, dev := range inv.Devices {
+			out = append(out, api.DeviceStatus{ID: dev.ID, Kind: string(dev.Kind), Model: dev.Model, Healthy: dev.Health.Healthy, Detail: detail(dev)})
 		}
-	}
-	for _, r := range h.regionStatuses(ctx) {
-		out = append(out, api.DeviceStatus{
-			ID: r.ID, Kind: "fpga", Model: r.Name, Healthy: r.Health.Healthy, Detail: regionDetail(r),
-		})
 	}
 	return out
+}
+
+// detailer renders the one-line detail of a device of kind for node
+// status; n is how many the driver listed.
+func (h *Host) detailer(ctx context.Context, kind devices.Kind, n int) func(devices.Device) string {
+	switch kind {
+	case devices.GPU:
+		status := map[string]nvidia.GPUStatus{}
+		for _, g := range h.gpus.Status().GPUs {
+			status[g.UUID] = g
+		}
+		return func(d devices.Device) string {
+			var migs []string
+			if d.MIG != nil {
+				for _, in := range d.MIG.Instances {
+					migs = append(migs, in.Profile)
+				}
+			}
+			return gpuDetail(status[d.ID], migs, h.probationEnds(d.ID))
+		}
+	case devices.FPGA:
+		h.mu.Lock()
+		h.regions = n
+		h.mu.Unlock()
+		return func(d devices.Device) string {
+			r, err := h.fpgas.Region(ctx, d.ID)
+			if err != nil {
+				return err.Error()
+			}
+			return regionDetail(r)
+		}
+	}
+	return func(devices.Device) string { return string(kind) }
 }
 
 func gpuDetail(g nvidia.GPUStatus, migs []string, probationEnds *time.Time) string {

@@ -5,14 +5,16 @@ import (
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // migHost is dgx() (7 whole GPUs left) with GPU-h in MIG mode holding two 1g instances (slices
 // 0 and 1); slices 2..6 are free for on-demand instances.
 func migHost() Hardware {
 	hw := dgx()
-	hw.GPUs[7].MIG = &MIG{TotalSlices: 7, ReconfigMs: 1500, Profiles: map[string]int{"1g.18gb": 1, "3g.71gb": 3},
-		Instances: []MIGInstance{{ID: "MIG-h0", Profile: "1g.18gb", Start: 0, Slices: 1}, {ID: "MIG-h1", Profile: "1g.18gb", Start: 1, Slices: 1}}}
+	hw.GPUs[7].ReconfigMs = 1500
+	hw.GPUs[7].MIG = &devices.MIG{Slots: 7, Profiles: map[string]int{"1g.18gb": 1, "3g.71gb": 3},
+		Instances: []devices.MIGInstance{{ID: "MIG-h0", Profile: "1g.18gb", Start: 0, Slots: 1}, {ID: "MIG-h1", Profile: "1g.18gb", Start: 1, Slots: 1}}}
 	return hw
 }
 
@@ -131,7 +133,7 @@ func TestSetHealthy(t *testing.T) {
 
 func TestUnhealthyAtStartAdmitsButWaits(t *testing.T) {
 	hw := dgx()
-	hw.GPUs[3].Healthy = false
+	hw.GPUs[3].Health.Healthy = false
 	p := New(hw, Options{})
 	if err := p.Admit(job("8", api.TierBurstable, gpus(8)).Spec); err != nil {
 		t.Fatalf("8 GPUs refused while one is only out of service: %v", err)
@@ -189,5 +191,74 @@ func TestBestEffortOnly(t *testing.T) {
 	p.Release(g)
 	if got := p.BestEffortOnly(); len(got) != 0 {
 		t.Errorf("idle GPUs reported: %v", got)
+	}
+}
+
+// TestUpdateHardware replaces the inventory under held reservations: a MIG
+// instance the driver created elsewhere than the engine chose is adopted
+// by the job waiting for it, health and loaded bitstreams follow the new
+// inventory, and nothing held is handed out again.
+func TestUpdateHardware(t *testing.T) {
+	p := New(migHost(), Options{Seed: 1})
+	j := job("m1", api.TierBurstable, migReq("3g.71gb"))
+	allocs, why, ok := p.Place([]*api.Job{j})
+	if !ok {
+		t.Fatal(why)
+	}
+	chosen := allocs[0].MIG.Start
+	if allocs[0].MIG.Instance != "" {
+		t.Fatalf("3g instance %+v exists before creation", allocs[0].MIG)
+	}
+	// The driver created the instance at the other free 3-slot start.
+	created := 2
+	if chosen == 2 {
+		created = 4
+	}
+	hw := migHost()
+	hw.GPUs[7].MIG.Instances = append(hw.GPUs[7].MIG.Instances, devices.MIGInstance{ID: "MIG-new", Profile: "3g.71gb", Start: created, Slots: 3})
+	hw.GPUs[0].Health = devices.Health{Healthy: false, Reason: "Xid 79"}
+	hw.FPGAs[0].Bitstream = "zstd"
+	p.UpdateHardware(hw)
+
+	if a := p.held["m1"].assign.MIG; a == nil || a.Start != created || a.Create {
+		t.Fatalf("held MIG pick %+v, want the created instance at %d", a, created)
+	}
+	for _, in := range p.node.GPUs[7].MIG.Instances {
+		if in.Start == created && !in.InUse {
+			t.Errorf("created instance at %d is free while m1 holds it", created)
+		}
+		if in.Start == chosen && in.Profile != unhealthyMIG {
+			t.Errorf("a phantom instance stays at the engine's slot %d: %+v", chosen, in)
+		}
+	}
+	if got := p.Unhealthy(); len(got) != 1 || got[0] != "GPU-a" {
+		t.Errorf("out of service %v, want [GPU-a]", got)
+	}
+	if got := p.node.GPUs[0].MilliFree; got != 0 {
+		t.Errorf("unhealthy GPU-a offers %d milli", got)
+	}
+	if got := p.node.FPGAs[0].Bitstream; got != "zstd" {
+		t.Errorf("region fpga-0 holds %q for the placer, want zstd", got)
+	}
+	// The 3g instance is held: another 3g job finds no room.
+	if _, _, ok := p.Place([]*api.Job{job("m2", api.TierBurstable, migReq("3g.71gb"))}); ok {
+		t.Error("a second 3g job placed: the held instance was handed out again")
+	}
+	// A new job for the loaded bitstream needs no programming.
+	fj := job("f", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, FPGA: &api.FPGARequest{Bitstream: "zstd"}})
+	allocs, why, ok = p.Place([]*api.Job{fj})
+	if !ok {
+		t.Fatal(why)
+	}
+	if a := allocs[0].FPGA; a.Region != "fpga-0" || a.Program {
+		t.Errorf("FPGA allocation %+v, want fpga-0 without programming", a)
+	}
+	p.Release(j)
+	p.UpdateHardware(migHost())
+	if got := p.Unhealthy(); len(got) != 0 {
+		t.Errorf("out of service after the GPU recovered: %v", got)
+	}
+	if len(p.held) != 1 {
+		t.Errorf("held %d reservations, want the FPGA job's", len(p.held))
 	}
 }

@@ -1,6 +1,7 @@
-// Package placement connects the pure placement engine (daemon/sched) to
+// Package hostplacer connects the pure placement engine (daemon/sched) to
 // the daemon: it keeps this host as one sched.Node built from the host's
-// hardware, turns job specs into sched.Requests, places jobs and gangs
+// hardware (the device drivers' inventories, in devices' types, kept
+// current through UpdateHardware), turns job specs into sched.Requests, places jobs and gangs
 // through the engine, and names the devices each allocation holds. It
 // implements jobs.Placer. It does no I/O: preparing devices (creating a MIG
 // instance, programming an FPGA) is the executor's job.
@@ -8,6 +9,7 @@ package hostplacer
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -17,50 +19,8 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/sched"
+	"github.com/fusiond/fusiond/devices"
 )
-
-// GPU is one GPU of the host as placement sees it.
-type GPU struct {
-	// ID is the device ID jobs get (the GPU UUID).
-	ID       string
-	Model    string
-	MemoryMB int64
-	NUMA     int
-	// MIG is set when the GPU is in MIG mode.
-	MIG *MIG
-	// PerfPerWatt (0..1) and IdleWatts feed the energy dimension.
-	PerfPerWatt float64
-	IdleWatts   float64
-	Healthy     bool
-}
-
-// MIG is a MIG-mode GPU's slices and existing instances.
-type MIG struct {
-	TotalSlices int
-	Instances   []MIGInstance
-	// ReconfigMs is the expected time to create an instance.
-	ReconfigMs float64
-	// Profiles maps each profile this GPU supports to its slice count.
-	Profiles map[string]int
-}
-
-// MIGInstance is an existing MIG instance.
-type MIGInstance struct {
-	ID      string
-	Profile string
-	Start   int
-	Slices  int
-}
-
-// FPGARegion is one reconfigurable FPGA region.
-type FPGARegion struct {
-	ID        string
-	Bitstream string
-	// ProgramMs estimates programming a new bitstream into the region.
-	ProgramMs float64
-	NUMA      int
-	Healthy   bool
-}
 
 // Hardware is the host's schedulable inventory.
 type Hardware struct {
@@ -70,10 +30,13 @@ type Hardware struct {
 	// CoresPerNUMA is the number of whole cores on each NUMA node that
 	// guaranteed jobs may take exclusively.
 	CoresPerNUMA []int
-	GPUs         []GPU
+	// GPUs are the GPU driver's devices (Kind devices.GPU), FPGAs the
+	// FPGA driver's regions, as the drivers' inventories report them
+	// (NUMA resolved against the topology).
+	GPUs []devices.Device
 	// NVLink lists pairs of indices into GPUs joined by NVLink.
 	NVLink [][2]int
-	FPGAs  []FPGARegion
+	FPGAs  []devices.Device
 }
 
 // Options tune the placer.
@@ -114,34 +77,180 @@ type Placer struct {
 
 var _ jobs.Placer = (*Placer)(nil)
 
-// New returns a placer for hw.
+// New returns a placer for hw. Devices hw reports unhealthy start out of
+// service.
 func New(hw Hardware, o Options) *Placer {
-	base := buildNode(hw)
 	p := &Placer{
-		opts: o, hw: hw, base: base, node: base.Clone(),
+		opts: o, hw: hw, node: &sched.Node{},
 		learner: sched.NewShapeLearner(),
 		held:    map[string]held{},
 		down:    map[string]bool{},
 	}
 	p.eng = sched.NewEngine(sched.Options{Policy: sched.NewWeighted(o.Profiles, nil), Seed: o.Seed, Explain: 3})
-	for _, g := range hw.GPUs {
-		if !g.Healthy {
-			p.SetHealthy(g.ID, false)
-		}
-	}
+	p.rebuild(hw)
 	return p
+}
+
+// Hardware is the inventory the placer places on now (what New or the
+// last UpdateHardware gave it, with SetHealthy's changes).
+func (p *Placer) Hardware() Hardware {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hw
 }
 
 // unhealthyMIG marks the placeholder instances SetHealthy puts on the free
 // slices of an unhealthy MIG-mode GPU, so that no instance is created there.
 const unhealthyMIG = "(unhealthy)"
 
+// UpdateHardware replaces the host's inventory with hw — the drivers'
+// inventories read again after a device changed: a health transition, a
+// MIG layout applied or an instance created for a job, an FPGA region
+// programmed, a device found or gone, a topology refresh. What jobs hold
+// stays held: each reservation is applied again to the new inventory, by
+// device ID. A MIG instance still to be created for a job is matched to
+// the instance now at its slot, or to a new instance of its profile on its
+// GPU (the driver may create it elsewhere than the engine chose). Devices
+// hw reports unhealthy are out of service, as with SetHealthy.
+func (p *Placer) UpdateHardware(hw Hardware) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.hw
+	p.hw = hw
+	p.rebuild(old)
+}
+
+// rebuild makes the node from p.hw and applies every held reservation to
+// it again; old is the inventory the reservations' device indices refer
+// to. The caller holds p.mu.
+func (p *Placer) rebuild(old Hardware) {
+	base := buildNode(p.hw)
+	node := base.Clone()
+	node.Version = p.node.Version + 1
+	p.down = downOf(p.hw)
+	gpuAt := map[string]int{}
+	for i, g := range p.hw.GPUs {
+		gpuAt[g.ID] = i
+	}
+	fpgaAt := map[string]int{}
+	for i, f := range p.hw.FPGAs {
+		fpgaAt[f.ID] = i
+	}
+	oldInstances := map[string]bool{}
+	for _, g := range old.GPUs {
+		if g.MIG != nil {
+			for _, in := range g.MIG.Instances {
+				oldInstances[in.ID] = true
+			}
+		}
+	}
+	ids := slices.Sorted(maps.Keys(p.held))
+	// Remap the reservations to the new indices; instances existing at a
+	// held slot are claimed first, then pending creations adopt new ones.
+	assigns := make(map[string]*sched.Assignment, len(ids))
+	claimed := map[string]bool{}
+	for _, id := range ids {
+		a := p.held[id].assign
+		a.GPUs = nil
+		for _, gi := range p.held[id].assign.GPUs {
+			if gi < len(old.GPUs) {
+				if ni, ok := gpuAt[old.GPUs[gi].ID]; ok {
+					a.GPUs = append(a.GPUs, ni)
+				}
+			}
+		}
+		if m := a.MIG; m != nil {
+			mp := *m
+			a.MIG = nil
+			if m.GPU < len(old.GPUs) {
+				if ni, ok := gpuAt[old.GPUs[m.GPU].ID]; ok && p.hw.GPUs[ni].MIG != nil {
+					mp.GPU = ni
+					a.MIG = &mp
+					if in, ok := instanceAt(p.hw.GPUs[ni].MIG, mp.Start); ok {
+						mp.Create = false
+						claimed[in.ID] = true
+					} else {
+						mp.Create = true
+					}
+				}
+			}
+		}
+		if a.FPGA >= 0 {
+			fi := -1
+			if a.FPGA < len(old.FPGAs) {
+				if ni, ok := fpgaAt[old.FPGAs[a.FPGA].ID]; ok {
+					fi = ni
+				}
+			}
+			a.FPGA = fi
+		}
+		assigns[id] = &a
+	}
+	for _, id := range ids {
+		m := assigns[id].MIG
+		if m == nil || !m.Create {
+			continue
+		}
+		for _, in := range p.hw.GPUs[m.GPU].MIG.Instances {
+			if in.ID != "" && !oldInstances[in.ID] && !claimed[in.ID] && in.Profile == p.held[id].req.MIGProfile {
+				m.Start, m.Slices, m.Create = in.Start, in.Slots, false
+				claimed[in.ID] = true
+				break
+			}
+		}
+	}
+	for _, id := range ids {
+		a := assigns[id]
+		if err := node.Apply(a); err != nil {
+			// The devices it held are gone or changed under it: keep its
+			// CPU and memory reserved, which are still there.
+			*a = sched.Assignment{Node: a.Node, NodeIdx: a.NodeIdx, CPUMilli: a.CPUMilli, MemMiB: a.MemMiB, Cores: a.Cores, FPGA: -1}
+			_ = node.Apply(a)
+		}
+		h := p.held[id]
+		h.assign = *a
+		p.held[id] = h
+	}
+	p.base, p.node = base, node
+	for gi := range p.hw.GPUs {
+		p.refreshGPU(gi)
+	}
+}
+
+// instanceAt is the instance of m starting at slot start.
+func instanceAt(m *devices.MIG, start int) (devices.MIGInstance, bool) {
+	for _, in := range m.Instances {
+		if in.Start == start {
+			return in, true
+		}
+	}
+	return devices.MIGInstance{}, false
+}
+
+// downOf is the set of GPUs and MIG instances hw reports unhealthy.
+func downOf(hw Hardware) map[string]bool {
+	down := map[string]bool{}
+	for _, g := range hw.GPUs {
+		if !g.Health.Healthy {
+			down[g.ID] = true
+		}
+		if g.MIG != nil {
+			for _, in := range g.MIG.Instances {
+				if in.Health != nil && !in.Health.Healthy {
+					down[in.ID] = true
+				}
+			}
+		}
+	}
+	return down
+}
+
 // SetHealthy takes a GPU or MIG instance (by ID, as in Hardware) out of
-// service or returns it. An unhealthy GPU offers no free share, memory,
-// MIG instance or free MIG slice; an unhealthy MIG instance is not handed
-// out. What jobs already hold stays held; when the device is healthy again
-// exactly what is not held becomes free. It reports whether the ID names a
-// device of this host.
+// service or returns it: a one-device UpdateHardware. An unhealthy GPU
+// offers no free share, memory, MIG instance or free MIG slice; an
+// unhealthy MIG instance is not handed out. What jobs already hold stays
+// held; when the device is healthy again exactly what is not held becomes
+// free. It reports whether the ID names a device of this host.
 func (p *Placer) SetHealthy(deviceID string, healthy bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -149,11 +258,23 @@ func (p *Placer) SetHealthy(deviceID string, healthy bool) bool {
 	if gi < 0 {
 		return false
 	}
-	if healthy {
-		delete(p.down, deviceID)
+	h := devices.Health{Healthy: healthy}
+	gpus := slices.Clone(p.hw.GPUs)
+	g := &gpus[gi]
+	if g.ID == deviceID {
+		g.Health = h
 	} else {
-		p.down[deviceID] = true
+		m := *g.MIG
+		m.Instances = slices.Clone(m.Instances)
+		for i := range m.Instances {
+			if m.Instances[i].ID == deviceID {
+				m.Instances[i].Health = &h
+			}
+		}
+		g.MIG = &m
 	}
+	p.hw.GPUs = gpus
+	p.down = downOf(p.hw)
 	p.refreshGPU(gi)
 	return true
 }
@@ -255,12 +376,13 @@ func buildNode(hw Hardware) *sched.Node {
 	n := sched.NewNode(cmpOr(hw.Name, "local"), int64(hw.CPU), hw.Memory.WholeMiB(), 0, "")
 	n.FreeCores = slices.Clone(hw.CoresPerNUMA)
 	for _, g := range hw.GPUs {
-		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: g.NUMA,
-			PerfPerWatt: g.PerfPerWatt, IdleWatts: g.IdleWatts}
+		// Every GPU of a host counts as equally efficient (the energy
+		// dimension compares hosts).
+		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: max(g.NUMA, 0), PerfPerWatt: 1}
 		if m := g.MIG; m != nil {
-			sm := &sched.MIG{TotalSlices: m.TotalSlices, ReconfigCost: m.ReconfigMs}
+			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs}
 			for _, in := range m.Instances {
-				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slices})
+				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slots})
 			}
 			sg.MIG = sm
 		}
@@ -271,7 +393,7 @@ func buildNode(hw Hardware) *sched.Node {
 	}
 	n.NVLink = slices.Clone(hw.NVLink)
 	for _, f := range hw.FPGAs {
-		n.FPGAs = append(n.FPGAs, sched.FPGARegion{Bitstream: f.Bitstream, ProgramMs: f.ProgramMs, NUMA: f.NUMA, Busy: !f.Healthy})
+		n.FPGAs = append(n.FPGAs, sched.FPGARegion{Bitstream: f.Bitstream, ProgramMs: f.ReconfigMs, NUMA: max(f.NUMA, 0), Busy: !f.Health.Healthy})
 	}
 	return n
 }
@@ -348,6 +470,8 @@ var fieldOf = map[sched.FilterReason]string{
 // Admit refuses a spec that would not fit even on this host with nothing
 // else running: such a job could wait forever.
 func (p *Placer) Admit(spec api.JobSpec) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	tier := spec.Tier
 	if tier == "" {
 		tier = api.TierBurstable
@@ -506,7 +630,7 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 			alloc.Devices = append(alloc.Devices, gpu.ID)
 		}
 		if alloc.NUMANode < 0 {
-			alloc.NUMANode = gpu.NUMA
+			alloc.NUMANode = max(gpu.NUMA, 0)
 		}
 	}
 	if m := a.MIG; m != nil {
@@ -514,7 +638,7 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 		mig := &api.MIGAllocation{GPU: g.ID, Profile: req.MIGProfile, Start: m.Start}
 		if g.MIG != nil && !m.Create {
 			for _, in := range g.MIG.Instances {
-				if in.Start == m.Start && in.Slices == m.Slices {
+				if in.Start == m.Start && in.Slots == m.Slices {
 					mig.Instance = in.ID
 				}
 			}
@@ -528,40 +652,6 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 		alloc.Devices = append(alloc.Devices, r.ID)
 	}
 	return alloc
-}
-
-// NoteMIG records the instance a job's MIG allocation became once the
-// executor created it: its UUID, so later jobs reuse it, and the slot it
-// really starts at, if the driver placed it elsewhere than the engine chose.
-func (p *Placer) NoteMIG(jobID string, a api.MIGAllocation, start int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	gi := p.gpuOf(a.GPU)
-	if gi < 0 || p.hw.GPUs[gi].MIG == nil {
-		return
-	}
-	slots := p.migSlots(a.Profile)
-	if h, ok := p.held[jobID]; ok && h.assign.MIG != nil && h.assign.MIG.Start != start {
-		for i, in := range p.node.GPUs[gi].MIG.Instances {
-			if in.Start == h.assign.MIG.Start {
-				p.node.GPUs[gi].MIG.Instances[i].Start = start
-			}
-		}
-		h.assign.MIG.Start = start
-		p.held[jobID] = h
-	}
-	for i, in := range p.node.GPUs[gi].MIG.Instances {
-		if in.Start == start {
-			p.node.GPUs[gi].MIG.Instances[i].Profile = a.Profile
-		}
-	}
-	m := p.hw.GPUs[gi].MIG
-	for _, in := range m.Instances {
-		if in.ID == a.Instance {
-			return
-		}
-	}
-	m.Instances = append(m.Instances, MIGInstance{ID: a.Instance, Profile: a.Profile, Start: start, Slices: slots})
 }
 
 // Reclaim reserves again what a job re-attached after a daemon restart
@@ -672,6 +762,8 @@ func (p *Placer) BestEffortOnly() map[string]bool {
 // (api.NodeResources); the engine's node keeps the same amounts as plain
 // millicores and MiB.
 func (p *Placer) Capacity() api.NodeResources {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	return api.NodeResources{CPU: p.hw.CPU, Memory: p.hw.Memory, GPUs: len(p.hw.GPUs), FPGAs: len(p.hw.FPGAs)}
 }
 

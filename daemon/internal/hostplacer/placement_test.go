@@ -6,21 +6,23 @@ import (
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // dgx is an HGX-class host: 2 NUMA nodes, 8 GPUs (4 per node) all joined by
 // NVLink, two FPGA regions on node 1, one holding "gzip".
 func dgx() Hardware {
 	hw := Hardware{Name: "dgx", CPU: 224000, Memory: 2 << 40, CoresPerNUMA: []int{56, 56}}
+	ok := devices.Health{Healthy: true}
 	for i := range 8 {
-		hw.GPUs = append(hw.GPUs, GPU{ID: "GPU-" + string(rune('a'+i)), Model: "NVIDIA H200", MemoryMB: 143771, NUMA: i / 4, Healthy: true, PerfPerWatt: 1})
+		hw.GPUs = append(hw.GPUs, devices.Device{ID: "GPU-" + string(rune('a'+i)), Kind: devices.GPU, Model: "NVIDIA H200", MemoryMB: 143771, NUMA: i / 4, Health: ok})
 	}
 	for a := range 8 {
 		for b := a + 1; b < 8; b++ {
 			hw.NVLink = append(hw.NVLink, [2]int{a, b})
 		}
 	}
-	hw.FPGAs = []FPGARegion{{ID: "fpga-0", ProgramMs: 4000, NUMA: 1, Healthy: true}, {ID: "fpga-1", Bitstream: "gzip", ProgramMs: 4000, NUMA: 1, Healthy: true}}
+	hw.FPGAs = []devices.Device{{ID: "fpga-0", Kind: devices.FPGA, ReconfigMs: 4000, NUMA: 1, Health: ok}, {ID: "fpga-1", Kind: devices.FPGA, Bitstream: "gzip", ReconfigMs: 4000, NUMA: 1, Health: ok}}
 	return hw
 }
 
