@@ -27,6 +27,10 @@ var simState struct {
 }
 
 func TestMain(m *testing.M) {
+	// Job monitors are this test binary re-executed (TestNewThenServe).
+	if code, ok := Reexec(os.Args); ok {
+		os.Exit(code)
+	}
 	code := m.Run()
 	if simState.dir != "" {
 		os.RemoveAll(simState.dir)
