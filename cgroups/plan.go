@@ -12,6 +12,11 @@
 //
 // Every filesystem root is an option, so the same code runs on a fixture
 // tree in tests.
+//
+// It owns the job cgroups and may import topology (the host's cores),
+// devices (device nodes), daemon/sched (the Tier vocabulary), containerd's
+// cgroups, cilium/ebpf (through devicefilter) and the standard library;
+// nothing of the daemon.
 package cgroups
 
 import (

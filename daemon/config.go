@@ -2,6 +2,9 @@
 // opens the store, wires the job manager, placer and runner to the API
 // server, listens on the Unix socket and runs until its context ends. Nothing
 // imports it but cmd/fusiond.
+//
+// It may import every package of the module but the commands (cmd/...): it is
+// the only place where the daemon's parts meet.
 package daemon
 
 import (

@@ -9,4 +9,8 @@
 // WriteMatrix render a Host for the CLI.
 //
 // Everything but discovery is a pure function of a Host value.
+//
+// It owns reading the host's CPU, memory and PCIe layout and may import
+// devices (links reported by drivers), ghw and the standard library;
+// nothing of the daemon.
 package topology

@@ -12,4 +12,9 @@
 // Every error is a JSON object {code, message, field?} with a matching HTTP
 // status code. docs/api.md documents every route; a test of the server
 // keeps it in step with apiserver.Routes.
+//
+// It owns the wire format and may import the standard library, devices,
+// devices/fpga/bitstream (bitstream records), topology (the topology model
+// the API returns) and daemon/sched (the scheduling vocabulary); never
+// daemon/internal/... or the daemon.
 package api

@@ -3,6 +3,9 @@
 // handlers over a Backend (the job manager and node status) and a
 // DeviceBackend (the host's hardware), and the callers' identities read
 // from each connection's peer credentials.
+//
+// It may import daemon/api and the standard library; the backends it serves are interfaces it defines, so it
+// imports neither the job manager nor the hardware.
 package apiserver
 
 import (

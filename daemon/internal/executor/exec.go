@@ -11,6 +11,11 @@
 // (code, signal, OOM kill) and accounting durably into the attempt's
 // directory. Jobs thereby survive a daemon crash; a restarted daemon
 // re-attaches with Attach.
+//
+// It owns job processes and their monitors and may import cgroups, devices,
+// daemon/api (exit status, usage), daemon/internal/jobs (the Runner
+// interface it implements) and the standard library; libcontainer only in
+// its subpackage container.
 package executor
 
 import (

@@ -1,10 +1,14 @@
 // Package hostplacer connects the pure placement engine (daemon/sched) to
 // the daemon: it keeps this host as one sched.Node built from the host's
 // hardware (the device drivers' inventories, in devices' types, kept
-// current through UpdateHardware), turns job specs into sched.Requests, places jobs and gangs
+// current through UpdateHardware), turns job specs into sched.Requests,
+// places jobs and gangs
 // through the engine, and names the devices each allocation holds. It
 // implements jobs.Placer. It does no I/O: preparing devices (creating a MIG
 // instance, programming an FPGA) is the executor's job.
+//
+// It may import daemon/sched, daemon/api, devices, daemon/internal/jobs (the
+// Placer interface) and the standard library; no hardware package.
 package hostplacer
 
 import (

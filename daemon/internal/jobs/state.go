@@ -2,6 +2,11 @@
 // queue that hands pending jobs to a Placer, the Runner that starts them,
 // and the event stream. Every state change is written to the store before
 // the manager acts on it.
+//
+// It owns the job lifecycle and may import daemon/api, daemon/internal/store,
+// devices (grants) and the standard library; it talks to placement,
+// device preparation and execution only through the interfaces it defines
+// (Placer, Preparer, Runner).
 package jobs
 
 import (

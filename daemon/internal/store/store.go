@@ -1,9 +1,13 @@
 // Package store keeps fusiond's durable records — jobs with their spec,
 // state, events, allocation and exit status — in a bbolt database in the
 // state directory. What it writes is its own Record type, converted from
-// and to the API's api.Job at this package's boundary. Every write is fsynced before it returns, so a job the
-// API acknowledged survives a crash. The schema is versioned; Open runs the
-// migrations from older versions and refuses databases from newer ones.
+// and to the API's api.Job at this package's boundary. Every write is
+// fsynced before it returns, so a job the API acknowledged survives a
+// crash. The schema is versioned; Open runs the migrations from older
+// versions and refuses databases from newer ones.
+//
+// It owns the bbolt database and may import daemon/api, bbolt and the
+// standard library.
 package store
 
 import (

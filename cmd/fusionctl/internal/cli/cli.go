@@ -1,6 +1,10 @@
 // Package cli implements fusionctl, the command-line client of fusiond:
 // every subcommand, output formatting (tables, JSON, YAML) and job-spec
 // files. cmd/fusionctl only calls Execute.
+//
+// It may import daemon/api (types and client), daemon/buildinfo, topology
+// (rendering), devices/fpga/bitstream (file checks) and its sibling sim;
+// nothing under daemon/internal and no driver (TestBinaryDependencies).
 package cli
 
 import (

@@ -5,4 +5,7 @@
 // seed, arriving one by one and never leaving — and a time-ordered mode
 // (RunTimed) that honours creation and deletion times. NewCommand exposes
 // both as `fusionctl simulate`.
+//
+// It runs only offline, in fusionctl; the daemon never links it. It may
+// import daemon/sched and the standard library.
 package sim

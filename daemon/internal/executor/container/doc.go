@@ -12,4 +12,8 @@
 //
 // Without cgo (CGO_ENABLED=0) the package holds only BuildBusyboxRootfs and
 // a fusiond built that way refuses container jobs.
+//
+// It may import daemon/internal/executor (the runtime interface it
+// implements), cgroups/devicefilter, devices, libcontainer and the
+// standard library.
 package container
