@@ -2,10 +2,10 @@
 // the daemon: it keeps this host as one sched.Node built from the host's
 // hardware (the device drivers' inventories, in devices' types, kept
 // current through UpdateHardware), turns job specs into sched.Requests,
-// places jobs and gangs
-// through the engine, and names the devices each allocation holds. It
-// implements jobs.Placer. It does no I/O: preparing devices (creating a MIG
-// instance, programming an FPGA) is the executor's job.
+// places jobs and gangs through the engine, and names the devices each
+// allocation holds. It implements jobs.Placer. It does no I/O: preparing
+// devices (creating a MIG instance, programming an FPGA) is the device
+// drivers' Prepare, called before the job starts.
 //
 // It may import daemon/sched, daemon/api, devices, daemon/internal/jobs (the
 // Placer interface) and the standard library; no hardware package.
