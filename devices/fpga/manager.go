@@ -25,7 +25,6 @@ type config struct {
 	attrs              AttrWriter
 	xbutil             string
 	lib                *bitstream.Library
-	backends           []Backend
 	timeout            time.Duration
 	alpha              float64
 	now                func() time.Time
@@ -52,14 +51,8 @@ func WithCommandRunner(r CommandRunner) Option { return func(c *config) { c.run 
 // WithAttrWriter replaces the sysfs writer (default SysfsWriter).
 func WithAttrWriter(w AttrWriter) Option { return func(c *config) { c.attrs = w } }
 
-// WithXbutil sets the xbutil path (default "xbutil").
-func WithXbutil(path string) Option { return func(c *config) { c.xbutil = path } }
-
 // WithLibrary sets the bitstream library Program resolves references in.
 func WithLibrary(l *bitstream.Library) Option { return func(c *config) { c.lib = l } }
-
-// WithBackends replaces the three standard back ends.
-func WithBackends(b ...Backend) Option { return func(c *config) { c.backends = b } }
 
 // WithProgramTimeout bounds one programming run (default 10 minutes).
 func WithProgramTimeout(d time.Duration) Option { return func(c *config) { c.timeout = d } }
@@ -119,13 +112,10 @@ func NewManager(opts ...Option) (*Manager, error) {
 		return nil, fmt.Errorf("fpga: estimate weight %v outside (0,1]", c.alpha)
 	}
 	m := &Manager{cfg: c, regions: map[string]*regionState{}, est: map[estKey]time.Duration{}}
-	m.backends = c.backends
-	if m.backends == nil {
-		m.backends = []Backend{
-			NewFPGAManager(c.sys, c.firmware, c.attrs, c.log.With("backend", KindFPGAManager)),
-			NewDFL(c.sys, c.dev, c.pr, c.log.With("backend", KindDFL)),
-			NewXRT(c.sys, c.dev, c.run, c.xbutil, c.log.With("backend", KindXRT)),
-		}
+	m.backends = []Backend{
+		NewFPGAManager(c.sys, c.firmware, c.attrs, c.log.With("backend", KindFPGAManager)),
+		NewDFL(c.sys, c.dev, c.pr, c.log.With("backend", KindDFL)),
+		NewXRT(c.sys, c.dev, c.run, c.xbutil, c.log.With("backend", KindXRT)),
 	}
 	return m, nil
 }
