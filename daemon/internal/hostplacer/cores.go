@@ -95,10 +95,14 @@ func (p *Placer) coresHeld(cpus []int) map[int]int {
 	if len(cpus) == 0 {
 		return nil
 	}
+	in := make(map[int]bool, len(cpus))
+	for _, cpu := range cpus {
+		in[cpu] = true
+	}
 	var out map[int]int
 	for _, c := range p.cores {
 		for _, cpu := range c.CPUs {
-			if slices.Contains(cpus, cpu) {
+			if in[cpu] {
 				if out == nil {
 					out = map[int]int{}
 				}

@@ -179,3 +179,25 @@ func TestCoresFollowHardwareUpdate(t *testing.T) {
 		t.Errorf("after release: %v", got)
 	}
 }
+
+// BenchmarkPlaceGuaranteed places and releases a guaranteed 8-core 1-GPU
+// job on the 2 × 56-core (224 CPU) dgx host beside 10 held guaranteed
+// jobs: the engine's decision plus the choice of concrete cores.
+//
+//	go test -run '^$' -bench PlaceGuaranteed ./daemon/internal/hostplacer/
+func BenchmarkPlaceGuaranteed(b *testing.B) {
+	p := New(dgx(), Options{Seed: 1, KeepSharedCores: 1})
+	for i := range 10 {
+		if _, why, ok := p.Place([]*api.Job{job(string(rune('a'+i)), api.TierGuaranteed, api.Resources{CPU: 4000, Memory: 1 << 30})}); !ok {
+			b.Fatal(why)
+		}
+	}
+	j := job("bench", api.TierGuaranteed, api.Resources{CPU: 8000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 1}})
+	for b.Loop() {
+		a, why, ok := p.Place([]*api.Job{j})
+		if !ok || a[0].CPUSet == "" {
+			b.Fatal(why)
+		}
+		p.Release(j)
+	}
+}
