@@ -36,31 +36,23 @@ func benchIsolation(b *testing.B, tier Tier, hogs bool) {
 	if len(cpus) < 2 {
 		b.Fatalf("need 2 CPUs, have %v", cpus)
 	}
-	var cores []Core
-	for _, c := range cpus {
-		cores = append(cores, Core{CPUs: []int{c}})
-	}
-	alloc, err := NewCPUAllocator(cores, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
+	shared := cpus
 	m := newKernelManager(b)
 	p := Placement{Tier: Burstable, CPURequestMilli: 1000, SharedCPUs: cpus, MemoryRequest: 64 * mib, MemoryLimit: 128 * mib}
 	switch tier {
 	case BestEffort:
 		p = Placement{Tier: BestEffort, SharedCPUs: cpus}
 	case Guaranteed:
-		excl, err := alloc.Allocate("worker", -1, 1)
-		if err != nil {
-			b.Fatal(err)
-		}
+		// The worker's exclusive CPU is the last one; the rest stay shared.
+		var excl []int
+		excl, shared = cpus[len(cpus)-1:], cpus[:len(cpus)-1]
 		p = Placement{Tier: Guaranteed, CPURequestMilli: 1000, ExclusiveCPUs: excl, MemoryRequest: 64 * mib}
 	}
-	if err := m.SetSharedCPUs(alloc.Shared()); err != nil {
+	if err := m.SetSharedCPUs(shared); err != nil {
 		b.Fatal(err)
 	}
 	if hogs {
-		be := mustCreate(b, m, "hogs", Placement{Tier: BestEffort, SharedCPUs: alloc.Shared()})
+		be := mustCreate(b, m, "hogs", Placement{Tier: BestEffort, SharedCPUs: shared})
 		for range cpus {
 			startHelper(b, be, "hog")
 		}

@@ -7,8 +7,9 @@
 // applies them idempotently through containerd/cgroups/v3 on either a cgroup
 // v1 (legacy or hybrid) or a cgroup v2 (unified) host. Device access uses the
 // v1 devices controller, or on v2 an eBPF device program (package
-// devicefilter). CPUAllocator keeps the pure bookkeeping of exclusive cores
-// handed to guaranteed jobs and of the shared pool that remains.
+// devicefilter). Which cores a guaranteed job owns and what remains as the
+// shared pool is the daemon's placer's decision (daemon/internal/hostplacer);
+// CoresOf gives it the host's cores, Manager.SetSharedCPUs applies the pool.
 //
 // Every filesystem root is an option, so the same code runs on a fixture
 // tree in tests.
@@ -54,8 +55,6 @@ var (
 	ErrNotFound = errors.New("cgroups: cgroup not found")
 	// ErrNotEmpty: processes remain in the cgroup.
 	ErrNotEmpty = errors.New("cgroups: cgroup still has processes")
-	// ErrInsufficientCPUs: not enough free whole cores for an exclusive set.
-	ErrInsufficientCPUs = errors.New("cgroups: not enough free cores")
 	// ErrInvalidCPUList: a cpu list string could not be parsed.
 	ErrInvalidCPUList = errors.New("cgroups: invalid cpu list")
 )
@@ -69,8 +68,8 @@ type Placement struct {
 	// package does not import the API.
 	CPURequestMilli int64
 	CPULimitMilli   int64
-	// ExclusiveCPUs are the whole cores a guaranteed job owns (from a
-	// CPUAllocator), on the NUMA node of its devices.
+	// ExclusiveCPUs are the whole cores a guaranteed job owns (chosen by
+	// the daemon's placer), on the NUMA node of its devices.
 	ExclusiveCPUs []int
 	// SharedCPUs is the shared pool burstable and best-effort jobs run on.
 	SharedCPUs []int

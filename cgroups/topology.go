@@ -7,11 +7,20 @@ import (
 	"github.com/fusiond/fusiond/topology"
 )
 
-// CoresOf is the host's physical cores as NewCPUAllocator takes them: each
-// core of the topology model (topology.Discover, the one discovery of the
-// host's CPUs) with its online SMT siblings and its NUMA node (node 0 for a
-// core the model places on no node), in order of their first CPU. Cores
-// without an online CPU are left out.
+// Core is one physical core: its NUMA node and its logical CPUs (SMT
+// siblings). Exclusive sets are handed out in whole cores so that no other
+// job shares a guaranteed job's core through a hyperthread.
+type Core struct {
+	Node int
+	CPUs []int
+}
+
+// CoresOf is the host's physical cores as the daemon's placer takes them
+// (the cores guaranteed jobs get exclusively): each core of the topology
+// model (topology.Discover, the one discovery of the host's CPUs) with its
+// online SMT siblings and its NUMA node (node 0 for a core the model
+// places on no node), in order of their first CPU. Cores without an online
+// CPU are left out.
 func CoresOf(h *topology.Host) []Core {
 	if h == nil {
 		return nil

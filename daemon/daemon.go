@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
@@ -104,13 +105,36 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if d.capacity, err = hostCapacity(); err != nil {
 		return nil, err
 	}
-	inventory := func() hostplacer.Hardware {
-		return hardwareOf(context.WithoutCancel(ctx), d.hw, d.capacity, log)
+	// Guaranteed jobs get exclusive cores where cgroups can pin them: the
+	// placer chooses them (with the engine, from the topology's cores) and
+	// rewrites the shared pool's cpusets after every change.
+	cg, cgErr := jobCgroups(cfg, log)
+	if cgErr != nil {
+		log.Warn("jobs run without cgroups: no limits, no device isolation, no accounting, no exclusive cores", "err", cgErr)
 	}
-	engine := hostplacer.New(inventory(), placementOptions(d.hw))
-	placer, runner, err := newExecutor(ctx, cfg, engine, liveTopology(d.hw), log)
+	var cores func() []cgroups.Core
+	popts := placementOptions(d.hw)
+	popts.Logger = log
+	if cg != nil {
+		if cores, err = hostCores(ctx, d.hw); err != nil {
+			return nil, err
+		}
+		popts.KeepSharedCores, popts.OnShared = 1, cg.SetSharedCPUs
+	}
+	inventory := func() hostplacer.Hardware {
+		hw := hardwareOf(context.WithoutCancel(ctx), d.hw, d.capacity, log)
+		if cores != nil {
+			hw.Cores = cores()
+		}
+		return hw
+	}
+	engine := hostplacer.New(inventory(), popts)
+	runner, err := newExecutor(cfg, cg, engine.SharedCPUs, log)
 	if err != nil {
 		return nil, err
+	}
+	if cg != nil {
+		log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(engine.Hardware().Cores))
 	}
 	prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
 	d.mgr = jobs.New(jobs.Config{
@@ -122,7 +146,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		DaemonUID:        uint32(os.Geteuid()),
 		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
 		Preparer:         prep,
-	}, d.store, runner, placer, log)
+	}, d.store, runner, engine, log)
 	prep.holders = d.mgr
 	if err := d.mgr.Recover(); err != nil {
 		return nil, err
@@ -146,7 +170,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		adminGID = &gid
 	}
-	svc := &service{Manager: d.mgr, placer: placer, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
+	svc := &service{Manager: d.mgr, placer: engine, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,

@@ -11,20 +11,17 @@ import (
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/internal/executor"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/topology"
 )
 
-// newExecutor builds the monitor runner and wraps the placer. As root on a
-// host with usable cgroups every job gets a cgroup under cfg.CgroupParent
-// and guaranteed jobs get exclusive cores, taken from the host's cores as
-// the topology model (live, the hardware's unless it is simulated) has
-// them; otherwise jobs run without cgroups (and the daemon says so in its
-// log).
-func newExecutor(ctx context.Context, cfg Config, placer jobs.Placer, live func(context.Context) (*topology.Host, error), log *slog.Logger) (jobs.Placer, *executor.MonitorRunner, error) {
+// newExecutor builds the monitor runner. With cg (root on a host with
+// usable cgroups) every job gets a cgroup under cfg.CgroupParent, and
+// burstable and best-effort jobs run on shared, the shared CPU pool the
+// placer keeps; without, jobs run without cgroups.
+func newExecutor(cfg Config, cg *cgroups.Manager, shared func() []int, log *slog.Logger) (*executor.MonitorRunner, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
+		return nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
 	}
 	rcfg := executor.MonitorConfig{
 		JobsDir:      filepath.Join(cfg.StateDir, "jobs"),
@@ -33,30 +30,14 @@ func newExecutor(ctx context.Context, cfg Config, placer jobs.Placer, live func(
 		CgroupParent: cfg.CgroupParent,
 		Grace:        time.Duration(cfg.CancelGrace),
 	}
-	cg, err := jobCgroups(cfg, log)
-	if err != nil {
-		log.Warn("jobs run without cgroups: no limits, no device isolation, no accounting", "err", err)
-	}
 	if cg != nil {
-		rcfg.Cgroups = cg
-		host, err := live(ctx)
-		if err != nil {
-			return nil, nil, fmt.Errorf("host cores: %w", err)
-		}
-		cores := cgroups.CoresOf(host)
-		if len(cores) == 0 {
-			return nil, nil, fmt.Errorf("host cores: the topology model has no cores")
-		}
-		ep, err := jobs.NewExclusiveCPUPlacer(placer, cores, 1, cg.SetSharedCPUs, log)
-		if err != nil {
-			return nil, nil, err
-		}
-		placer, rcfg.SharedCPUs = ep, ep.SharedCPUs
-		log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(cores))
+		rcfg.Cgroups, rcfg.SharedCPUs = cg, shared
 	}
-	return placer, executor.NewMonitorRunner(rcfg, log), nil
+	return executor.NewMonitorRunner(rcfg, log), nil
 }
 
+// jobCgroups is the cgroup manager jobs run under, or why there is none
+// (the daemon then says so in its log and runs jobs without cgroups).
 func jobCgroups(cfg Config, log *slog.Logger) (*cgroups.Manager, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("fusiond is not running as root")
@@ -71,15 +52,26 @@ func jobCgroups(cfg Config, log *slog.Logger) (*cgroups.Manager, error) {
 	return cg, nil
 }
 
-// liveTopology is the topology of the machine jobs really run on: the
-// hardware's model when it is live, a fresh discovery when the devices are
-// simulated (their topology is the simulated host's) or the hardware has
-// none.
-func liveTopology(h *hardware.Host) func(context.Context) (*topology.Host, error) {
-	return func(ctx context.Context) (*topology.Host, error) {
-		if t := h.Topology(); t != nil && h.Simulated() == "" {
-			return t, nil
+// hostCores returns the cores guaranteed jobs take exclusively: the cores
+// of the topology model of the machine jobs really run on. That is the
+// hardware's model when it is live (read again on every inventory, so a
+// topology refresh reaches the placer), and one discovery of this machine
+// when the devices are simulated (their topology is the simulated host's,
+// but jobs run on this machine's CPUs) or the hardware has none.
+func hostCores(ctx context.Context, h *hardware.Host) (func() []cgroups.Core, error) {
+	if t := h.Topology(); t != nil && h.Simulated() == "" {
+		if len(cgroups.CoresOf(t)) == 0 {
+			return nil, fmt.Errorf("host cores: the topology model has no cores")
 		}
-		return topology.Discover(ctx)
+		return func() []cgroups.Core { return cgroups.CoresOf(h.Topology()) }, nil
 	}
+	t, err := topology.Discover(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("host cores: %w", err)
+	}
+	cores := cgroups.CoresOf(t)
+	if len(cores) == 0 {
+		return nil, fmt.Errorf("host cores: the topology model has no cores")
+	}
+	return func() []cgroups.Core { return cores }, nil
 }

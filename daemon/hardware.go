@@ -9,11 +9,11 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/devices"
-	"github.com/fusiond/fusiond/topology"
 )
 
 // hardwareOf is the placement engine's view of the host: the real CPUs and
-// memory jobs run on, and the devices every driver (real or simulated)
+// memory jobs run on (the exclusive cores are added by the daemon where
+// cgroups can pin them, see hostCores), and the devices every driver (real or simulated)
 // reports, with their NUMA nodes (the topology's, where it knows the
 // device's PCI address) and NVLinks. It is read again whenever a device
 // changes (see connectDevices).
@@ -25,11 +25,6 @@ func hardwareOf(ctx context.Context, h *hardware.Host, capacity api.NodeResource
 		hw.Name = topo.Hostname
 		for _, d := range topo.Devices {
 			numaOf[strings.ToLower(string(d.Addr))] = int(d.Node)
-		}
-		if h.Simulated() == "" {
-			// Exclusive cores must be real cores: only a live topology
-			// says which exist.
-			hw.CoresPerNUMA = coresPerNUMA(topo)
 		}
 	}
 	for _, drv := range h.Drivers() {
@@ -66,22 +61,6 @@ func hardwareOf(ctx context.Context, h *hardware.Host, capacity api.NodeResource
 		}
 	}
 	return hw
-}
-
-// coresPerNUMA counts whole cores per NUMA node (index = node ID).
-func coresPerNUMA(t *topology.Host) []int {
-	var out []int
-	for _, c := range t.Cores {
-		n := int(c.Node)
-		if n < 0 {
-			n = 0
-		}
-		for len(out) <= n {
-			out = append(out, 0)
-		}
-		out[n]++
-	}
-	return out
 }
 
 // placementOptions connects the engine to the bitstream library and the

@@ -58,8 +58,9 @@ func gpuFits(req *Request, g *GPU) bool {
 // on ties), which keeps whole GPUs whole.
 func bestFitGPU(req *Request, n *Node) int {
 	best := -1
+	aligned := alignedNUMA(req, n)
 	for i := range n.GPUs {
-		if gpuFits(req, &n.GPUs[i]) && (best < 0 || n.GPUs[i].MilliFree < n.GPUs[best].MilliFree) {
+		if gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) && (best < 0 || n.GPUs[i].MilliFree < n.GPUs[best].MilliFree) {
 			best = i
 		}
 	}
@@ -89,8 +90,9 @@ func pickWholeGPUs(req *Request, n *Node) ([]int, float64) {
 		}
 	}
 	var free uint64
+	aligned := alignedNUMA(req, n)
 	for i := range n.GPUs {
-		if i < 64 && gpuFits(req, &n.GPUs[i]) {
+		if i < 64 && gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) {
 			free |= 1 << uint(i)
 		}
 	}
@@ -162,19 +164,31 @@ func setLocality(n *Node, set uint64, link *[64]uint64) float64 {
 	return l
 }
 
-// pickCores takes exclusive cores from the home NUMA node first, then from
-// the others in index order (never for single-numa-node, which Filter has
-// already guaranteed fits on one node). It returns the per-NUMA counts and
-// how many NUMA nodes they span.
+// alignedNUMA tells which NUMA nodes req's GPUs may come from: when its
+// topology policy ties its exclusive cores to its devices (mustAlign),
+// only nodes that hold the GPUs and the cores together; otherwise any.
+func alignedNUMA(req *Request, n *Node) func(numa int) bool {
+	if !mustAlign(req, n) {
+		return func(int) bool { return true }
+	}
+	return func(numa int) bool { return fitsOnNUMA(req, n, numa) }
+}
+
+// pickCores takes exclusive cores from the home NUMA node (the devices')
+// first, then from the others in index order (never for single-numa-node,
+// which Filter has already guaranteed fits on one node). Without a home
+// node (none, one without cores, or under single-numa-node one short of
+// them) it starts from the node with the most free cores that holds them
+// all (lowest on a tie). It
+// returns the per-NUMA counts and how many NUMA nodes they span.
 func pickCores(req *Request, n *Node, home int) (map[int]int, int) {
 	need := req.ExclusiveCores
 	out := map[int]int{}
 	if home < 0 || home >= len(n.FreeCores) || (req.Topology == TopologySingleNUMANode && n.FreeCores[home] < need) {
 		home = -1
 		for i, c := range n.FreeCores {
-			if c >= need {
+			if c >= need && (home < 0 || c > n.FreeCores[home]) {
 				home = i
-				break
 			}
 		}
 	}

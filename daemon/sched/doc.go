@@ -33,6 +33,8 @@
 // package because it imports nothing of the project.
 //
 // Exclusive cores are counted here per NUMA node (Node.FreeCores,
-// Assignment.Cores) to filter and score; which CPUs a job gets is not the
-// engine's business (the daemon hands them out with cgroups.CPUAllocator).
+// Assignment.Cores, Node.KeepSharedCores for the shared pool's minimum) to
+// filter, score and choose the NUMA node of a job's cores; the daemon's
+// host placer (daemon/internal/hostplacer) then takes that many concrete
+// cores on each chosen node.
 package sched

@@ -47,7 +47,7 @@ func Filter(req *Request, n *Node) FilterReason {
 		for _, c := range n.FreeCores {
 			total += c
 		}
-		if total < req.ExclusiveCores {
+		if total-req.ExclusiveCores < n.KeepSharedCores {
 			return ReasonCores
 		}
 	}
@@ -101,6 +101,21 @@ func (n *Node) numaCount() int {
 		c = max(c, n.GPUs[i].NUMA+1)
 	}
 	return max(c, 1)
+}
+
+// mustAlign reports whether req's GPUs must sit on a NUMA node that also
+// holds its exclusive cores (what topologyOK demanded of the node).
+func mustAlign(req *Request, n *Node) bool {
+	if req.ExclusiveCores == 0 {
+		return false
+	}
+	switch req.Topology {
+	case TopologySingleNUMANode:
+		return true
+	case TopologyRestricted:
+		return numaCouldEverHold(req, n)
+	}
+	return false
 }
 
 // fitsOnNUMA reports whether the GPUs and exclusive cores of req fit on

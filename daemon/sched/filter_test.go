@@ -81,3 +81,57 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestFilterKeepsSharedCores(t *testing.T) {
+	n := migNode()
+	n.FreeCores, n.KeepSharedCores = []int{2, 2}, 1
+	if got := Filter(&Request{ExclusiveCores: 3}, n); got != Fits {
+		t.Errorf("3 of 4 cores with 1 kept shared: %q", got)
+	}
+	if got := Filter(&Request{ExclusiveCores: 4}, n); got != ReasonCores {
+		t.Errorf("all 4 cores with 1 kept shared: %q, want %q", got, ReasonCores)
+	}
+}
+
+func TestPickCoresWithoutDevicesTakesTheFreestNode(t *testing.T) {
+	n := migNode()
+	n.FreeCores = []int{3, 5}
+	a, _ := assign(&Request{ExclusiveCores: 2}, n, 0, -1)
+	if len(a.Cores) != 1 || a.Cores[1] != 2 {
+		t.Errorf("cores %v: want both on node 1, the one with most free", a.Cores)
+	}
+	n.FreeCores = []int{4, 4}
+	if a, _ := assign(&Request{ExclusiveCores: 2}, n, 0, -1); len(a.Cores) != 1 || a.Cores[0] != 2 {
+		t.Errorf("cores %v: want node 0 on a tie", a.Cores)
+	}
+}
+
+// A single-numa-node job's GPUs come from the node that also has its
+// cores, not from the best-linked GPUs elsewhere.
+func TestSingleNUMAGPUsFollowTheCores(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  Request
+	}{
+		{"whole", Request{GPUs: 2, GPUMilli: 1000, ExclusiveCores: 4, Topology: TopologySingleNUMANode}},
+		{"shared", Request{GPUs: 1, GPUMilli: 300, ExclusiveCores: 4, Topology: TopologySingleNUMANode}},
+		{"restricted", Request{GPUs: 2, GPUMilli: 1000, ExclusiveCores: 4, Topology: TopologyRestricted}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := migNode()
+			n.FreeCores = []int{2, 16} // node 0 (the best NVLink) lacks cores
+			if r := Filter(&tc.req, n); r != Fits {
+				t.Fatalf("Filter = %q", r)
+			}
+			a, _ := assign(&tc.req, n, 0, -1)
+			for _, g := range a.GPUs {
+				if n.GPUs[g].NUMA != 1 {
+					t.Errorf("GPU %d on NUMA %d, cores %v: want GPUs on node 1 with the cores", g, n.GPUs[g].NUMA, a.Cores)
+				}
+			}
+			if len(a.Cores) != 1 || a.Cores[1] != 4 {
+				t.Errorf("cores %v: want 4 on node 1", a.Cores)
+			}
+		})
+	}
+}

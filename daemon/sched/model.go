@@ -152,6 +152,11 @@ type Node struct {
 	// NUMA node (index = NUMA node). Exclusive cores are also counted in
 	// CPUFreeMilli (1000 each).
 	FreeCores []int `json:"free_cores,omitempty"`
+	// KeepSharedCores is how many of the free cores exclusive use must
+	// leave (the shared pool's minimum: the daemon, burstable and
+	// best-effort work run there). Filter refuses a request for exclusive
+	// cores that would take them.
+	KeepSharedCores int `json:"keep_shared_cores,omitempty"`
 	// GPUModel names the GPUs' model (nodes are homogeneous).
 	GPUModel string `json:"gpu_model,omitempty"`
 	GPUs     []GPU  `json:"gpus,omitempty"`

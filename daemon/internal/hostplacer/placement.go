@@ -2,17 +2,22 @@
 // the daemon: it keeps this host as one sched.Node built from the host's
 // hardware (the device drivers' inventories, in devices' types, kept
 // current through UpdateHardware), turns job specs into sched.Requests,
-// places jobs and gangs through the engine, and names the devices each
-// allocation holds. It implements jobs.Placer. It does no I/O: preparing
-// devices (creating a MIG instance, programming an FPGA) is the device
-// drivers' Prepare, called before the job starts.
+// places jobs and gangs through the engine, and names the devices and the
+// exclusive cores each allocation holds (see cores.go: the engine chooses
+// how many cores on which NUMA node, the placer which ones). It implements
+// jobs.Placer. It does no I/O: preparing devices (creating a MIG instance,
+// programming an FPGA) is the device drivers' Prepare, called before the
+// job starts, and the shared CPU pool reaches the cgroups through
+// Options.OnShared.
 //
-// It may import daemon/sched, daemon/api, devices, daemon/internal/jobs (the
-// Placer interface) and the standard library; no hardware package.
+// It may import daemon/sched, daemon/api, devices, cgroups (only its Core
+// type: the cores discovered from the topology), daemon/internal/jobs (the
+// Placer interface) and the standard library.
 package hostplacer
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
 	"regexp"
 	"slices"
@@ -20,6 +25,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -31,9 +37,11 @@ type Hardware struct {
 	Name   string
 	CPU    api.MilliCPU
 	Memory api.Bytes
-	// CoresPerNUMA is the number of whole cores on each NUMA node that
-	// guaranteed jobs may take exclusively.
-	CoresPerNUMA []int
+	// Cores are the physical cores guaranteed jobs take exclusively, with
+	// their SMT siblings and NUMA nodes: the topology model's cores
+	// (cgroups.CoresOf) of the machine jobs run on. Without cores
+	// guaranteed jobs get no exclusive cores and share the CPUs.
+	Cores []cgroups.Core
 	// GPUs are the GPU driver's devices (Kind devices.GPU), FPGAs the
 	// FPGA driver's regions, as the drivers' inventories report them
 	// (NUMA resolved against the topology).
@@ -56,11 +64,24 @@ type Options struct {
 	// ProgramEstimate is the expected time to program bitstream ID into
 	// region; nil keeps each region's Hardware estimate.
 	ProgramEstimate func(region, bitstream string) float64
+	// KeepSharedCores is how many of Hardware.Cores exclusive cores always
+	// leave in the shared pool (the daemon keeps one).
+	KeepSharedCores int
+	// OnShared receives the shared pool (SharedCPUs) after every change
+	// of it, under the placer's lock so pools arrive in order: the daemon
+	// rewrites the burstable and best-effort cpusets there. Nil: nobody
+	// is told.
+	OnShared func(cpus []int) error
+	// Logger reports OnShared's errors; nil discards them.
+	Logger *slog.Logger
 }
 
 type held struct {
 	req    sched.Request
 	assign sched.Assignment
+	// cpus are the job's exclusive cores' CPUs (sorted); assign.Cores is
+	// their count per NUMA node.
+	cpus []int
 }
 
 // Placer places jobs on this host with the engine.
@@ -73,6 +94,11 @@ type Placer struct {
 	eng     *sched.Engine
 	learner *sched.ShapeLearner
 	held    map[string]held
+	log     *slog.Logger
+	// cores are hw.Cores as normalizeCores keeps them; published is the
+	// shared pool OnShared was last given.
+	cores     []cgroups.Core
+	published []int
 	// down holds the GPUs and MIG instances (by ID) that are out of
 	// service: they offer nothing to new work until SetHealthy brings
 	// them back.
@@ -89,9 +115,14 @@ func New(hw Hardware, o Options) *Placer {
 		learner: sched.NewShapeLearner(),
 		held:    map[string]held{},
 		down:    map[string]bool{},
+		log:     o.Logger,
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
 	}
 	p.eng = sched.NewEngine(sched.Options{Policy: sched.NewWeighted(o.Profiles, nil), Seed: o.Seed, Explain: 3})
 	p.rebuild(hw)
+	p.published = p.sharedCPUs() // every core: nothing to tell yet
 	return p
 }
 
@@ -122,13 +153,15 @@ func (p *Placer) UpdateHardware(hw Hardware) {
 	old := p.hw
 	p.hw = hw
 	p.rebuild(old)
+	p.publish()
 }
 
 // rebuild makes the node from p.hw and applies every held reservation to
 // it again; old is the inventory the reservations' device indices refer
 // to. The caller holds p.mu.
 func (p *Placer) rebuild(old Hardware) {
-	base := buildNode(p.hw)
+	p.cores = normalizeCores(p.hw.Cores)
+	base := buildNode(p.hw, p.cores, p.opts.KeepSharedCores)
 	node := base.Clone()
 	node.Version = p.node.Version + 1
 	p.down = downOf(p.hw)
@@ -179,6 +212,9 @@ func (p *Placer) rebuild(old Hardware) {
 				}
 			}
 		}
+		// Exclusive cores are held by CPU: counted again on the new
+		// cores' NUMA nodes.
+		a.Cores = p.coresHeld(p.held[id].cpus)
 		if a.FPGA >= 0 {
 			fi := -1
 			if a.FPGA < len(old.FPGAs) {
@@ -376,9 +412,12 @@ func freeSlice(insts []sched.MIGInstance, s int) bool {
 	return true
 }
 
-func buildNode(hw Hardware) *sched.Node {
+func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 	n := sched.NewNode(cmpOr(hw.Name, "local"), int64(hw.CPU), hw.Memory.WholeMiB(), 0, "")
-	n.FreeCores = slices.Clone(hw.CoresPerNUMA)
+	n.FreeCores = coresPerNUMA(cores)
+	if len(cores) > 0 {
+		n.KeepSharedCores = max(keepShared, 0)
+	}
 	for _, g := range hw.GPUs {
 		// Every GPU of a host counts as equally efficient (the energy
 		// dimension compares hosts).
@@ -419,10 +458,11 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 		CPUMilli: int64(r.CPU), MemMiB: r.Memory.MiB(),
 		Topology: spec.Topology,
 	}
-	if tier == api.TierGuaranteed && r.CPU%1000 == 0 && len(p.hw.CoresPerNUMA) > 0 {
-		// Whole-core guaranteed jobs get exclusive cores (counted in the
-		// millicores too).
-		req.ExclusiveCores = int(r.CPU / 1000)
+	if tier == api.TierGuaranteed && r.CPU > 0 && len(p.cores) > 0 {
+		// Guaranteed jobs get whole exclusive cores, a fraction rounded
+		// up; the engine counts them (1000 millicores each) instead of
+		// shared CPU.
+		req.ExclusiveCores, req.CPUMilli = CoresFor(int64(r.CPU)), 0
 	}
 	if g := r.GPU; g != nil {
 		if g.Model != "" {
@@ -574,11 +614,27 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 			explain = append(explain, fmt.Sprintf("gang of %d placed together", len(as)))
 		}
 	}
+	// The engine chose how many exclusive cores on which NUMA node; take
+	// those cores, member by member.
 	out := make([]api.Allocation, len(group))
 	for i, j := range group {
-		p.held[j.ID] = held{req: reqs[i], assign: assigns[i]}
+		cpus, err := p.takeCores(assigns[i].Cores)
+		if err != nil {
+			for k := range group {
+				delete(p.held, group[k].ID)
+				p.eng.Release(&reqs[k], &assigns[k], nodes)
+			}
+			p.publish()
+			return nil, fmt.Sprintf("guaranteed job needs %d exclusive cores: %v", reqs[i].ExclusiveCores, err), false
+		}
+		p.held[j.ID] = held{req: reqs[i], assign: assigns[i], cpus: cpus}
 		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
+		if len(cpus) > 0 {
+			out[i].CPUSet = cgroups.FormatCPUList(cpus)
+			out[i].Explain = strings.TrimSpace(fmt.Sprintf("%s\nexclusive cores %s (NUMA node %d)", out[i].Explain, out[i].CPUSet, out[i].NUMANode))
+		}
 	}
+	p.publish()
 	return out, "", true
 }
 
@@ -672,8 +728,24 @@ func (p *Placer) Reclaim(j *api.Job) error {
 	}
 	req := p.request(j.ID, j.Spec, j.Tier)
 	as := sched.Assignment{Node: p.node.Name, CPUMilli: int64(a.CPU), MemMiB: a.Memory.WholeMiB(), FPGA: -1}
-	if req.ExclusiveCores > 0 && a.NUMANode >= 0 {
-		as.Cores = map[int]int{a.NUMANode: req.ExclusiveCores}
+	// Its exclusive cores are the ones its cgroup was made with; a job
+	// recorded without a cpuset (placed where the host had no exclusive
+	// cores) holds CPU only.
+	var cpus []int
+	if a.CPUSet != "" && len(p.cores) > 0 {
+		var err error
+		if cpus, err = cgroups.ParseCPUList(a.CPUSet); err != nil {
+			return fmt.Errorf("job %s exclusive cores %q: %w", j.ID, a.CPUSet, err)
+		}
+		if err := p.claimCores(j.ID, cpus); err != nil {
+			return fmt.Errorf("re-reserving job %s: %w", j.ID, err)
+		}
+		as.Cores = p.coresHeld(cpus)
+		n := 0
+		for _, c := range as.Cores {
+			n += c
+		}
+		as.CPUMilli = int64(n) * 1000 // what Place counts for its cores
 	}
 	for _, id := range a.GPUs {
 		gi := p.gpuOf(id)
@@ -714,7 +786,8 @@ func (p *Placer) Reclaim(j *api.Job) error {
 	if err := p.eng.Commit(&req, &as, []*sched.Node{p.node}); err != nil {
 		return fmt.Errorf("re-reserving job %s: %w", j.ID, err)
 	}
-	p.held[j.ID] = held{req: req, assign: as}
+	p.held[j.ID] = held{req: req, assign: as, cpus: cpus}
+	p.publish()
 	return nil
 }
 
@@ -728,6 +801,7 @@ func (p *Placer) Release(j *api.Job) {
 	}
 	delete(p.held, j.ID)
 	p.eng.Release(&h.req, &h.assign, []*sched.Node{p.node})
+	p.publish()
 	// Release gives back to the node what the job held; an unhealthy
 	// device must still offer nothing.
 	for id := range p.down {

@@ -12,7 +12,7 @@ import (
 // dgx is an HGX-class host: 2 NUMA nodes, 8 GPUs (4 per node) all joined by
 // NVLink, two FPGA regions on node 1, one holding "gzip".
 func dgx() Hardware {
-	hw := Hardware{Name: "dgx", CPU: 224000, Memory: 2 << 40, CoresPerNUMA: []int{56, 56}}
+	hw := Hardware{Name: "dgx", CPU: 224000, Memory: 2 << 40, Cores: smtCores(2, 56)}
 	ok := devices.Health{Healthy: true}
 	for i := range 8 {
 		hw.GPUs = append(hw.GPUs, devices.Device{ID: "GPU-" + string(rune('a'+i)), Kind: devices.GPU, Model: "NVIDIA H200", MemoryMB: 143771, NUMA: i / 4, Health: ok})
