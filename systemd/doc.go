@@ -13,4 +13,7 @@
 //
 // All of it is built on github.com/coreos/go-systemd/v22. Nothing here is
 // required: fusiond started by hand behaves exactly as without systemd.
+//
+// It may import go-systemd and the standard library; nothing of the daemon
+// (the daemon imports it).
 package systemd

@@ -8,6 +8,8 @@
 // attached with BPF_PROG_ATTACH and BPF_F_ALLOW_MULTI rather than a bpf_link,
 // like runc does, so that the filter stays in force when the process that
 // attached it (fusiond) exits or restarts.
+//
+// It may import cilium/ebpf, golang.org/x/sys and the standard library.
 package devicefilter
 
 import (

@@ -4,6 +4,8 @@
 //	go build -ldflags "-X github.com/fusiond/fusiond/daemon/buildinfo.version=1.2.3 ..."
 //
 // The variables are written only by the linker.
+//
+// It imports daemon/api (the Version type) and the standard library.
 package buildinfo
 
 import (

@@ -20,6 +20,8 @@
 // hardware; the tree is consistent in its sysfs paths, which is what
 // topology reads, and the bridges' config space lists the true secondary
 // bus of each downstream port where it can (see busRange).
+//
+// It imports only the standard library.
 package simhost
 
 import (

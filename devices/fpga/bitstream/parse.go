@@ -5,6 +5,8 @@
 // The parsers are pure: they take the first bytes of a file (at most
 // HeadSize) and the file's total size, and never read the payload, so a
 // 100 MB bitstream is hashed and validated in one streaming pass.
+//
+// It imports only the standard library.
 package bitstream
 
 import (

@@ -11,6 +11,8 @@
 // This is the only simulated part: everything in package fpga above
 // PortPR, CommandRunner and AttrWriter is the code that runs on hardware.
 // fusiond --simulate and the tests use it; there is no FPGA here.
+//
+// It may import fpga, bitstream, forge and the standard library.
 package simhost
 
 import (

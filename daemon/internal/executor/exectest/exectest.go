@@ -3,6 +3,8 @@
 // processes of job cgroups) and removes the test's cgroup subtree, so that
 // no process outlives the test on the CI host. It only touches the cgroup
 // subtree and the state directory it is given.
+//
+// Tests only; it imports the standard library.
 package exectest
 
 import (

@@ -4,6 +4,9 @@
 // (executor.MonitorRunner), whose monitors are the test binary re-executed
 // the way fusiond re-executes itself, over a cgroup subtree of the test's
 // own that is removed, with anything left in it, when the test ends.
+//
+// Tests only; it may import the packages it assembles (hostplacer,
+// executor, exectest, cgroups).
 package jobstest
 
 import (

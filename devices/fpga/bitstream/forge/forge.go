@@ -3,6 +3,8 @@
 // deterministic pseudo-random payload of any size. Tests use it to build
 // realistic files, and the simulated host uses it for its sample
 // bitstreams. It never holds a whole payload in memory.
+//
+// It imports bitstream and the standard library.
 package forge
 
 import (
