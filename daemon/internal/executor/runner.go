@@ -144,13 +144,12 @@ func cgroupPlacement(req jobs.RunRequest, shared []int) (cgroups.Placement, erro
 // Start writes the attempt's spec and starts its monitor, which reports
 // once the job's process runs in its cgroup.
 func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Process, error) {
-	path := req.Command[0] // a container's command is looked up inside it
-	if req.Rootfs == "" {
-		var err error
-		if path, err = lookPath(req.Command[0], req.Env); err != nil {
-			return nil, err
-		}
-	}
+	// The command is looked up in the job's PATH by the job's own first
+	// process once it runs as the job's user (a container's, by the
+	// container's init, inside it, also as the user): root's look-up
+	// would tell a user which files exist in directories they cannot
+	// search.
+	path := req.Command[0]
 	env := slices.Clone(req.Env)
 	for _, k := range slices.Sorted(maps.Keys(req.DeviceEnv)) {
 		env = append(env, k+"="+req.DeviceEnv[k])
