@@ -57,6 +57,11 @@ type Config struct {
 	// graceful stop (for an upgrade or restart); the next fusiond
 	// re-attaches to them. Default: jobs are terminated.
 	LeaveJobsOnShutdown bool `json:"leave_jobs_on_shutdown,omitempty"`
+	// AllowUnisolatedJobs lets jobs run when fusiond cannot give them
+	// cgroups (it is not root, or a cgroup controller is missing): with no
+	// CPU or memory limits, no device isolation and no accounting. Default
+	// false: such a node refuses to start jobs (fusionctl status says why).
+	AllowUnisolatedJobs bool `json:"allow_unisolated_jobs,omitempty"`
 	// Simulate runs over a simulated host instead of the real devices:
 	// "" (the real host), dgxa100, dgxh100, dgxh200 or dgxb200.
 	Simulate string `json:"simulate,omitempty"`

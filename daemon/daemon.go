@@ -18,6 +18,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
+	"github.com/fusiond/fusiond/daemon/internal/executor"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
@@ -146,7 +147,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		adminGID = &gid
 	}
-	svc := &service{Manager: d.mgr, placer: placer, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
+	svc := &service{Manager: d.mgr, placer: placer, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -343,6 +344,7 @@ func listen(cfg Config) (net.Listener, error) {
 type service struct {
 	*jobs.Manager
 	placer  jobs.Placer
+	runner  *executor.MonitorRunner
 	hw      *hardware.Host
 	version string
 	started time.Time
@@ -364,6 +366,7 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Jobs:      counts,
 		Simulated: s.hw.Simulated() != "",
 		Devices:   s.hw.Devices(ctx),
+		Isolation: s.runner.Isolation(),
 		Notes:     s.hw.Notes(),
 	}, nil
 }

@@ -19,8 +19,9 @@ import (
 // host with usable cgroups every job gets a cgroup under cfg.CgroupParent
 // and guaranteed jobs get exclusive cores, taken from the host's cores as
 // the topology model (live, the hardware's unless it is simulated) has
-// them; otherwise jobs run without cgroups (and the daemon says so in its
-// log).
+// them; otherwise jobs are refused, or run without cgroups when
+// cfg.AllowUnisolatedJobs allows it (and the daemon says so in its log and
+// its node status).
 func newExecutor(ctx context.Context, cfg Config, placer jobs.Placer, live func(context.Context) (*topology.Host, error), log *slog.Logger) (jobs.Placer, *executor.MonitorRunner, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -34,8 +35,14 @@ func newExecutor(ctx context.Context, cfg Config, placer jobs.Placer, live func(
 		Grace:        time.Duration(cfg.CancelGrace),
 	}
 	cg, err := jobCgroups(cfg, log)
-	if err != nil {
-		log.Warn("jobs run without cgroups: no limits, no device isolation, no accounting", "err", err)
+	switch {
+	case err == nil:
+	case cfg.AllowUnisolatedJobs:
+		rcfg.NoCgroups, rcfg.AllowUnisolated = err.Error(), true
+		log.Warn("jobs run without cgroups: no limits, no device isolation, no accounting (allow_unisolated_jobs)", "err", err)
+	default:
+		rcfg.NoCgroups = err.Error()
+		log.Error("jobs cannot be isolated, and every job will be refused; set allow_unisolated_jobs: true to run them without limits or device isolation", "err", err)
 	}
 	if cg != nil {
 		rcfg.Cgroups = cg
