@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
+	"github.com/fusiond/fusiond/daemon/internal/audit"
 	"github.com/fusiond/fusiond/daemon/internal/executor"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
@@ -60,6 +62,7 @@ type Daemon struct {
 	capacity api.NodeResources
 	mgr      *jobs.Manager
 	srv      *apiserver.Server
+	audit    *audit.Log
 
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
@@ -147,6 +150,10 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		adminGID = &gid
 	}
+	if d.audit, err = audit.Open(filepath.Join(cfg.StateDir, "audit.log"),
+		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep}, log); err != nil {
+		return nil, err
+	}
 	svc := &service{Manager: d.mgr, placer: placer, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
@@ -155,6 +162,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		Logger:            log,
 		Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
+		Audit:             d.audit,
 	})
 	return d, nil
 }
@@ -177,6 +185,9 @@ func (d *Daemon) Close() error {
 		}
 		if d.store != nil {
 			err = d.store.Close()
+		}
+		if d.audit != nil {
+			err = errors.Join(err, d.audit.Close())
 		}
 	})
 	return err
