@@ -117,9 +117,6 @@ func (l *Log) open() error {
 	return nil
 }
 
-// Path is the audit file.
-func (l *Log) Path() string { return l.path }
-
 // Record writes r to the log and the file. A failing file does not fail
 // the request: it is reported on the log (once until it works again), and
 // the record is still in the log.
