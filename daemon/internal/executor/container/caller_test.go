@@ -182,3 +182,58 @@ func TestKernelRootfsNothingCreated(t *testing.T) {
 		t.Errorf("B's job over a usable rootfs: %q, %v", out, err)
 	}
 }
+
+// TestKernelContainerPathLookupAsCaller: inside a container too, a command
+// in a directory the job's user cannot search is "not found", as a missing
+// one is (libcontainer's init looks it up after taking the user's identity).
+func TestKernelContainerPathLookupAsCaller(t *testing.T) {
+	r := newCtrRunner(t)
+	b := exectest.NeedUser(t, "fusiond-tb")
+	rootfs := busyboxRootfs(t)
+	hidden := filepath.Join(rootfs, "hidden")
+	if err := os.Mkdir(hidden, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/bin/busybox", filepath.Join(hidden, "present-tool")); err != nil {
+		t.Fatal(err)
+	}
+	startErr := func(id, name string) string {
+		logPath := filepath.Join(r.dir, id+".log")
+		_, err := r.Start(context.Background(), jobs.RunRequest{
+			JobID: id, Attempt: 1, Command: []string{name}, Env: []string{"PATH=/hidden"}, Workdir: "/",
+			UID: b.UID, GID: b.GID, LogPath: logPath, Tier: api.TierBurstable, Rootfs: rootfs,
+			Allocation: api.Allocation{CPU: 500, Memory: 64 << 20, NUMANode: -1},
+		})
+		if err == nil {
+			t.Fatalf("%s started in the container for uid %d", name, b.UID)
+		}
+		return strings.ReplaceAll(err.Error(), name, "NAME")
+	}
+	if present, absent := startErr("present", "present-tool"), startErr("absent", "absent-tool"); present != absent {
+		t.Errorf("an executable in an unsearchable directory and a missing one differ:\n%s\n%s", present, absent)
+	}
+}
+
+// TestSameRoot: the check that runs the container only over the directory
+// the job's user opened.
+func TestSameRoot(t *testing.T) {
+	slash, err := os.Open("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slash.Close()
+	other, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := sameRoot(slash, os.Getpid()); err != nil {
+		t.Errorf("this process's own root: %v", err)
+	}
+	if err := sameRoot(other, os.Getpid()); err == nil || !strings.Contains(err.Error(), "changed") {
+		t.Errorf("another directory than the root: %v", err)
+	}
+	if err := sameRoot(nil, os.Getpid()); err == nil {
+		t.Error("no opened directory accepted")
+	}
+}
