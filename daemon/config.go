@@ -23,6 +23,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
+	"github.com/fusiond/fusiond/daemon/internal/audit"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 )
 
@@ -60,6 +61,11 @@ type Config struct {
 	// graceful stop (for an upgrade or restart); the next fusiond
 	// re-attaches to them. Default: jobs are terminated.
 	LeaveJobsOnShutdown bool `json:"leave_jobs_on_shutdown,omitempty"`
+	// AllowUnisolatedJobs lets jobs run when fusiond cannot give them
+	// cgroups (it is not root, or a cgroup controller is missing): with no
+	// CPU or memory limits, no device isolation and no accounting. Default
+	// false: such a node refuses to start jobs (fusionctl status says why).
+	AllowUnisolatedJobs bool `json:"allow_unisolated_jobs,omitempty"`
 	// Simulate runs over a simulated host instead of the real devices:
 	// "" (the real host), dgxa100, dgxh100, dgxh200 or dgxb200.
 	Simulate string `json:"simulate,omitempty"`
@@ -68,6 +74,15 @@ type Config struct {
 	MaxBitstreamBytes api.Bytes `json:"max_bitstream_bytes"`
 	// GPU holds GPU health, sharing and power settings (see GPUConfig).
 	GPU GPUConfig `json:"gpu"`
+	// Audit bounds the audit file, <state_dir>/audit.log.
+	Audit AuditConfig `json:"audit"`
+}
+
+// AuditConfig bounds the audit file: rotated to audit.log.1 when it would
+// grow beyond MaxBytes, with Keep rotated files kept.
+type AuditConfig struct {
+	MaxBytes api.Bytes `json:"max_bytes"`
+	Keep     int       `json:"keep"`
 }
 
 // LogConfig selects the log format and level.
@@ -124,6 +139,7 @@ func DefaultConfig() Config {
 		LeaveJobsOnShutdown: true,
 		MaxBitstreamBytes:   apiserver.DefaultMaxBitstreamBytes,
 		Retention:           Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
+		Audit:               AuditConfig{MaxBytes: audit.DefaultMaxBytes, Keep: audit.DefaultKeep},
 		GPU:                 GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
 	}
 }
@@ -211,6 +227,10 @@ func (c *Config) Validate() error {
 		return bad("cgroup_parent", "want a clean relative cgroup path such as system.slice/fusiond.service, got %q", c.CgroupParent)
 	case c.MaxBitstreamBytes < 1024:
 		return bad("max_bitstream_bytes", "at least 1Ki")
+	case c.Audit.MaxBytes < 64<<10:
+		return bad("audit.max_bytes", "at least 64Ki")
+	case c.Audit.Keep < 1 || c.Audit.Keep > 100:
+		return bad("audit.keep", "between 1 and 100, got %d", c.Audit.Keep)
 	}
 	if err := hardware.CheckSimulate(c.Simulate); err != nil {
 		return bad("simulate", "%v", err)

@@ -34,6 +34,13 @@ func TestLoadConfig(t *testing.T) {
 	if DefaultConfig().MaxBitstreamBytes != 1<<30 || DefaultConfig().Simulate != "" {
 		t.Errorf("defaults: %+v", DefaultConfig())
 	}
+	if DefaultConfig().AllowUnisolatedJobs {
+		t.Error("unisolated jobs allowed by default")
+	}
+	// The development config (make run, not root) allows them.
+	if cfg, err := LoadConfig("../examples/dev-config.yaml", true); err != nil || !cfg.AllowUnisolatedJobs {
+		t.Errorf("examples/dev-config.yaml: allow_unisolated_jobs %v, %v", cfg.AllowUnisolatedJobs, err)
+	}
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), false); err != nil {
 		t.Errorf("missing default config must mean defaults: %v", err)
 	}
@@ -61,6 +68,7 @@ func TestLoadConfig(t *testing.T) {
 		"max_bitstream_bytes: 1\n":                   "max_bitstream_bytes",
 		"cgroup_parent: /system.slice\n":             "cgroup_parent",
 		"cgroup_parent: ../escape\n":                 "cgroup_parent",
+		"allow_unisolated_jobs: maybe\n":             "allow_unisolated_jobs",
 		"- not a map\n":                              "",
 	}
 	for body, key := range bad {

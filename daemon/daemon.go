@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,6 +20,8 @@ import (
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
+	"github.com/fusiond/fusiond/daemon/internal/audit"
+	"github.com/fusiond/fusiond/daemon/internal/executor"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
@@ -60,6 +63,7 @@ type Daemon struct {
 	capacity api.NodeResources
 	mgr      *jobs.Manager
 	srv      *apiserver.Server
+	audit    *audit.Log
 
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
@@ -109,9 +113,6 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	// placer chooses them (with the engine, from the topology's cores) and
 	// rewrites the shared pool's cpusets after every change.
 	cg, cgErr := jobCgroups(cfg, log)
-	if cgErr != nil {
-		log.Warn("jobs run without cgroups: no limits, no device isolation, no accounting, no exclusive cores", "err", cgErr)
-	}
 	var cores func() []cgroups.Core
 	popts := placementOptions(d.hw)
 	popts.Logger = log
@@ -129,7 +130,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		return hw
 	}
 	engine := hostplacer.New(inventory(), popts)
-	runner, err := newExecutor(cfg, cg, engine.SharedCPUs, log)
+	runner, err := newExecutor(cfg, cg, cgErr, engine.SharedCPUs, log)
 	if err != nil {
 		return nil, err
 	}
@@ -170,7 +171,11 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		adminGID = &gid
 	}
-	svc := &service{Manager: d.mgr, placer: engine, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
+	if d.audit, err = audit.Open(filepath.Join(cfg.StateDir, "audit.log"),
+		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep}, log); err != nil {
+		return nil, err
+	}
+	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -178,6 +183,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		Logger:            log,
 		Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
+		Audit:             d.audit,
 	})
 	return d, nil
 }
@@ -200,6 +206,9 @@ func (d *Daemon) Close() error {
 		}
 		if d.store != nil {
 			err = d.store.Close()
+		}
+		if d.audit != nil {
+			err = errors.Join(err, d.audit.Close())
 		}
 	})
 	return err
@@ -367,6 +376,7 @@ func listen(cfg Config) (net.Listener, error) {
 type service struct {
 	*jobs.Manager
 	placer  jobs.Placer
+	runner  *executor.MonitorRunner
 	hw      *hardware.Host
 	version string
 	started time.Time
@@ -388,6 +398,7 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Jobs:      counts,
 		Simulated: s.hw.Simulated() != "",
 		Devices:   s.hw.Devices(ctx),
+		Isolation: s.runner.Isolation(),
 		Notes:     s.hw.Notes(),
 	}, nil
 }

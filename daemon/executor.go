@@ -17,8 +17,10 @@ import (
 // newExecutor builds the monitor runner. With cg (root on a host with
 // usable cgroups) every job gets a cgroup under cfg.CgroupParent, and
 // burstable and best-effort jobs run on shared, the shared CPU pool the
-// placer keeps; without, jobs run without cgroups.
-func newExecutor(cfg Config, cg *cgroups.Manager, shared func() []int, log *slog.Logger) (*executor.MonitorRunner, error) {
+// placer keeps. Without cgroups (cgErr says why) every job is refused, or
+// runs without cgroups when cfg.AllowUnisolatedJobs allows it (and the
+// daemon says so in its log and its node status).
+func newExecutor(cfg Config, cg *cgroups.Manager, cgErr error, shared func() []int, log *slog.Logger) (*executor.MonitorRunner, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
@@ -29,6 +31,15 @@ func newExecutor(cfg Config, cg *cgroups.Manager, shared func() []int, log *slog
 		CgroupRoot:   cgroups.DefaultRoot,
 		CgroupParent: cfg.CgroupParent,
 		Grace:        time.Duration(cfg.CancelGrace),
+	}
+	switch {
+	case cgErr == nil:
+	case cfg.AllowUnisolatedJobs:
+		rcfg.NoCgroups, rcfg.AllowUnisolated = cgErr.Error(), true
+		log.Warn("jobs run without cgroups: no limits, no device isolation, no accounting, no exclusive cores (allow_unisolated_jobs)", "err", cgErr)
+	default:
+		rcfg.NoCgroups = cgErr.Error()
+		log.Error("jobs cannot be isolated, and every job will be refused; set allow_unisolated_jobs: true to run them without limits or device isolation", "err", cgErr)
 	}
 	if cg != nil {
 		rcfg.Cgroups, rcfg.SharedCPUs = cg, shared

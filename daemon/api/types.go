@@ -330,8 +330,27 @@ type NodeStatus struct {
 	Allocated NodeResources  `json:"allocated"`
 	Jobs      map[State]int  `json:"jobs"`
 	Devices   []DeviceStatus `json:"devices,omitempty"`
+	// Isolation says whether jobs get cgroups (limits, device isolation,
+	// accounting) on this node.
+	Isolation Isolation `json:"isolation"`
 	// Notes are facts an operator should know (e.g. "no NVIDIA driver").
 	Notes []string `json:"notes,omitempty"`
+}
+
+// Isolation is how a node confines its jobs.
+type Isolation struct {
+	// Isolated is true when every job runs in a cgroup of its own with
+	// its limits and device filter; Mode is then the cgroup hierarchy
+	// (v1, v2).
+	Isolated bool   `json:"isolated"`
+	Mode     string `json:"mode,omitempty"`
+	// Reason says why jobs cannot be isolated (not root, a controller
+	// missing) when they cannot.
+	Reason string `json:"reason,omitempty"`
+	// JobsRefused is true when jobs cannot be isolated and the node's
+	// config does not allow them to run unisolated (allow_unisolated_jobs):
+	// every job fails to start, saying so.
+	JobsRefused bool `json:"jobs_refused,omitempty"`
 }
 
 // NodeResources counts CPU, memory and devices: the daemon's one resource

@@ -14,12 +14,16 @@ const (
 	MaxPriority    = 1000
 	MaxCommandSize = 128 << 10
 	MaxEnv         = 256
-	MaxLabels      = 64
-	MaxGangSize    = 1024
-	MaxRetries     = 100
-	MaxGPUCount    = 64
-	MinMemory      = Bytes(1 << 20)
-	MaxCPU         = MilliCPU(1 << 30)
+	// ReservedEnvPrefix starts the variables fusiond sets in every job
+	// (FUSIOND_JOB_ID, by which a job's processes are found without
+	// cgroups, among them); a spec may not set any.
+	ReservedEnvPrefix = "FUSIOND_"
+	MaxLabels         = 64
+	MaxGangSize       = 1024
+	MaxRetries        = 100
+	MaxGPUCount       = 64
+	MinMemory         = Bytes(1 << 20)
+	MaxCPU            = MilliCPU(1 << 30)
 )
 
 var (
@@ -98,6 +102,9 @@ func (s *JobSpec) Validate() error {
 	for _, k := range sortedKeys(s.Env) {
 		if !envKeyRE.MatchString(k) {
 			return FieldError("env."+k, "invalid variable name (want letters, digits and '_', not starting with a digit)")
+		}
+		if strings.HasPrefix(k, ReservedEnvPrefix) {
+			return FieldError("env."+k, "variables starting with %s are set by fusiond and may not be given", ReservedEnvPrefix)
 		}
 		if strings.ContainsRune(s.Env[k], 0) {
 			return FieldError("env."+k, "value contains a NUL byte")

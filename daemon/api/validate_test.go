@@ -44,6 +44,8 @@ func TestDecodeSpec(t *testing.T) {
 		{"priority negative", `{` + ok + `,"priority":-1}`, CodeInvalid, "priority", "between 0 and 1000"},
 		{"bad name", `{` + ok + `,"name":"a b"}`, CodeInvalid, "name", "letters, digits"},
 		{"bad env key", `{` + ok + `,"env":{"1X":"y"}}`, CodeInvalid, "env.1X", "invalid variable name"},
+		{"reserved env job id", `{` + ok + `,"env":{"FUSIOND_JOB_ID":"7"}}`, CodeInvalid, "env.FUSIOND_JOB_ID", "set by fusiond"},
+		{"reserved env prefix", `{` + ok + `,"env":{"FUSIOND_ANYTHING":"x"}}`, CodeInvalid, "env.FUSIOND_ANYTHING", "set by fusiond"},
 		{"env value not string", `{` + ok + `,"env":{"X":1}}`, CodeInvalid, "env.X", "want a string"},
 		{"relative workdir", `{` + ok + `,"workdir":"tmp"}`, CodeInvalid, "workdir", "absolute"},
 		{"relative rootfs", `{` + ok + `,"rootfs":"img/root"}`, CodeInvalid, "rootfs", "absolute"},

@@ -68,8 +68,12 @@ func TestSimulatedHost(t *testing.T) {
 	if !n.Simulated || n.Capacity.GPUs != 8 || n.Capacity.FPGAs != 4 || gpus != 8 || fpgas != 4 {
 		t.Errorf("status: simulated=%t capacity %+v, %d GPU and %d FPGA devices; want 8 and 4", n.Simulated, n.Capacity, gpus, fpgas)
 	}
+	// As root with cgroups every job is isolated, and status says so.
+	if !n.Isolation.Isolated || n.Isolation.Mode == "" || n.Isolation.JobsRefused {
+		t.Errorf("status isolation %+v: want isolated with a cgroup mode", n.Isolation)
+	}
 	status := ok("status")
-	for _, want := range []string{"SIMULATED", "GPUs:        0 of 8", "FPGAs:       0 of 4", "dfl/0000:3b:00.0/0", "Note: devices are SIMULATED (dgxh200)"} {
+	for _, want := range []string{"Isolation:   cgroups v", "SIMULATED", "GPUs:        0 of 8", "FPGAs:       0 of 4", "dfl/0000:3b:00.0/0", "Note: devices are SIMULATED (dgxh200)"} {
 		if !strings.Contains(status, want) {
 			t.Errorf("status lacks %q:\n%s", want, status)
 		}

@@ -175,6 +175,44 @@ func TestIdentity(t *testing.T) {
 	if r := d.ctl(nil, "", "cancel", rootJob.ID); r.code != 0 {
 		t.Errorf("root cancel of its own job: %q", r.stderr)
 	}
+
+	// The audit file holds who did, and who was refused, what.
+	data, err := os.ReadFile(filepath.Join(dir, "state", "audit.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type rec struct {
+		UID     int64  `json:"uid"`
+		User    string `json:"user"`
+		PID     int32  `json:"pid"`
+		Action  string `json:"action"`
+		Target  string `json:"target"`
+		Outcome string `json:"outcome"`
+		Status  int    `json:"status"`
+	}
+	var recs []rec
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var r rec
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		recs = append(recs, r)
+	}
+	for _, w := range []rec{
+		{UID: nobody, Action: "job.submit", Target: mine.ID, Outcome: "ok", Status: 201},
+		{UID: nobody, Action: "request", Outcome: "refused", Status: 404},
+		{UID: nobody, Action: "job.cancel", Target: rootJob.ID, Outcome: "refused", Status: 404},
+		{UID: nobody, Action: "node.cordon", Outcome: "refused", Status: 403},
+		{UID: 0, Action: "job.cancel", Target: theirs.ID, Outcome: "ok", Status: 200},
+	} {
+		found := false
+		for _, r := range recs {
+			found = found || (r.UID == w.UID && r.Action == w.Action && r.Target == w.Target && r.Outcome == w.Outcome && r.Status == w.Status && r.PID > 0 && r.User != "")
+		}
+		if !found {
+			t.Errorf("no audit record %+v in\n%s", w, data)
+		}
+	}
 }
 
 // TestStartupErrors: bad configuration and unusable state databases stop

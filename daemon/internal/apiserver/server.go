@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/audit"
 )
 
 // Backend is what the API serves; the daemon's job manager implements it.
@@ -90,6 +91,9 @@ type Config struct {
 	// MaxBitstreamBytes caps bitstream uploads (413 past it); separate
 	// from MaxBodyBytes because uploads are streamed to disk.
 	MaxBitstreamBytes int64
+	// Audit, when set, records every privileged request (job submit and
+	// cancel, the admin routes) and every refusal (any 4xx answer).
+	Audit *audit.Log
 }
 
 // Server serves the API for a Backend.
@@ -141,17 +145,17 @@ func New(b Backend, cfg Config) *Server {
 		if !ok {
 			panic("api: no handler for route " + r.Method + " " + r.Path)
 		}
-		s.mux.Handle(r.Method+" "+r.Path, s.authenticated(h))
+		s.mux.Handle(r.Method+" "+r.Path, s.audited(r.Method+" "+r.Path, s.authenticated(h)))
 		paths[r.Path] = true
 	}
 	for p := range paths {
-		s.mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+		s.mux.Handle(p, s.audited(p, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, api.Errorf(api.CodeMethodNotAllowed, "%s is not allowed on %s", r.Method, p))
-		})
+		})))
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle("/", s.audited("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, api.Errorf(api.CodeNotFound, "no route %s %s (the API is under /v1)", r.Method, r.URL.Path))
-	})
+	})))
 	return s
 }
 

@@ -29,6 +29,12 @@ type ContainerRequest struct {
 	Limits     cgroups.Limits
 	// Output receives the container's stdout and stderr.
 	Output *os.File
+	// Root is Spec.Rootfs as the job's user opened it (see
+	// ContainerMountPoints for what was checked inside it), and RootPath
+	// the path it really is. The runtime starts the container over
+	// RootPath and refuses to let it run unless its root is Root.
+	Root     *os.File
+	RootPath string
 }
 
 // JobProcess is a job's first process as its monitor sees it.

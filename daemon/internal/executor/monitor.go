@@ -299,6 +299,14 @@ func (m *monitor) startContainer(out io.WriteCloser) error {
 		out.Close()
 		return errors.New("container jobs need cgroups, and fusiond runs without them")
 	}
+	// The root filesystem is opened and checked as the job's user; the
+	// runtime starts the container over exactly that directory.
+	root, rootPath, err := openRootfs(m.spec)
+	if err != nil {
+		out.Close()
+		return err
+	}
+	defer root.Close()
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		out.Close()
@@ -308,6 +316,7 @@ func (m *monitor) startContainer(out io.WriteCloser) error {
 	p, err := m.rt.Start(ContainerRequest{
 		Spec: m.spec, StateDir: filepath.Join(m.dir, "container"),
 		CgroupPath: m.cg.Path(), Limits: m.spec.Cgroup.Limits, Output: outW,
+		Root: root, RootPath: rootPath,
 	})
 	outW.Close()
 	if err != nil {
@@ -527,8 +536,14 @@ func runExec() int {
 	if err := unix.Chdir(spec.Dir); err != nil {
 		return fail("working directory %s: %v", spec.Dir, err)
 	}
-	err := unix.Exec(spec.Path, spec.Args, spec.Env)
-	return fail("exec %s: %v", spec.Path, err)
+	// Looked up now, as the job's user: a file in a directory the user
+	// cannot search is "not found", as a missing one is.
+	path, err := lookPath(spec.Path, spec.Env)
+	if err != nil {
+		return fail("%v", err)
+	}
+	err = unix.Exec(path, spec.Args, spec.Env)
+	return fail("exec %s: %v", path, err)
 }
 
 func setIdentity(uid, gid uint32, groups []uint32) error {

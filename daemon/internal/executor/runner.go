@@ -50,6 +50,12 @@ type MonitorConfig struct {
 	ProcRoot string
 	// StartTimeout bounds how long Start waits for the monitor's report.
 	StartTimeout time.Duration
+	// NoCgroups, when Cgroups is nil, says why (not root, a controller
+	// missing). Jobs without a cgroup run with no limits, no device
+	// isolation and no accounting: Start refuses them unless
+	// AllowUnisolated is set.
+	NoCgroups       string
+	AllowUnisolated bool
 }
 
 // MonitorRunner starts every job attempt under its own monitor process
@@ -96,6 +102,18 @@ func (r *MonitorRunner) AttemptDir(jobID string, attempt int) string {
 // ErrNoExclusiveCPUs is returned for a guaranteed job placed without an
 // exclusive CPU set while cgroups are in use.
 var ErrNoExclusiveCPUs = errors.New("guaranteed job has no exclusive CPU set")
+
+// ErrUnisolated is returned by Start for every job when jobs would run
+// without a cgroup and that was not allowed.
+var ErrUnisolated = errors.New("jobs cannot be isolated on this node")
+
+// Isolation says how this runner confines jobs (for the node status).
+func (r *MonitorRunner) Isolation() api.Isolation {
+	if r.cfg.Cgroups != nil {
+		return api.Isolation{Isolated: true, Mode: r.cfg.Cgroups.Mode().String()}
+	}
+	return api.Isolation{Reason: r.cfg.NoCgroups, JobsRefused: !r.cfg.AllowUnisolated}
+}
 
 // ErrAttemptRunning: Start was asked for an attempt whose monitor is still
 // alive; its directory is left alone.
@@ -144,13 +162,15 @@ func cgroupPlacement(req jobs.RunRequest, shared []int) (cgroups.Placement, erro
 // Start writes the attempt's spec and starts its monitor, which reports
 // once the job's process runs in its cgroup.
 func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Process, error) {
-	path := req.Command[0] // a container's command is looked up inside it
-	if req.Rootfs == "" {
-		var err error
-		if path, err = lookPath(req.Command[0], req.Env); err != nil {
-			return nil, err
-		}
+	if r.cfg.Cgroups == nil && !r.cfg.AllowUnisolated {
+		return nil, fmt.Errorf("%w (%s): refusing to run job %s without limits or device isolation; a node may run jobs so only with allow_unisolated_jobs: true in its config", ErrUnisolated, r.cfg.NoCgroups, req.JobID)
 	}
+	// The command is looked up in the job's PATH by the job's own first
+	// process once it runs as the job's user (a container's, by the
+	// container's init, inside it, also as the user): root's look-up
+	// would tell a user which files exist in directories they cannot
+	// search.
+	path := req.Command[0]
 	env := slices.Clone(req.Env)
 	for _, k := range slices.Sorted(maps.Keys(req.DeviceEnv)) {
 		env = append(env, k+"="+req.DeviceEnv[k])

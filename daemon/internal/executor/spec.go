@@ -46,7 +46,9 @@ const (
 type Spec struct {
 	JobID   string `json:"job_id"`
 	Attempt int    `json:"attempt"`
-	// Path is the resolved program; Args includes argv[0].
+	// Path is the program as the spec names it: the job's first process
+	// looks it up in Env's PATH once it runs as the job's user (a
+	// container's init, inside the container); Args includes argv[0].
 	Path string   `json:"path"`
 	Args []string `json:"args"`
 	Env  []string `json:"env"`

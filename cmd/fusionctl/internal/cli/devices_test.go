@@ -91,3 +91,22 @@ func TestNodeTableDevices(t *testing.T) {
 		t.Errorf("node table:\n%s", out)
 	}
 }
+
+func TestNodeTableIsolation(t *testing.T) {
+	for _, c := range []struct {
+		iso  api.Isolation
+		want string
+	}{
+		{api.Isolation{Isolated: true, Mode: "v2"}, "Isolation:   cgroups v2: every job has its limits"},
+		{api.Isolation{Reason: "fusiond is not running as root", JobsRefused: true}, "Isolation:   NONE (fusiond is not running as root): jobs are REFUSED"},
+		{api.Isolation{Reason: "no memory controller"}, "Isolation:   NONE (no memory controller): jobs run WITHOUT limits"},
+	} {
+		var b bytes.Buffer
+		if err := nodeTable(&b, api.NodeStatus{StartedAt: time.Now(), Isolation: c.iso}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("node table for %+v lacks %q:\n%s", c.iso, c.want, b.String())
+		}
+	}
+}

@@ -42,6 +42,7 @@ func nodeTable(w io.Writer, n api.NodeStatus) error {
 		sched = "cordoned: new jobs stay pending"
 	}
 	fmt.Fprintf(tw, "Scheduling:\t%s\n", sched)
+	fmt.Fprintf(tw, "Isolation:\t%s\n", isolation(n.Isolation))
 	fmt.Fprintf(tw, "CPU:\t%s of %s cores allocated\n", n.Allocated.CPU, n.Capacity.CPU)
 	fmt.Fprintf(tw, "Memory:\t%s of %s allocated\n", n.Allocated.Memory.Human(), n.Capacity.Memory.Human())
 	fmt.Fprintf(tw, "GPUs:\t%d of %d allocated\n", n.Allocated.GPUs, n.Capacity.GPUs)
@@ -142,4 +143,16 @@ func newNodeCmd(o *options) *cobra.Command {
 		})
 	}
 	return cmd
+}
+
+// isolation is the node's job confinement in words.
+func isolation(i api.Isolation) string {
+	switch {
+	case i.Isolated:
+		return fmt.Sprintf("cgroups %s: every job has its limits, device filter and accounting", i.Mode)
+	case i.JobsRefused:
+		return fmt.Sprintf("NONE (%s): jobs are REFUSED (allow_unisolated_jobs is not set)", i.Reason)
+	default:
+		return fmt.Sprintf("NONE (%s): jobs run WITHOUT limits or device isolation (allow_unisolated_jobs)", i.Reason)
+	}
 }

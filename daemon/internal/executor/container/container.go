@@ -66,7 +66,10 @@ func (Runtime) Start(req executor.ContainerRequest) (executor.JobProcess, error)
 		Stdout: req.Output, Stderr: req.Output,
 		Init: true,
 	}
-	if err := c.Run(p); err != nil {
+	// Created, then checked, then run: the init waits on its exec fifo
+	// with its root in place, and runs the job's command only once that
+	// root is known to be the directory the job's user opened.
+	if err := c.Start(p); err != nil {
 		_ = c.Destroy()
 		return nil, fmt.Errorf("run container: %w", err)
 	}
@@ -75,7 +78,37 @@ func (Runtime) Start(req executor.ContainerRequest) (executor.JobProcess, error)
 		_ = c.Destroy()
 		return nil, err
 	}
+	if err := sameRoot(req.Root, pid); err != nil {
+		_ = p.Signal(unix.SIGKILL)
+		_, _ = p.Wait()
+		_ = c.Destroy()
+		return nil, fmt.Errorf("rootfs %s: %w", req.Spec.Rootfs, err)
+	}
+	if err := c.Exec(); err != nil {
+		_ = c.Destroy()
+		return nil, fmt.Errorf("run container: %w", err)
+	}
 	return &process{c: c, p: p, pid: pid}, nil
+}
+
+// sameRoot checks that the container's init (pid) has root as its root
+// directory: a path swapped (a component renamed, a symlink planted)
+// between the user's check and the runtime's mount is refused.
+func sameRoot(root *os.File, pid int) error {
+	if root == nil {
+		return errors.New("not opened as the job's user")
+	}
+	var want, got unix.Stat_t
+	if err := unix.Fstat(int(root.Fd()), &want); err != nil {
+		return err
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/root/", pid), &got); err != nil {
+		return fmt.Errorf("the container's root: %w", err)
+	}
+	if want.Dev != got.Dev || want.Ino != got.Ino {
+		return errors.New("the directory changed while the container started")
+	}
+	return nil
 }
 
 // rootOnRAMDisk reports whether / is a ramfs or tmpfs (an initramfs).
@@ -125,6 +158,10 @@ func Config(req executor.ContainerRequest) (*configs.Config, error) {
 	if !filepath.IsAbs(s.Rootfs) {
 		return nil, fmt.Errorf("rootfs %q is not an absolute path", s.Rootfs)
 	}
+	rootfs := s.Rootfs
+	if req.RootPath != "" {
+		rootfs = req.RootPath
+	}
 	if req.CgroupPath == "" {
 		return nil, errors.New("container job without a cgroup")
 	}
@@ -151,7 +188,7 @@ func Config(req executor.ContainerRequest) (*configs.Config, error) {
 		rlimits[i] = configs.Rlimit{Type: r.Resource, Soft: r.Soft, Hard: r.Hard}
 	}
 	return &configs.Config{
-		Rootfs:       s.Rootfs,
+		Rootfs:       rootfs,
 		Capabilities: caps,
 		Namespaces: configs.Namespaces{
 			{Type: configs.NEWNS}, {Type: configs.NEWUTS}, {Type: configs.NEWIPC},

@@ -1,0 +1,239 @@
+//go:build cgo
+
+package container
+
+// Real-kernel tests (root, fail without it) of a container job's root
+// filesystem resolved with the job user's credentials: two unprivileged
+// users, A owning a private root filesystem and B trying to use it.
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/executor"
+	"github.com/fusiond/fusiond/daemon/internal/executor/exectest"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+)
+
+type ctrRunner struct {
+	*executor.MonitorRunner
+	dir string
+}
+
+func newCtrRunner(t *testing.T) *ctrRunner {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("container tests need root")
+	}
+	parent := "fusiond-ctrcaller-" + strings.ToLower(t.Name())
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cg, err := cgroups.NewManager(cgroups.WithParent(parent), cgroups.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		if err := exectest.Cleanup(cgroups.DefaultRoot, parent, dir, 10*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	r := executor.NewMonitorRunner(executor.MonitorConfig{
+		JobsDir: dir, Executable: exe, Cgroups: cg, CgroupParent: parent, CgroupRoot: cgroups.DefaultRoot,
+		Grace: 2 * time.Second,
+	}, log)
+	return &ctrRunner{MonitorRunner: r, dir: dir}
+}
+
+// run starts a container job as u over rootfs; it returns the start error
+// or, once the job ended, its output.
+func (r *ctrRunner) run(t *testing.T, id string, u exectest.User, rootfs, workdir string, command ...string) (string, error) {
+	t.Helper()
+	logPath := filepath.Join(r.dir, id+".log")
+	req := jobs.RunRequest{
+		JobID: id, Attempt: 1, Command: command,
+		Env: []string{"PATH=/bin"}, Workdir: workdir, UID: u.UID, GID: u.GID,
+		LogPath: logPath, Tier: api.TierBurstable, Rootfs: rootfs,
+		Allocation: api.Allocation{CPU: 500, Memory: 64 << 20, NUMANode: -1},
+	}
+	p, err := r.Start(context.Background(), req)
+	out, _ := os.ReadFile(logPath)
+	if err != nil {
+		return string(out), err
+	}
+	e, err := p.Wait()
+	out, _ = os.ReadFile(logPath)
+	if err != nil || e.Code != 0 {
+		t.Fatalf("job %s: exit %+v, %v: %s", id, e, err, out)
+	}
+	return string(out), nil
+}
+
+// TestKernelRootfsOpenedAsCaller: A's root filesystem under A's 0700 home
+// runs A's job, and B's job over it is refused with the reason, its file
+// never read.
+func TestKernelRootfsOpenedAsCaller(t *testing.T) {
+	r := newCtrRunner(t)
+	a, b := exectest.NeedUser(t, "fusiond-ta"), exectest.NeedUser(t, "fusiond-tb")
+	base, err := os.MkdirTemp("", "fusiond-homes-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(base, "a")
+	rootfs := filepath.Join(home, "rootfs")
+	if err := os.Mkdir(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	bb := busyboxRootfs(t)
+	if err := os.Rename(bb, rootfs); err != nil {
+		t.Fatal(err)
+	}
+	const secret = "A's private weights"
+	if err := os.MkdirAll(filepath.Join(rootfs, "data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "data", "weights"), []byte(secret), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(home, int(a.UID), int(a.GID)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := r.run(t, "theirs", b, rootfs, "/", "cat", "/data/weights")
+	if err == nil {
+		t.Fatalf("B's job over A's private rootfs ran: %q", out)
+	}
+	if !strings.Contains(err.Error(), "rootfs "+rootfs) || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("refusal does not say why: %v", err)
+	}
+	if strings.Contains(out, secret) {
+		t.Errorf("B's job printed A's file: %q", out)
+	}
+	// A, who can open it, runs over it.
+	if out, err := r.run(t, "mine", a, rootfs, "/", "cat", "/data/weights"); err != nil || out != secret {
+		t.Errorf("A's job over A's rootfs: %q, %v", out, err)
+	}
+}
+
+// TestKernelRootfsNothingCreated: root creates nothing inside a root
+// filesystem a user names: not the working directory, not the mount points.
+func TestKernelRootfsNothingCreated(t *testing.T) {
+	r := newCtrRunner(t)
+	b := exectest.NeedUser(t, "fusiond-tb")
+	// A stand-in for /etc: root's, 0700.
+	etc := t.TempDir()
+	if err := os.WriteFile(filepath.Join(etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	entries := func(dir string) []string {
+		es, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range es {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	_, err := r.run(t, "etc", b, etc, "/nologin", "true")
+	if err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("B's job over a root-only directory: %v", err)
+	}
+	if got := entries(etc); len(got) != 1 {
+		t.Errorf("the root-only directory now holds %v", got)
+	}
+	// A root filesystem B may read but not write: a missing working
+	// directory is refused, by name, and not made.
+	rootfs := busyboxRootfs(t)
+	_, err = r.run(t, "nologin", b, rootfs, "/nologin", "true")
+	if err == nil || !strings.Contains(err.Error(), "working directory /nologin does not exist") {
+		t.Errorf("missing working directory: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(rootfs, "nologin")); err == nil {
+		t.Error("root created /nologin in the job's rootfs")
+	}
+	// A missing mount point likewise.
+	if err := os.Remove(filepath.Join(rootfs, "sys")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.run(t, "nosys", b, rootfs, "/", "true")
+	if err == nil || !strings.Contains(err.Error(), "has no directory /sys") {
+		t.Errorf("missing mount point: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(rootfs, "sys")); err == nil {
+		t.Error("root created /sys in the job's rootfs")
+	}
+	// And with everything there, B's job runs.
+	if err := os.Mkdir(filepath.Join(rootfs, "sys"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := r.run(t, "fine", b, rootfs, "/tmp", "pwd"); err != nil || out != "/tmp\n" {
+		t.Errorf("B's job over a usable rootfs: %q, %v", out, err)
+	}
+}
+
+// TestKernelContainerPathLookupAsCaller: inside a container too, a command
+// in a directory the job's user cannot search is "not found", as a missing
+// one is (libcontainer's init looks it up after taking the user's identity).
+func TestKernelContainerPathLookupAsCaller(t *testing.T) {
+	r := newCtrRunner(t)
+	b := exectest.NeedUser(t, "fusiond-tb")
+	rootfs := busyboxRootfs(t)
+	hidden := filepath.Join(rootfs, "hidden")
+	if err := os.Mkdir(hidden, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/bin/busybox", filepath.Join(hidden, "present-tool")); err != nil {
+		t.Fatal(err)
+	}
+	startErr := func(id, name string) string {
+		logPath := filepath.Join(r.dir, id+".log")
+		_, err := r.Start(context.Background(), jobs.RunRequest{
+			JobID: id, Attempt: 1, Command: []string{name}, Env: []string{"PATH=/hidden"}, Workdir: "/",
+			UID: b.UID, GID: b.GID, LogPath: logPath, Tier: api.TierBurstable, Rootfs: rootfs,
+			Allocation: api.Allocation{CPU: 500, Memory: 64 << 20, NUMANode: -1},
+		})
+		if err == nil {
+			t.Fatalf("%s started in the container for uid %d", name, b.UID)
+		}
+		return strings.ReplaceAll(err.Error(), name, "NAME")
+	}
+	if present, absent := startErr("present", "present-tool"), startErr("absent", "absent-tool"); present != absent {
+		t.Errorf("an executable in an unsearchable directory and a missing one differ:\n%s\n%s", present, absent)
+	}
+}
+
+// TestSameRoot: the check that runs the container only over the directory
+// the job's user opened.
+func TestSameRoot(t *testing.T) {
+	slash, err := os.Open("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slash.Close()
+	other, err := os.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := sameRoot(slash, os.Getpid()); err != nil {
+		t.Errorf("this process's own root: %v", err)
+	}
+	if err := sameRoot(other, os.Getpid()); err == nil || !strings.Contains(err.Error(), "changed") {
+		t.Errorf("another directory than the root: %v", err)
+	}
+	if err := sameRoot(nil, os.Getpid()); err == nil {
+		t.Error("no opened directory accepted")
+	}
+}
