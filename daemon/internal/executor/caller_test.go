@@ -10,10 +10,11 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/executor/exectest"
 )
 
-// TestKernelPathLookupAsCaller: a command found only in a directory the
-// job's user cannot search gets the same error as a missing command: the
-// look-up is the user's, not root's.
-func TestKernelPathLookupAsCaller(t *testing.T) {
+// TestPathLookupAsCaller: a command found only in a directory the job's
+// user cannot search gets the same error as a missing command: the look-up
+// is the user's, not root's. It needs useradd, so it runs on the host, not
+// in the cgroup v2 VM (which runs only TestKernel*).
+func TestPathLookupAsCaller(t *testing.T) {
 	r := newTestRunner(t)
 	b := exectest.NeedUser(t, "fusiond-tb")
 	base, err := os.MkdirTemp("", "fusiond-lookup-")
