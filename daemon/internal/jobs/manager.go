@@ -125,6 +125,12 @@ func (m *Manager) Recover() error {
 				attached++
 				continue
 			}
+			if j.State == api.StateStarting && errors.Is(err, ErrNeverStarted) {
+				if err := m.requeueNeverStarted(j); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := m.markLost(j, err); err != nil {
 				return err
 			}
@@ -157,6 +163,28 @@ func (m *Manager) reattach(j *api.Job, proc Process) {
 		m.supervise(j, proc, j.Attempt)
 		m.poke()
 	}()
+}
+
+// requeueNeverStarted queues again a job that was starting when the last
+// daemon stopped but whose monitor never started it. Its devices may have
+// been prepared (a MIG instance created): that is undone, and anything a
+// monitor may have left is reaped, before the job waits for a new
+// placement.
+func (m *Manager) requeueNeverStarted(j *api.Job) error {
+	reason := fmt.Sprintf("placement dropped: fusiond restarted before attempt %d started", j.Attempt)
+	if n, err := m.runner.Reap(j.ID, j.PID); err != nil {
+		reason += fmt.Sprintf(" (cleaning up failed: %v)", err)
+	} else if n > 0 {
+		reason += fmt.Sprintf(" (%d leftover processes killed)", n)
+	}
+	if prep := m.cfg.Preparer; prep != nil && j.Allocation != nil {
+		prep.Release(j)
+	}
+	return m.transition(j, api.StatePending, reason, func(j *api.Job) {
+		j.Allocation = nil
+		j.PID = 0
+		j.Attempt-- // the attempt that never ran does not count as a retry
+	})
 }
 
 // markLost records a job whose process did not survive the restart.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices"
@@ -235,13 +236,47 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 			usage = &u
 		}
 	}
-	m.release(j)
+	releasable := true
+	if werr != nil {
+		// The monitor died without a result (kill -9, the OOM killer):
+		// its job may still be running in its cgroup. It is killed and
+		// its cgroup removed before its CPUs, memory and devices go to
+		// anyone else.
+		var ok bool
+		ok, werr = m.reapOrphan(j, proc, werr)
+		releasable = ok
+	}
+	if releasable {
+		m.release(j)
+	}
 	m.mu.Lock()
 	delete(m.procs, j.ID)
 	cancelled = m.cancels[j.ID]
 	delete(m.cancels, j.ID)
 	m.mu.Unlock()
 	m.finish(j, exit, usage, werr, cancelled, attempt)
+}
+
+// reapOrphan kills what is left of a job whose monitor is gone without a
+// result and says so in the error the job is recorded lost with. It
+// reports false when the leftovers could not be removed: the job's
+// reservation is then kept, so nothing else is placed on what its
+// processes may still use.
+func (m *Manager) reapOrphan(j *api.Job, proc Process, werr error) (bool, error) {
+	var n int
+	var err error
+	for try := 0; try < 3; try++ {
+		if n, err = m.runner.Reap(j.ID, proc.PID()); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		m.log.Error("job's monitor died and its processes could not be killed; keeping its reservation", "job", j.ID, "err", err)
+		return false, fmt.Errorf("%w; killing its processes failed, so its resources stay reserved: %v", werr, err)
+	}
+	m.log.Warn("job's monitor died; killed the job's processes and removed its cgroup", "job", j.ID, "killed", n)
+	return true, fmt.Errorf("%w; monitor died: %d processes of the job killed and its cgroup removed", werr, n)
 }
 
 // wait waits for proc to end, or, when the manager leaves jobs running on
