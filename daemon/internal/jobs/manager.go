@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,6 +59,12 @@ type Manager struct {
 	cancels  map[string]bool
 	cordoned bool
 	storeErr error
+	// probedAt is when Ready last re-probed a failed store.
+	probedAt time.Time
+	// unrecorded holds, per job, how a job attempt ended that could not be
+	// stored (a full or read-only state filesystem): retried until the
+	// store takes it.
+	unrecorded map[string]func() error
 
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -74,12 +81,13 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, runner: runner, placer: placer,
-		events:   newBroker(),
-		jobs:     map[string]*api.Job{},
-		procs:    map[string]Process{},
-		cancels:  map[string]bool{},
-		kick:     make(chan struct{}, 1),
-		stopping: make(chan struct{}),
+		events:     newBroker(),
+		jobs:       map[string]*api.Job{},
+		procs:      map[string]Process{},
+		cancels:    map[string]bool{},
+		unrecorded: map[string]func() error{},
+		kick:       make(chan struct{}, 1),
+		stopping:   make(chan struct{}),
 	}
 }
 
@@ -301,6 +309,7 @@ func (m *Manager) loop() {
 			m.collectGarbage()
 			continue
 		}
+		m.retryUnrecorded()
 		m.schedule()
 	}
 }
@@ -361,6 +370,7 @@ func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (a
 		m.noteStoreError(err)
 		return api.Job{}, api.Errorf(api.CodeInternal, "could not store the job: %v", err)
 	}
+	m.noteStoreOK()
 	m.mu.Lock()
 	stored := job
 	m.jobs[job.ID] = &stored
@@ -392,6 +402,17 @@ func (m *Manager) noteStoreError(err error) {
 	m.storeErr = err
 	m.mu.Unlock()
 	m.log.Error("state database write failed", "err", err)
+}
+
+// noteStoreOK clears a recorded store error once a write succeeded again.
+func (m *Manager) noteStoreOK() {
+	m.mu.Lock()
+	was := m.storeErr
+	m.storeErr = nil
+	m.mu.Unlock()
+	if was != nil {
+		m.log.Info("state database writable again", "after", was)
+	}
 }
 
 // transition moves j to state to (with an optional further change to the
@@ -436,8 +457,9 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 			*j = before
 		}
 		m.mu.Unlock()
-		return err
+		return fmt.Errorf("%w: %w", errStore, err)
 	}
+	m.noteStoreOK()
 	m.publish(&snap, ev)
 	m.log.Info("job state", "job", j.ID, "from", cur, "to", to, "reason", reason)
 	return nil
@@ -696,17 +718,83 @@ func (m *Manager) Counts() (map[api.State]int, bool) {
 	return out, m.cordoned
 }
 
-// Ready reports nil when the manager can take work.
+// errStore marks a transition that failed because the store could not
+// write it.
+var errStore = errors.New("state database write failed")
+
+// storeProbeInterval is how often Ready tries the store again after a
+// write failed.
+const storeProbeInterval = time.Second
+
+// storeProbeBytes is the size of the probe record: room for a few large
+// job records.
+const storeProbeBytes = 1 << 20
+
+// Ready reports nil when the manager can take work. After a failed store
+// write it probes the store (a 1 MiB write, at most once a second), so
+// readiness comes back once the state filesystem has room again.
 func (m *Manager) Ready() error {
 	if m.isStopping() {
 		return ErrShuttingDown
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.storeErr != nil {
-		return fmt.Errorf("last state database write failed: %w", m.storeErr)
+	serr := m.storeErr
+	probe := serr != nil && time.Since(m.probedAt) >= storeProbeInterval
+	if probe {
+		m.probedAt = time.Now()
 	}
+	m.mu.Unlock()
+	if serr == nil {
+		return nil
+	}
+	if probe {
+		if err := m.probeStore(); err == nil {
+			return nil
+		} else {
+			serr = err
+		}
+	}
+	return fmt.Errorf("last state database write failed: %w", serr)
+}
+
+// probeStore writes a probe record; on success the store error is cleared
+// and the loop retries what could not be recorded.
+func (m *Manager) probeStore() error {
+	if err := m.store.Probe(storeProbeBytes); err != nil {
+		m.mu.Lock()
+		m.storeErr = err
+		m.mu.Unlock()
+		return err
+	}
+	m.noteStoreOK()
+	m.poke()
 	return nil
+}
+
+// retryUnrecorded stores the ends of job attempts that could not be stored
+// when they happened.
+func (m *Manager) retryUnrecorded() {
+	m.mu.Lock()
+	if len(m.unrecorded) == 0 {
+		m.mu.Unlock()
+		return
+	}
+	pending := maps.Clone(m.unrecorded)
+	m.mu.Unlock()
+	for id, retry := range pending {
+		err := retry()
+		if errors.Is(err, errStore) {
+			return // still not writable: try again on the next tick
+		}
+		if err != nil {
+			m.log.Warn("recording a job's end that could not be stored before", "job", id, "err", err)
+		} else {
+			m.log.Info("recorded a job's end that could not be stored before", "job", id)
+		}
+		m.mu.Lock()
+		delete(m.unrecorded, id)
+		m.mu.Unlock()
+	}
 }
 
 // collectGarbage forgets the oldest finished jobs beyond the configured

@@ -3,6 +3,7 @@ package jobs
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -218,12 +219,15 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
-	if state != api.StateRunning {
-		now := m.now()
-		_ = m.transition(j, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
+	started := m.now()
+	markRunning := func() error {
+		return m.transitionFrom(j, api.StateStarting, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
 			j.PID = proc.PID()
-			j.StartedAt = &now
+			j.StartedAt = &started
 		})
+	}
+	if state != api.StateRunning {
+		_ = markRunning() // if the store cannot take it, recorded with the job's end
 	}
 
 	exit, detached, werr := m.wait(proc)
@@ -254,7 +258,26 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	cancelled = m.cancels[j.ID]
 	delete(m.cancels, j.ID)
 	m.mu.Unlock()
-	m.finish(j, exit, usage, werr, cancelled, attempt)
+	// The end is recorded now or, if the store cannot take it (a full
+	// state filesystem), by the loop once it can: the monitor's result is
+	// not turned into a lost job for want of disk space.
+	record := func() error {
+		m.mu.Lock()
+		st := j.State
+		m.mu.Unlock()
+		if st == api.StateStarting {
+			if err := markRunning(); err != nil {
+				return err
+			}
+		}
+		return m.finish(j, exit, usage, werr, cancelled, attempt)
+	}
+	if err := record(); errors.Is(err, errStore) {
+		m.log.Warn("job ended but its end could not be stored; retrying", "job", j.ID, "err", err)
+		m.mu.Lock()
+		m.unrecorded[j.ID] = record
+		m.mu.Unlock()
+	}
 }
 
 // reapOrphan kills what is left of a job whose monitor is gone without a
@@ -303,7 +326,7 @@ func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
 	}
 }
 
-func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, attempt int) {
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, attempt int) error {
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
@@ -314,13 +337,13 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 	desc := describeExit(exit)
 	switch {
 	case werr != nil:
-		_ = m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
+		return m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
 	case cancelled:
-		_ = m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
+		return m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
 	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled:
-		_ = m.transition(j, api.StateSucceeded, desc, record)
+		return m.transition(j, api.StateSucceeded, desc, record)
 	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt <= j.Spec.Restart.MaxRetries:
-		_ = m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt, j.Spec.Restart.MaxRetries), func(j *api.Job) {
+		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt, j.Spec.Restart.MaxRetries), func(j *api.Job) {
 			e := exit
 			j.Exit = &e
 			j.Usage = usage
@@ -328,7 +351,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 			j.PID = 0
 		})
 	default:
-		_ = m.transition(j, api.StateFailed, desc, record)
+		return m.transition(j, api.StateFailed, desc, record)
 	}
 }
 
