@@ -65,6 +65,10 @@ type Manager struct {
 	// stored (a full or read-only state filesystem): retried until the
 	// store takes it.
 	unrecorded map[string]func() error
+	// unreserved names re-attached jobs whose allocation could not be
+	// reserved again (their devices not found, or taken): nothing is
+	// placed while one runs, since it may use what a new job would get.
+	unreserved map[string]string
 
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -86,6 +90,7 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		procs:      map[string]Process{},
 		cancels:    map[string]bool{},
 		unrecorded: map[string]func() error{},
+		unreserved: map[string]string{},
 		kick:       make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
 	}
@@ -151,17 +156,22 @@ func (m *Manager) Recover() error {
 // reattach resumes supervising a job attempt an earlier daemon started.
 func (m *Manager) reattach(j *api.Job, proc Process) {
 	if j.Allocation != nil {
+		var problem error
 		if rc, ok := m.placer.(Reclaimer); ok {
 			if err := rc.Reclaim(j); err != nil {
-				m.log.Warn("re-reserving a re-attached job's allocation", "job", j.ID, "err", err)
+				problem = fmt.Errorf("re-reserving its allocation: %w", err)
 			}
 		} else {
-			m.log.Warn("placer cannot re-reserve a re-attached job's allocation", "job", j.ID)
+			problem = errors.New("the placer cannot re-reserve allocations")
 		}
-		if rc, ok := m.cfg.Preparer.(Reclaimer); ok {
+		if rc, ok := m.cfg.Preparer.(Reclaimer); ok && problem == nil {
 			if err := rc.Reclaim(j); err != nil {
-				m.log.Warn("re-admitting a re-attached job's devices", "job", j.ID, "err", err)
+				problem = fmt.Errorf("re-admitting its devices: %w", err)
 			}
+		}
+		if problem != nil {
+			m.log.Error("re-attached job holds resources that could not be reserved again; placing nothing until it ends", "job", j.ID, "err", problem)
+			m.unreserved[j.ID] = problem.Error()
 		}
 	}
 	m.log.Info("re-attached to job", "job", j.ID, "attempt", j.Attempt, "pid", proc.PID())
@@ -488,6 +498,7 @@ func cloneAllocation(in *api.Allocation) *api.Allocation {
 	a := *in
 	a.Devices = slices.Clone(in.Devices)
 	a.GPUs = slices.Clone(in.GPUs)
+	a.GPUPCI = maps.Clone(in.GPUPCI)
 	if in.GPUShare != nil {
 		s := *in.GPUShare
 		a.GPUShare = &s

@@ -208,3 +208,48 @@ func TestRecoverRequeuesNeverStarted(t *testing.T) {
 		t.Errorf("vanished job's reason %q", j.Reason)
 	}
 }
+
+// TestRecoverUnreservableHoldsPlacement: a re-attached job whose
+// allocation cannot be reserved again (its GPU not found) keeps running,
+// and nothing else is placed until it ends, since a new job could be given
+// what it still uses.
+func TestRecoverUnreservableHoldsPlacement(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	held, err := st.CreateJob(func(id string) api.Job {
+		return api.Job{
+			ID: id, State: api.StateRunning, Attempt: 1, PID: 4242, Tier: api.TierBurstable,
+			Spec:       api.JobSpec{Command: []string{"x"}, Resources: api.Resources{CPU: 500, Memory: 16 << 20}},
+			Allocation: &api.Allocation{CPU: 500, Memory: 16 << 20, NUMANode: -1, GPUs: []string{"GPU-gone"}},
+			Version:    1,
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := newFakeProc(4242)
+	r := &fakeRunner{started: map[string]*fakeProc{}, attached: map[string]*fakeProc{held.ID: live}}
+	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st, r,
+		jobstest.Placer(4000, 1<<30), slog.New(slog.DiscardHandler))
+	if err := m.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m.Stop(ctx)
+	}()
+	next := submit(t, m, api.JobSpec{Command: []string{"x"}})
+	j := waitFor(t, m, next.ID, func(j api.Job) bool { return strings.Contains(j.Reason, "could not be reserved again") })
+	if j.State != api.StatePending {
+		t.Fatalf("new job is %s while a re-attached job's resources are unaccounted for", j.State)
+	}
+	live.exit <- api.ExitStatus{}
+	waitFor(t, m, held.ID, state(api.StateSucceeded))
+	waitFor(t, m, next.ID, state(api.StateRunning))
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -33,7 +34,16 @@ func (m *Manager) schedule() {
 			pending = append(pending, j)
 		}
 	}
+	var blocked string
+	for _, id := range slices.Sorted(maps.Keys(m.unreserved)) {
+		blocked = fmt.Sprintf("waiting: re-attached job %s holds resources that could not be reserved again (%s); nothing is placed until it ends", id, m.unreserved[id])
+		break
+	}
 	m.mu.Unlock()
+	if blocked != "" {
+		m.setWaiting(pending, blocked)
+		return
+	}
 	slices.SortFunc(pending, func(a, b *api.Job) int {
 		if c := cmp.Compare(b.Spec.Priority, a.Spec.Priority); c != 0 {
 			return c
@@ -252,6 +262,9 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	}
 	if releasable {
 		m.release(j)
+		m.mu.Lock()
+		delete(m.unreserved, j.ID)
+		m.mu.Unlock()
 	}
 	m.mu.Lock()
 	delete(m.procs, j.ID)
