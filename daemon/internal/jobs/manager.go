@@ -759,11 +759,11 @@ func (m *Manager) Ready() error {
 		return nil
 	}
 	if probe {
-		if err := m.probeStore(); err == nil {
+		err := m.probeStore()
+		if err == nil {
 			return nil
-		} else {
-			serr = err
 		}
+		serr = err
 	}
 	return fmt.Errorf("last state database write failed: %w", serr)
 }
