@@ -18,7 +18,7 @@ export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps bench gpu-check fuzz clean pkgbin deb rpm package-lint e2e-nspawn
+.PHONY: all build run test test-vm vet deps bench gpu-check fuzz clean pkgbin deb rpm package-lint e2e-nspawn chaos
 all: build
 
 build:
@@ -64,6 +64,14 @@ package-lint: deb rpm
 e2e-nspawn: deb
 	./.ci/deps.sh $(PKG_TEST_PKGS)
 	packaging/test/nspawn-e2e.sh dist/fusiond_*.deb
+
+# Chaos (needs root; docs/reliability.md): kill -9 of fusiond every few
+# seconds under 8 submitting clients for CHAOS_DURATION (default 60s; e.g.
+# CHAOS_DURATION=120s), then a killed job monitor, a full and a read-only
+# state filesystem. The tests exist only with -tags chaos: nothing skips.
+CHAOS_DURATION ?= 60s
+chaos:
+	CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -tags chaos -count=1 -timeout 8m -v -run '^TestChaos' ./daemon/e2e/
 
 # Benchmarks behind the figures in README.md and docs/.
 bench:

@@ -399,6 +399,16 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Simulated: s.hw.Simulated() != "",
 		Devices:   s.hw.Devices(ctx),
 		Isolation: s.runner.Isolation(),
-		Notes:     s.hw.Notes(),
+		Notes:     s.notes(),
 	}, nil
+}
+
+// notes are the hardware's notes and, while the job manager is not ready
+// (its state database refused the last write), why.
+func (s *service) notes() []string {
+	notes := s.hw.Notes()
+	if err := s.Ready(); err != nil {
+		notes = append(notes, "not ready: "+err.Error())
+	}
+	return notes
 }

@@ -221,6 +221,10 @@ type Allocation struct {
 	Devices []string `json:"devices,omitempty"`
 	// GPUs are whole GPUs (UUIDs).
 	GPUs []string `json:"gpus,omitempty"`
+	// GPUPCI maps each GPU UUID the allocation names (whole GPUs, the
+	// share's, the MIG instance's parent) to its PCI address, the identity
+	// a re-attach falls back to when a GPU no longer answers to its UUID.
+	GPUPCI map[string]string `json:"gpu_pci,omitempty"`
 	// GPUShare is a share of one GPU.
 	GPUShare *GPUShare `json:"gpu_share,omitempty"`
 	// MIG is one MIG instance: an existing one, or one to create.

@@ -69,6 +69,10 @@ func NewSimHost(name string) (*SimHost, error) {
 	for i, d := range s.Devices {
 		h.state = append(h.state, &simGPU{powerLimit: simTDP(name), migDevs: map[string]*mock.Device{}})
 		sd := &simDevice{Device: d.(*server.Device), h: h, i: i}
+		// The mock draws random UUIDs at every start; a real GPU keeps its
+		// UUID, and so must a simulated one, or jobs re-attached after a
+		// restart would hold GPUs the host no longer names.
+		sd.Device.UUID = SimGPUUUID(name, i)
 		h.devs = append(h.devs, sd)
 		h.wireDevice(i, sd.Device)
 	}
@@ -82,6 +86,13 @@ func NewSimHost(name string) (*SimHost, error) {
 		return &simEventSet{h: h}, nvml.SUCCESS
 	}
 	return h, nil
+}
+
+// SimGPUUUID is the UUID of GPU index of the simulated host name: derived
+// from both, so it is the same at every start.
+func SimGPUUUID(name string, index int) string {
+	sum := sha256.Sum256([]byte(fmt.Sprintf("fusiond-sim/%s/gpu/%d", name, index)))
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", sum[0:4], sum[4:6], sum[6:8], sum[8:10], sum[10:16])
 }
 
 // simEventSet delivers injected events. Its methods shadow the mock's so

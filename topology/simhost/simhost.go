@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -156,6 +157,10 @@ type writer struct {
 	root string
 	dirs map[string]bool // directories already created
 	err  error
+	// pool, when set, holds one file per distinct content, which every
+	// file of that content is a hard link to (see WithSharedContent).
+	pool   string
+	pooled map[string]string // content → its file in pool
 }
 
 func (w *writer) mkdir(dir string) {
@@ -177,7 +182,22 @@ func (w *writer) file(p, content string) {
 	if w.mkdir(filepath.Dir(full)); w.err != nil {
 		return
 	}
-	w.err = os.WriteFile(full, []byte(content), 0o644)
+	if w.pool == "" {
+		w.err = os.WriteFile(full, []byte(content), 0o644)
+		return
+	}
+	src, ok := w.pooled[content]
+	if !ok {
+		if w.mkdir(w.pool); w.err != nil {
+			return
+		}
+		src = filepath.Join(w.pool, strconv.Itoa(len(w.pooled)))
+		if w.err = os.WriteFile(src, []byte(content), 0o644); w.err != nil {
+			return
+		}
+		w.pooled[content] = src
+	}
+	w.err = os.Link(src, full)
 }
 
 func (w *writer) link(p, target string) {
@@ -197,8 +217,26 @@ var ErrNotEmpty = errors.New("simhost: target directory is not empty")
 // Option changes the simulated machine.
 type Option func(*shape)
 
-// shape is the CPU shape of the machine.
-type shape struct{ cores int }
+// shape is the CPU shape of the machine (and how it is written).
+type shape struct {
+	cores  int
+	shared bool
+}
+
+// PoolDir is the directory, below Write's dir, of the content files that
+// WithSharedContent links to.
+const PoolDir = ".simhost-content"
+
+// WithSharedContent writes each distinct file content once (below
+// PoolDir) and makes every file of that content a hard link to it: a
+// tree of some 15,000 files then costs a few hundred file creations, the
+// rest being links, which most filesystems make far more cheaply than
+// files (on ext4 under load, ms per file, tens of µs per link). Files of
+// such a tree share their inode with every file of the same content, so
+// it is for trees that are read, not edited in place (the daemon's
+// simulated host); a file is changed by replacing it, never by writing
+// into it.
+func WithSharedContent() Option { return func(s *shape) { s.shared = true } }
 
 // cpus is the number of logical CPUs.
 func (sh shape) cpus() int { return Sockets * sh.cores * ThreadsPerCore }
@@ -217,6 +255,9 @@ func Write(dir string, opts ...Option) error {
 		o(&sh)
 	}
 	w := &writer{root: dir, dirs: map[string]bool{}}
+	if sh.shared {
+		w.pool, w.pooled = filepath.Join(dir, PoolDir), map[string]string{}
+	}
 	sh.writeCPUs(w)
 	sh.writeNodes(w)
 	sh.writePCI(w)
@@ -332,13 +373,29 @@ func (sh shape) writeCPUs(w *writer) {
 			"package_cpus": sh.cpuMask(pkg), "package_cpus_list": cpuList(pkg),
 			"die_cpus": sh.cpuMask(pkg), "die_cpus_list": cpuList(pkg),
 		}
+		if sh.shared && sib[0] != c {
+			// A thread's topology and caches read exactly as its first
+			// sibling's: with shared content they are links to them.
+			w.link(dir+"/topology", fmt.Sprintf("../cpu%d/topology", sib[0]))
+			w.link(dir+"/cache", fmt.Sprintf("../cpu%d/cache", sib[0]))
+		}
 		for k, v := range topo {
+			if sh.shared && sib[0] != c {
+				break
+			}
 			w.file(dir+"/topology/"+k, v+"\n")
 		}
 		for i, ca := range caches {
+			if sh.shared && sib[0] != c {
+				break
+			}
 			shared, id := sib, s*sh.cores+core
 			if ca.sharedBySocket {
 				shared, id = pkg, s
+				if sh.shared && pkg[0] != c {
+					w.link(fmt.Sprintf("%s/cache/index%d", dir, i), fmt.Sprintf("../../cpu%d/cache/index%d", pkg[0], i))
+					continue
+				}
 			}
 			cd := fmt.Sprintf("%s/cache/index%d/", dir, i)
 			w.file(cd+"level", fmt.Sprintf("%d\n", ca.level))

@@ -1,16 +1,21 @@
 package simhost_test
 
 import (
+	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
+	"github.com/fusiond/fusiond/topology"
 	"github.com/fusiond/fusiond/topology/simhost"
 )
 
@@ -66,5 +71,86 @@ func TestWriteLayout(t *testing.T) {
 	n, err := os.ReadFile(filepath.Join(dir, "sys/devices/system/node/node1/cpulist"))
 	if err != nil || strings.TrimSpace(string(n)) != "1,3" {
 		t.Fatalf("node1 cpulist %q, %v (1 core/socket, 2 threads)", n, err)
+	}
+}
+
+// TestSharedContentReadsTheSame: a tree written WithSharedContent reads,
+// file for file, as the plain tree, and discovery sees the same host; it
+// is made of far fewer directories and files (hard links and directory
+// links instead), which is what makes the daemon's first simulated start
+// fast.
+func TestSharedContentReadsTheSame(t *testing.T) {
+	plain, shared := filepath.Join(t.TempDir(), "plain"), filepath.Join(t.TempDir(), "shared")
+	if err := simhost.Write(plain, simhost.WithCoresPerSocket(4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := simhost.Write(shared, simhost.WithCoresPerSocket(4), simhost.WithSharedContent()); err != nil {
+		t.Fatal(err)
+	}
+	count := func(root string) (dirs, inodes int) {
+		seen := map[uint64]bool{}
+		filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.IsDir() {
+				dirs++
+			}
+			var st syscall.Stat_t
+			if err := syscall.Lstat(p, &st); err == nil && !seen[st.Ino] {
+				seen[st.Ino] = true
+				inodes++
+			}
+			return nil
+		})
+		return dirs, inodes
+	}
+	files := 0
+	err := filepath.WalkDir(plain, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(plain, p)
+		want, err := os.ReadFile(p)
+		if err != nil {
+			if d.Type()&fs.ModeSymlink != 0 {
+				return nil // a link to a directory
+			}
+			return err
+		}
+		got, err := os.ReadFile(filepath.Join(shared, rel))
+		if err != nil {
+			t.Errorf("%s: %v", rel, err)
+			return nil
+		}
+		if string(got) != string(want) {
+			t.Errorf("%s reads %q, want %q", rel, got, want)
+		}
+		files++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 500 {
+		t.Fatalf("compared only %d files", files)
+	}
+	pd, pi := count(plain)
+	sd, si := count(shared)
+	if sd*4 > pd*3 || si*5 > pi {
+		t.Errorf("shared tree: %d directories, %d inodes; plain: %d, %d: want far fewer", sd, si, pd, pi)
+	}
+	hp, err := topology.Discover(context.Background(), topology.WithRoot(plain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := topology.Discover(context.Background(), topology.WithRoot(shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(hp)
+	b, _ := json.Marshal(hs)
+	if string(a) != string(b) {
+		t.Errorf("discovery differs:\nplain  %s\nshared %s", a, b)
 	}
 }

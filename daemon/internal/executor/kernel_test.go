@@ -230,8 +230,8 @@ func TestKernelReattach(t *testing.T) {
 		t.Error("cancelled job's process survived")
 	}
 	assertNoCgroup(t, r, "runs")
-	if _, err := r2.Attach("never", 1); !errors.Is(err, jobs.ErrGone) {
-		t.Errorf("Attach of an attempt that never ran: %v, want ErrGone", err)
+	if _, err := r2.Attach("never", 1); !errors.Is(err, jobs.ErrNeverStarted) {
+		t.Errorf("Attach of an attempt that never ran: %v, want ErrNeverStarted", err)
 	}
 }
 

@@ -113,6 +113,11 @@ func runMonitor(dir string, rt ContainerRuntime) int {
 	if err := writeJSONDurably(filepath.Join(dir, stateFile), state); err != nil {
 		mon.log.Error("recording monitor state", "err", err)
 	}
+	// Room for the result is set aside while there is some: a job that
+	// ends while the state filesystem is full still gets its end recorded.
+	if err := reserveSpace(filepath.Join(dir, reserveFile), resultReserve); err != nil {
+		mon.log.Warn("reserving room for the job's result", "err", err)
+	}
 	oomBefore, err := mon.start()
 	if err != nil {
 		mon.log.Error("job did not start", "err", err)
@@ -132,7 +137,17 @@ func runMonitor(dir string, rt ContainerRuntime) int {
 
 	ws := mon.supervise(sigs)
 	res := mon.finish(ws, oomBefore)
-	if err := writeJSONDurably(filepath.Join(dir, resultFile), res); err != nil {
+	err = writeJSONDurably(filepath.Join(dir, resultFile), res)
+	if err != nil {
+		// The filesystem may be full: give back the room set aside and
+		// try again.
+		if rerr := os.Remove(filepath.Join(dir, reserveFile)); rerr == nil {
+			mon.log.Warn("recording result failed; retrying in the space reserved for it", "err", err)
+			err = writeJSONDurably(filepath.Join(dir, resultFile), res)
+		}
+	}
+	_ = os.Remove(filepath.Join(dir, reserveFile))
+	if err != nil {
 		// Without a durable result the daemon will report the job lost,
 		// which is the truth as far as anyone can prove.
 		mon.log.Error("recording result", "err", err)
@@ -561,4 +576,27 @@ func setIdentity(uid, gid uint32, groups []uint32) error {
 		return fmt.Errorf("setresuid: %w", e)
 	}
 	return nil
+}
+
+// resultReserve is the room a monitor sets aside for its result; a result
+// is a few hundred bytes, the rest is for the filesystem's own metadata.
+const resultReserve = 64 << 10
+
+// reserveSpace writes (not merely allocates: no filesystem may count it
+// as free) n bytes to path, durably.
+func reserveSpace(path string, n int) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(make([]byte, n)); err != nil {
+		f.Close()
+		_ = os.Remove(path)
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -349,6 +349,12 @@ func (r *MonitorRunner) Attach(jobID string, attempt int) (jobs.Process, error) 
 				p.result = &res
 				return p, nil
 			}
+			// A monitor records itself (state.json) before it starts the
+			// job: without that record no monitor of this attempt ever
+			// got going.
+			if _, err := os.Lstat(filepath.Join(dir, stateFile)); errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("job %s attempt %d: %w", jobID, attempt, jobs.ErrNeverStarted)
+			}
 			return nil, fmt.Errorf("job %s attempt %d: %w", jobID, attempt, jobs.ErrGone)
 		}
 		var st State

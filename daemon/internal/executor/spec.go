@@ -27,6 +27,8 @@ const (
 	// daemon that can take the lock knows the monitor is gone, whatever
 	// became of its pid.
 	lockFile = "monitor.lock"
+	// reserveFile holds room for resultFile while the job runs.
+	reserveFile = "result.reserve"
 	// monitorLogFile receives the monitor's own log.
 	monitorLogFile = "monitor.log"
 )

@@ -220,7 +220,7 @@ func (h *Host) openTopology(ctx context.Context) error {
 	root := h.cfg.Root
 	period := h.cfg.TopologyPeriod
 	if h.cfg.Simulate != "" {
-		dir, err := writeOnce(h.simDir("topology"), func(tmp string) error { return toposim.Write(tmp) })
+		dir, err := writeOnce(h.simDir("topology"), func(tmp string) error { return toposim.Write(tmp, toposim.WithSharedContent()) })
 		if err != nil {
 			return fmt.Errorf("simulated topology: %w", err)
 		}

@@ -680,8 +680,18 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 			alloc.NUMANode = numa
 		}
 	}
+	notePCI := func(gpu devices.Device) {
+		if gpu.PCI == "" {
+			return
+		}
+		if alloc.GPUPCI == nil {
+			alloc.GPUPCI = map[string]string{}
+		}
+		alloc.GPUPCI[gpu.ID] = gpu.PCI
+	}
 	for _, g := range a.GPUs {
 		gpu := p.hw.GPUs[g]
+		notePCI(gpu)
 		if req.Shared() {
 			alloc.GPUShare = &api.GPUShare{GPU: gpu.ID, Milli: int(req.GPUMilli), MemoryMB: req.GPUMemMiB}
 			alloc.Devices = append(alloc.Devices, fmt.Sprintf("%s (%d milli-GPU)", gpu.ID, req.GPUMilli))
@@ -695,6 +705,7 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 	}
 	if m := a.MIG; m != nil {
 		g := p.hw.GPUs[m.GPU]
+		notePCI(g)
 		mig := &api.MIGAllocation{GPU: g.ID, Profile: req.MIGProfile, Start: m.Start}
 		if g.MIG != nil && !m.Create {
 			for _, in := range g.MIG.Instances {
@@ -747,23 +758,42 @@ func (p *Placer) Reclaim(j *api.Job) error {
 		}
 		as.CPUMilli = int64(n) * 1000 // what Place counts for its cores
 	}
+	// Devices are found by UUID, else by the PCI address recorded with the
+	// allocation; a GPU found by address has its new UUID written into the
+	// job's allocation, so the drivers' reclaim and the job's record name
+	// the device as the host now does.
+	renamed := map[string]string{}
+	find := func(id string) int {
+		if gi := p.gpuOf(id); gi >= 0 {
+			return gi
+		}
+		if pci := a.GPUPCI[id]; pci != "" {
+			for i, g := range p.hw.GPUs {
+				if g.PCI == pci {
+					renamed[id] = g.ID
+					return i
+				}
+			}
+		}
+		return -1
+	}
 	for _, id := range a.GPUs {
-		gi := p.gpuOf(id)
+		gi := find(id)
 		if gi < 0 {
-			return fmt.Errorf("job %s holds GPU %s, which this host no longer has", j.ID, id)
+			return fmt.Errorf("job %s holds GPU %s (PCI %q), which this host no longer has", j.ID, id, a.GPUPCI[id])
 		}
 		as.GPUs = append(as.GPUs, gi)
 		as.GPUMilli = sched.MilliPerGPU
 	}
 	if s := a.GPUShare; s != nil {
-		gi := p.gpuOf(s.GPU)
+		gi := find(s.GPU)
 		if gi < 0 {
 			return fmt.Errorf("job %s holds a share of GPU %s, which this host no longer has", j.ID, s.GPU)
 		}
 		as.GPUs, as.GPUMilli, as.GPUMemMiB = []int{gi}, int64(s.Milli), s.MemoryMB
 	}
 	if m := a.MIG; m != nil {
-		gi := p.gpuOf(m.GPU)
+		gi := find(m.GPU)
 		if gi < 0 {
 			return fmt.Errorf("job %s holds a MIG instance on GPU %s, which this host no longer has", j.ID, m.GPU)
 		}
@@ -783,12 +813,48 @@ func (p *Placer) Reclaim(j *api.Job) error {
 			}
 		}
 	}
+	// Commit refuses what another reservation holds: a device is never
+	// booked twice.
 	if err := p.eng.Commit(&req, &as, []*sched.Node{p.node}); err != nil {
 		return fmt.Errorf("re-reserving job %s: %w", j.ID, err)
 	}
 	p.held[j.ID] = held{req: req, assign: as, cpus: cpus}
+	if len(renamed) > 0 {
+		renameGPUs(a, renamed)
+	}
 	p.publish()
 	return nil
+}
+
+// renameGPUs rewrites an allocation's GPU UUIDs (old → new).
+func renameGPUs(a *api.Allocation, renamed map[string]string) {
+	for i, id := range a.GPUs {
+		if n, ok := renamed[id]; ok {
+			a.GPUs[i] = n
+		}
+	}
+	for i, d := range a.Devices {
+		for old, n := range renamed {
+			a.Devices[i] = strings.ReplaceAll(d, old, n)
+			d = a.Devices[i]
+		}
+	}
+	if s := a.GPUShare; s != nil {
+		if n, ok := renamed[s.GPU]; ok {
+			s.GPU = n
+		}
+	}
+	if m := a.MIG; m != nil {
+		if n, ok := renamed[m.GPU]; ok {
+			m.GPU = n
+		}
+	}
+	for old, n := range renamed {
+		if pci, ok := a.GPUPCI[old]; ok {
+			delete(a.GPUPCI, old)
+			a.GPUPCI[n] = pci
+		}
+	}
 }
 
 // Release returns a job's reservation; releasing twice is harmless.

@@ -161,3 +161,49 @@ func TestReclaim(t *testing.T) {
 		t.Error("reclaimed a GPU the host does not have")
 	}
 }
+
+// TestReclaimByPCIAndNoDoubleBooking: a GPU that answers to a new UUID
+// after a restart is found by the PCI address its allocation recorded (and
+// the allocation renamed); a second job claiming a GPU already reclaimed
+// is refused.
+func TestReclaimByPCIAndNoDoubleBooking(t *testing.T) {
+	withPCI := func(prefix string) Hardware {
+		hw := dgx()
+		for i := range hw.GPUs {
+			hw.GPUs[i].ID = prefix + string(rune('a'+i))
+			hw.GPUs[i].PCI = "0000:0" + string(rune('1'+i)) + ":00.0"
+		}
+		return hw
+	}
+	first := New(withPCI("GPU-old-"), Options{Seed: 1})
+	j := job("1", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 8}})
+	allocs, why, ok := first.Place([]*api.Job{j})
+	if !ok {
+		t.Fatal(why)
+	}
+	if len(allocs[0].GPUPCI) != 8 {
+		t.Fatalf("allocation records PCI addresses %v, want all 8", allocs[0].GPUPCI)
+	}
+	j.Allocation = &allocs[0]
+
+	restarted := New(withPCI("GPU-new-"), Options{Seed: 1})
+	if err := restarted.Reclaim(j); err != nil {
+		t.Fatalf("reclaim by PCI address: %v", err)
+	}
+	if got := restarted.Allocated().GPUs; got != 8 {
+		t.Errorf("%d GPUs held after reclaim, want 8", got)
+	}
+	for _, id := range j.Allocation.GPUs {
+		if !strings.HasPrefix(id, "GPU-new-") || j.Allocation.GPUPCI[id] == "" {
+			t.Errorf("allocation still names %s (pci %v)", id, j.Allocation.GPUPCI)
+		}
+	}
+	twin := job("2", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 8}})
+	twin.Allocation = &api.Allocation{CPU: 1000, Memory: 1 << 30, NUMANode: -1, GPUs: []string{"GPU-new-a"}}
+	if err := restarted.Reclaim(twin); err == nil {
+		t.Error("a second job reclaimed a GPU the first already holds: double-booked")
+	}
+	if got := restarted.Allocated().GPUs; got != 8 {
+		t.Errorf("%d GPUs held after the refused reclaim, want 8", got)
+	}
+}

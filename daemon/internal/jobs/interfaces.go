@@ -47,7 +47,8 @@ type Runner interface {
 	Start(ctx context.Context, req RunRequest) (Process, error)
 	// Attach finds an attempt started by an earlier daemon: its monitor
 	// still running, or the result it recorded. It fails with ErrGone when
-	// neither is there.
+	// neither is there, and with ErrNeverStarted when no monitor of the
+	// attempt ever started its job.
 	Attach(jobID string, attempt int) (Process, error)
 	// Reap kills whatever is left of a job attempt that was running when
 	// the daemon stopped (pid is its recorded leader, or 0 if none was
@@ -58,6 +59,12 @@ type Runner interface {
 // ErrGone is Attach's answer for an attempt whose monitor is gone without a
 // result: the job is lost.
 var ErrGone = errors.New("job attempt's monitor is gone and left no result")
+
+// ErrNeverStarted is Attach's answer for an attempt that provably never ran:
+// no monitor holds it and none ever recorded itself or a result (the daemon
+// stopped between recording the job as starting and its monitor's first
+// record). Such a job is queued again.
+var ErrNeverStarted = errors.New("job attempt never started")
 
 // UsageReporter is a Process that can measure the job's resource use.
 type UsageReporter interface {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,6 +59,16 @@ type Manager struct {
 	cancels  map[string]bool
 	cordoned bool
 	storeErr error
+	// probedAt is when Ready last re-probed a failed store.
+	probedAt time.Time
+	// unrecorded holds, per job, how a job attempt ended that could not be
+	// stored (a full or read-only state filesystem): retried until the
+	// store takes it.
+	unrecorded map[string]func() error
+	// unreserved names re-attached jobs whose allocation could not be
+	// reserved again (their devices not found, or taken): nothing is
+	// placed while one runs, since it may use what a new job would get.
+	unreserved map[string]string
 
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -74,12 +85,14 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, runner: runner, placer: placer,
-		events:   newBroker(),
-		jobs:     map[string]*api.Job{},
-		procs:    map[string]Process{},
-		cancels:  map[string]bool{},
-		kick:     make(chan struct{}, 1),
-		stopping: make(chan struct{}),
+		events:     newBroker(),
+		jobs:       map[string]*api.Job{},
+		procs:      map[string]Process{},
+		cancels:    map[string]bool{},
+		unrecorded: map[string]func() error{},
+		unreserved: map[string]string{},
+		kick:       make(chan struct{}, 1),
+		stopping:   make(chan struct{}),
 	}
 }
 
@@ -125,6 +138,12 @@ func (m *Manager) Recover() error {
 				attached++
 				continue
 			}
+			if j.State == api.StateStarting && errors.Is(err, ErrNeverStarted) {
+				if err := m.requeueNeverStarted(j); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := m.markLost(j, err); err != nil {
 				return err
 			}
@@ -137,17 +156,22 @@ func (m *Manager) Recover() error {
 // reattach resumes supervising a job attempt an earlier daemon started.
 func (m *Manager) reattach(j *api.Job, proc Process) {
 	if j.Allocation != nil {
+		var problem error
 		if rc, ok := m.placer.(Reclaimer); ok {
 			if err := rc.Reclaim(j); err != nil {
-				m.log.Warn("re-reserving a re-attached job's allocation", "job", j.ID, "err", err)
+				problem = fmt.Errorf("re-reserving its allocation: %w", err)
 			}
 		} else {
-			m.log.Warn("placer cannot re-reserve a re-attached job's allocation", "job", j.ID)
+			problem = errors.New("the placer cannot re-reserve allocations")
 		}
-		if rc, ok := m.cfg.Preparer.(Reclaimer); ok {
+		if rc, ok := m.cfg.Preparer.(Reclaimer); ok && problem == nil {
 			if err := rc.Reclaim(j); err != nil {
-				m.log.Warn("re-admitting a re-attached job's devices", "job", j.ID, "err", err)
+				problem = fmt.Errorf("re-admitting its devices: %w", err)
 			}
+		}
+		if problem != nil {
+			m.log.Error("re-attached job holds resources that could not be reserved again; placing nothing until it ends", "job", j.ID, "err", problem)
+			m.unreserved[j.ID] = problem.Error()
 		}
 	}
 	m.log.Info("re-attached to job", "job", j.ID, "attempt", j.Attempt, "pid", proc.PID())
@@ -157,6 +181,28 @@ func (m *Manager) reattach(j *api.Job, proc Process) {
 		m.supervise(j, proc, j.Attempt)
 		m.poke()
 	}()
+}
+
+// requeueNeverStarted queues again a job that was starting when the last
+// daemon stopped but whose monitor never started it. Its devices may have
+// been prepared (a MIG instance created): that is undone, and anything a
+// monitor may have left is reaped, before the job waits for a new
+// placement.
+func (m *Manager) requeueNeverStarted(j *api.Job) error {
+	reason := fmt.Sprintf("placement dropped: fusiond restarted before attempt %d started", j.Attempt)
+	if n, err := m.runner.Reap(j.ID, j.PID); err != nil {
+		reason += fmt.Sprintf(" (cleaning up failed: %v)", err)
+	} else if n > 0 {
+		reason += fmt.Sprintf(" (%d leftover processes killed)", n)
+	}
+	if prep := m.cfg.Preparer; prep != nil && j.Allocation != nil {
+		prep.Release(j)
+	}
+	return m.transition(j, api.StatePending, reason, func(j *api.Job) {
+		j.Allocation = nil
+		j.PID = 0
+		j.Attempt-- // the attempt that never ran does not count as a retry
+	})
 }
 
 // markLost records a job whose process did not survive the restart.
@@ -273,6 +319,7 @@ func (m *Manager) loop() {
 			m.collectGarbage()
 			continue
 		}
+		m.retryUnrecorded()
 		m.schedule()
 	}
 }
@@ -333,6 +380,7 @@ func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (a
 		m.noteStoreError(err)
 		return api.Job{}, api.Errorf(api.CodeInternal, "could not store the job: %v", err)
 	}
+	m.noteStoreOK()
 	m.mu.Lock()
 	stored := job
 	m.jobs[job.ID] = &stored
@@ -364,6 +412,17 @@ func (m *Manager) noteStoreError(err error) {
 	m.storeErr = err
 	m.mu.Unlock()
 	m.log.Error("state database write failed", "err", err)
+}
+
+// noteStoreOK clears a recorded store error once a write succeeded again.
+func (m *Manager) noteStoreOK() {
+	m.mu.Lock()
+	was := m.storeErr
+	m.storeErr = nil
+	m.mu.Unlock()
+	if was != nil {
+		m.log.Info("state database writable again", "after", was)
+	}
 }
 
 // transition moves j to state to (with an optional further change to the
@@ -408,8 +467,9 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 			*j = before
 		}
 		m.mu.Unlock()
-		return err
+		return fmt.Errorf("%w: %w", errStore, err)
 	}
+	m.noteStoreOK()
 	m.publish(&snap, ev)
 	m.log.Info("job state", "job", j.ID, "from", cur, "to", to, "reason", reason)
 	return nil
@@ -438,6 +498,7 @@ func cloneAllocation(in *api.Allocation) *api.Allocation {
 	a := *in
 	a.Devices = slices.Clone(in.Devices)
 	a.GPUs = slices.Clone(in.GPUs)
+	a.GPUPCI = maps.Clone(in.GPUPCI)
 	if in.GPUShare != nil {
 		s := *in.GPUShare
 		a.GPUShare = &s
@@ -668,17 +729,83 @@ func (m *Manager) Counts() (map[api.State]int, bool) {
 	return out, m.cordoned
 }
 
-// Ready reports nil when the manager can take work.
+// errStore marks a transition that failed because the store could not
+// write it.
+var errStore = errors.New("state database write failed")
+
+// storeProbeInterval is how often Ready tries the store again after a
+// write failed.
+const storeProbeInterval = time.Second
+
+// storeProbeBytes is the size of the probe record: room for a few large
+// job records.
+const storeProbeBytes = 1 << 20
+
+// Ready reports nil when the manager can take work. After a failed store
+// write it probes the store (a 1 MiB write, at most once a second), so
+// readiness comes back once the state filesystem has room again.
 func (m *Manager) Ready() error {
 	if m.isStopping() {
 		return ErrShuttingDown
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.storeErr != nil {
-		return fmt.Errorf("last state database write failed: %w", m.storeErr)
+	serr := m.storeErr
+	probe := serr != nil && time.Since(m.probedAt) >= storeProbeInterval
+	if probe {
+		m.probedAt = time.Now()
 	}
+	m.mu.Unlock()
+	if serr == nil {
+		return nil
+	}
+	if probe {
+		err := m.probeStore()
+		if err == nil {
+			return nil
+		}
+		serr = err
+	}
+	return fmt.Errorf("last state database write failed: %w", serr)
+}
+
+// probeStore writes a probe record; on success the store error is cleared
+// and the loop retries what could not be recorded.
+func (m *Manager) probeStore() error {
+	if err := m.store.Probe(storeProbeBytes); err != nil {
+		m.mu.Lock()
+		m.storeErr = err
+		m.mu.Unlock()
+		return err
+	}
+	m.noteStoreOK()
+	m.poke()
 	return nil
+}
+
+// retryUnrecorded stores the ends of job attempts that could not be stored
+// when they happened.
+func (m *Manager) retryUnrecorded() {
+	m.mu.Lock()
+	if len(m.unrecorded) == 0 {
+		m.mu.Unlock()
+		return
+	}
+	pending := maps.Clone(m.unrecorded)
+	m.mu.Unlock()
+	for id, retry := range pending {
+		err := retry()
+		if errors.Is(err, errStore) {
+			return // still not writable: try again on the next tick
+		}
+		if err != nil {
+			m.log.Warn("recording a job's end that could not be stored before", "job", id, "err", err)
+		} else {
+			m.log.Info("recorded a job's end that could not be stored before", "job", id)
+		}
+		m.mu.Lock()
+		delete(m.unrecorded, id)
+		m.mu.Unlock()
+	}
 }
 
 // collectGarbage forgets the oldest finished jobs beyond the configured

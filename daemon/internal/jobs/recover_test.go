@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -141,4 +142,114 @@ func TestRecoverReattaches(t *testing.T) {
 	if got := placer.Allocated().CPU; got != 0 {
 		t.Errorf("%s CPU still allocated after the re-attached job ended", got)
 	}
+}
+
+// TestRecoverRequeuesNeverStarted: a job the last daemon recorded as
+// starting whose monitor never existed (no attempt directory) is queued
+// again and runs, its attempt not counted; one whose monitor recorded
+// itself and then vanished is lost. Both over the daemon's executor.
+func TestRecoverRequeuesNeverStarted(t *testing.T) {
+	dir := t.TempDir()
+	logDir := filepath.Join(dir, "logs")
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	starting := func(name string) string {
+		j, err := st.CreateJob(func(id string) api.Job {
+			return api.Job{
+				ID: id, State: api.StateStarting, Attempt: 1, Tier: api.TierBurstable,
+				Spec:       api.JobSpec{Name: name, Command: []string{"true"}, Resources: api.Resources{CPU: 500, Memory: 16 << 20}},
+				Allocation: &api.Allocation{CPU: 500, Memory: 16 << 20, NUMANode: -1},
+				Version:    1,
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j.ID
+	}
+	never, vanished := starting("never"), starting("vanished")
+	// The vanished job's monitor had recorded itself before it died.
+	att := filepath.Join(logDir, vanished, "attempt-1")
+	if err := os.MkdirAll(att, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(att, "state.json"), []byte(`{"monitor_pid":999999}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	runner := jobstest.Runner(t, logDir, time.Second)
+	m := jobs.New(jobs.Config{LogDir: logDir, CancelGrace: time.Second}, st, runner,
+		jobstest.Placer(4000, 1<<30), slog.New(slog.DiscardHandler))
+	if err := m.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m.Stop(ctx)
+	}()
+	j := waitFor(t, m, never, state(api.StateSucceeded))
+	if j.Attempt != 1 {
+		t.Errorf("re-queued job ran as attempt %d, want 1 (the attempt that never ran is not counted)", j.Attempt)
+	}
+	requeued := false
+	for _, e := range j.Events {
+		if e.From == api.StateStarting && e.To == api.StatePending && strings.Contains(e.Reason, "before attempt 1 started") {
+			requeued = true
+		}
+	}
+	if !requeued {
+		t.Errorf("no starting → pending event among %+v", j.Events)
+	}
+	if j := waitFor(t, m, vanished, state(api.StateLost)); !strings.Contains(j.Reason, "did not survive") {
+		t.Errorf("vanished job's reason %q", j.Reason)
+	}
+}
+
+// TestRecoverUnreservableHoldsPlacement: a re-attached job whose
+// allocation cannot be reserved again (its GPU not found) keeps running,
+// and nothing else is placed until it ends, since a new job could be given
+// what it still uses.
+func TestRecoverUnreservableHoldsPlacement(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	held, err := st.CreateJob(func(id string) api.Job {
+		return api.Job{
+			ID: id, State: api.StateRunning, Attempt: 1, PID: 4242, Tier: api.TierBurstable,
+			Spec:       api.JobSpec{Command: []string{"x"}, Resources: api.Resources{CPU: 500, Memory: 16 << 20}},
+			Allocation: &api.Allocation{CPU: 500, Memory: 16 << 20, NUMANode: -1, GPUs: []string{"GPU-gone"}},
+			Version:    1,
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := newFakeProc(4242)
+	r := &fakeRunner{started: map[string]*fakeProc{}, attached: map[string]*fakeProc{held.ID: live}}
+	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st, r,
+		jobstest.Placer(4000, 1<<30), slog.New(slog.DiscardHandler))
+	if err := m.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m.Stop(ctx)
+	}()
+	next := submit(t, m, api.JobSpec{Command: []string{"x"}})
+	j := waitFor(t, m, next.ID, func(j api.Job) bool { return strings.Contains(j.Reason, "could not be reserved again") })
+	if j.State != api.StatePending {
+		t.Fatalf("new job is %s while a re-attached job's resources are unaccounted for", j.State)
+	}
+	live.exit <- api.ExitStatus{}
+	waitFor(t, m, held.ID, state(api.StateSucceeded))
+	waitFor(t, m, next.ID, state(api.StateRunning))
 }

@@ -3,7 +3,9 @@ package jobs
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices"
@@ -31,7 +34,16 @@ func (m *Manager) schedule() {
 			pending = append(pending, j)
 		}
 	}
+	var blocked string
+	for _, id := range slices.Sorted(maps.Keys(m.unreserved)) {
+		blocked = fmt.Sprintf("waiting: re-attached job %s holds resources that could not be reserved again (%s); nothing is placed until it ends", id, m.unreserved[id])
+		break
+	}
 	m.mu.Unlock()
+	if blocked != "" {
+		m.setWaiting(pending, blocked)
+		return
+	}
 	slices.SortFunc(pending, func(a, b *api.Job) int {
 		if c := cmp.Compare(b.Spec.Priority, a.Spec.Priority); c != 0 {
 			return c
@@ -217,12 +229,15 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
-	if state != api.StateRunning {
-		now := m.now()
-		_ = m.transition(j, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
+	started := m.now()
+	markRunning := func() error {
+		return m.transitionFrom(j, api.StateStarting, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
 			j.PID = proc.PID()
-			j.StartedAt = &now
+			j.StartedAt = &started
 		})
+	}
+	if state != api.StateRunning {
+		_ = markRunning() // if the store cannot take it, recorded with the job's end
 	}
 
 	exit, detached, werr := m.wait(proc)
@@ -235,13 +250,69 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 			usage = &u
 		}
 	}
-	m.release(j)
+	releasable := true
+	if werr != nil {
+		// The monitor died without a result (kill -9, the OOM killer):
+		// its job may still be running in its cgroup. It is killed and
+		// its cgroup removed before its CPUs, memory and devices go to
+		// anyone else.
+		var ok bool
+		ok, werr = m.reapOrphan(j, proc, werr)
+		releasable = ok
+	}
+	if releasable {
+		m.release(j)
+		m.mu.Lock()
+		delete(m.unreserved, j.ID)
+		m.mu.Unlock()
+	}
 	m.mu.Lock()
 	delete(m.procs, j.ID)
 	cancelled = m.cancels[j.ID]
 	delete(m.cancels, j.ID)
 	m.mu.Unlock()
-	m.finish(j, exit, usage, werr, cancelled, attempt)
+	// The end is recorded now or, if the store cannot take it (a full
+	// state filesystem), by the loop once it can: the monitor's result is
+	// not turned into a lost job for want of disk space.
+	record := func() error {
+		m.mu.Lock()
+		st := j.State
+		m.mu.Unlock()
+		if st == api.StateStarting {
+			if err := markRunning(); err != nil {
+				return err
+			}
+		}
+		return m.finish(j, exit, usage, werr, cancelled, attempt)
+	}
+	if err := record(); errors.Is(err, errStore) {
+		m.log.Warn("job ended but its end could not be stored; retrying", "job", j.ID, "err", err)
+		m.mu.Lock()
+		m.unrecorded[j.ID] = record
+		m.mu.Unlock()
+	}
+}
+
+// reapOrphan kills what is left of a job whose monitor is gone without a
+// result and says so in the error the job is recorded lost with. It
+// reports false when the leftovers could not be removed: the job's
+// reservation is then kept, so nothing else is placed on what its
+// processes may still use.
+func (m *Manager) reapOrphan(j *api.Job, proc Process, werr error) (bool, error) {
+	var n int
+	var err error
+	for try := 0; try < 3; try++ {
+		if n, err = m.runner.Reap(j.ID, proc.PID()); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		m.log.Error("job's monitor died and its processes could not be killed; keeping its reservation", "job", j.ID, "err", err)
+		return false, fmt.Errorf("%w; killing its processes failed, so its resources stay reserved: %v", werr, err)
+	}
+	m.log.Warn("job's monitor died; killed the job's processes and removed its cgroup", "job", j.ID, "killed", n)
+	return true, fmt.Errorf("%w; monitor died: %d processes of the job killed and its cgroup removed", werr, n)
 }
 
 // wait waits for proc to end, or, when the manager leaves jobs running on
@@ -268,7 +339,7 @@ func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
 	}
 }
 
-func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, attempt int) {
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, attempt int) error {
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
@@ -279,13 +350,13 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 	desc := describeExit(exit)
 	switch {
 	case werr != nil:
-		_ = m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
+		return m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
 	case cancelled:
-		_ = m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
+		return m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
 	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled:
-		_ = m.transition(j, api.StateSucceeded, desc, record)
+		return m.transition(j, api.StateSucceeded, desc, record)
 	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt <= j.Spec.Restart.MaxRetries:
-		_ = m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt, j.Spec.Restart.MaxRetries), func(j *api.Job) {
+		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt, j.Spec.Restart.MaxRetries), func(j *api.Job) {
 			e := exit
 			j.Exit = &e
 			j.Usage = usage
@@ -293,7 +364,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 			j.PID = 0
 		})
 	default:
-		_ = m.transition(j, api.StateFailed, desc, record)
+		return m.transition(j, api.StateFailed, desc, record)
 	}
 }
 

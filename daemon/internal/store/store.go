@@ -271,6 +271,23 @@ func (s *Store) SetMeta(key, value string) error {
 	})
 }
 
+// Probe checks that the store takes writes: it stores a record of size
+// bytes (as large as a job record could need, so that a few free pages left
+// in the file do not pass for a writable filesystem), then removes it.
+func (s *Store) Probe(size int) error {
+	key := []byte("probe")
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(key, make([]byte, size))
+	})
+	if err != nil {
+		return fmt.Errorf("probe write: %w", err)
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(key) }); err != nil {
+		return fmt.Errorf("probe write: %w", err)
+	}
+	return nil
+}
+
 // Meta reads a setting stored with SetMeta ("" when unset).
 func (s *Store) Meta(key string) (string, error) {
 	var out string
