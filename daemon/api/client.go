@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,9 +44,28 @@ func (c *Client) dialError(err error) error {
 	case errors.Is(err, os.ErrNotExist), errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Errorf("cannot reach fusiond at %s: %w (is it running? set --socket or FUSIOND_SOCKET)", c.socket, err)
 	case errors.Is(err, os.ErrPermission):
-		return fmt.Errorf("permission denied on %s: ask an administrator to add you to the socket's group (fusiond)", c.socket)
+		return fmt.Errorf("permission denied on %s: ask an administrator to add you to %s", c.socket, socketGroup(c.socket))
 	}
 	return fmt.Errorf("talking to fusiond at %s: %w", c.socket, err)
+}
+
+// socketGroup names the group that owns the socket, as the permission
+// hint should: "the socket's group (fusiond)" when it can be read, "the
+// group that may use it" when even the socket cannot be stat'ed.
+func socketGroup(socket string) string {
+	fi, err := os.Stat(socket)
+	if err != nil {
+		return "the socket's group"
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return "the socket's group"
+	}
+	gid := strconv.FormatUint(uint64(st.Gid), 10)
+	if g, err := user.LookupGroupId(gid); err == nil {
+		return fmt.Sprintf("the socket's group (%s, gid %s)", g.Name, gid)
+	}
+	return fmt.Sprintf("the socket's group (gid %s)", gid)
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
