@@ -137,8 +137,30 @@ func (c *Client) Submit(ctx context.Context, spec JobSpec) (Job, error) {
 	return c.SubmitJSON(ctx, data)
 }
 
-// List lists jobs.
+// List lists jobs, newest first, following the server's pages until
+// o.Limit jobs (all when 0) are read.
 func (c *Client) List(ctx context.Context, o ListOptions) ([]Job, error) {
+	var out []Job
+	for {
+		page := o
+		if o.Limit > 0 {
+			page.Limit = o.Limit - len(out)
+		}
+		jobs, next, err := c.ListPage(ctx, page)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, jobs...)
+		if next == "" || (o.Limit > 0 && len(out) >= o.Limit) {
+			return out, nil
+		}
+		o.Continue = next
+	}
+}
+
+// ListPage reads one page of the listing and the token of the next one
+// ("" on the last page).
+func (c *Client) ListPage(ctx context.Context, o ListOptions) ([]Job, string, error) {
 	q := url.Values{}
 	for _, s := range o.State {
 		q.Add("state", string(s))
@@ -152,13 +174,38 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Job, error) {
 	if o.Limit > 0 {
 		q.Set("limit", strconv.Itoa(o.Limit))
 	}
+	if o.Continue != "" {
+		q.Set("continue", o.Continue)
+	}
 	path := "/v1/jobs"
 	if len(q) > 0 {
 		path += "?" + q.Encode()
 	}
+	resp, err := c.send(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
 	var jobs []Job
-	err := c.do(ctx, http.MethodGet, path, nil, &jobs)
-	return jobs, err
+	if err := json.NewDecoder(resp.Body).Decode(&jobs); err != nil {
+		return nil, "", fmt.Errorf("decoding GET %s response: %w", path, err)
+	}
+	return jobs, resp.Header.Get(ContinueHeader), nil
+}
+
+// SubmitAll submits several job specs (JSON each) in one request: all are
+// queued or none is. An error about one of them names it in its field
+// ("jobs[1].gang.size").
+func (c *Client) SubmitAll(ctx context.Context, specs []json.RawMessage) ([]Job, error) {
+	body, err := json.Marshal(BatchRequest{Jobs: specs})
+	if err != nil {
+		return nil, err
+	}
+	var out BatchResponse
+	if err := c.do(ctx, http.MethodPost, "/v1/jobs/batch", body, &out); err != nil {
+		return nil, err
+	}
+	return out.Jobs, nil
 }
 
 // Get returns one job.

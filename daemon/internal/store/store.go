@@ -179,6 +179,37 @@ func (s *Store) CreateJob(build func(id string) api.Job) (api.Job, error) {
 	return job, nil
 }
 
+// CreateJobs assigns n consecutive job IDs, lets build fill in each record,
+// and writes them in one transaction: all are stored or none is. It
+// returns only after the records are on disk (fsynced).
+func (s *Store) CreateJobs(n int, build func(i int, id string) api.Job) ([]api.Job, error) {
+	var jobs []api.Job
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		jobs = jobs[:0]
+		b := tx.Bucket(bucketJobs)
+		for i := range n {
+			seq, err := b.NextSequence()
+			if err != nil {
+				return err
+			}
+			job := build(i, strconv.FormatUint(seq, 10))
+			data, err := json.Marshal(recordOf(job))
+			if err != nil {
+				return err
+			}
+			if err := b.Put(seqKey(seq), data); err != nil {
+				return err
+			}
+			jobs = append(jobs, job)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store jobs: %w", err)
+	}
+	return jobs, nil
+}
+
 // PutJob writes a job record unless the stored one is newer (has a higher
 // Version), so concurrent writers of one record cannot move it backwards.
 // It returns after the write is on disk.
