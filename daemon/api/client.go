@@ -202,7 +202,7 @@ func (c *Client) SubmitAll(ctx context.Context, specs []json.RawMessage) ([]Job,
 		return nil, err
 	}
 	var out BatchResponse
-	if err := c.do(ctx, http.MethodPost, "/v1/jobs/batch", body, &out); err != nil {
+	if err := c.do(ctx, http.MethodPost, "/v1/batches", body, &out); err != nil {
 		return nil, err
 	}
 	return out.Jobs, nil

@@ -410,13 +410,13 @@ type Caller struct {
 	Admin bool
 }
 
-// BatchRequest is the body of POST /v1/jobs/batch: several job specs
+// BatchRequest is the body of POST /v1/batches: several job specs
 // queued all together or not at all.
 type BatchRequest struct {
 	Jobs []json.RawMessage `json:"jobs"`
 }
 
-// BatchResponse answers POST /v1/jobs/batch with the jobs created, in the
+// BatchResponse answers POST /v1/batches with the jobs created, in the
 // order of the request.
 type BatchResponse struct {
 	Jobs []Job `json:"jobs"`

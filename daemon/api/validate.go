@@ -224,7 +224,7 @@ func DecodeSpec(data []byte) (JobSpec, error) {
 	return s, nil
 }
 
-// MaxBatch is the most job specs one POST /v1/jobs/batch may carry.
+// MaxBatch is the most job specs one POST /v1/batches may carry.
 const MaxBatch = 1000
 
 // DecodeBatch strictly decodes a BatchRequest and each of its specs (as

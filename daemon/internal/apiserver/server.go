@@ -54,7 +54,7 @@ type Route struct {
 // Routes lists every endpoint; docs/api.md must document exactly these.
 var Routes = []Route{
 	{"POST", "/v1/jobs", "submit a job (body: JobSpec); 201 with the Job once it is on disk"},
-	{"POST", "/v1/jobs/batch", "submit several jobs at once (body: {\"jobs\": [JobSpec, ...]}); all are queued or none"},
+	{"POST", "/v1/batches", "submit several jobs at once (body: {\"jobs\": [JobSpec, ...]}); all are queued or none"},
 	{"GET", "/v1/jobs", "list jobs, newest first, one page at a time (query: state, user, class, limit, continue; header Fusiond-Continue: the next page's token)"},
 	{"GET", "/v1/jobs/{id}", "one job with its events, allocation and exit status"},
 	{"POST", "/v1/jobs/{id}/cancel", "cancel a job (SIGTERM, grace period, SIGKILL)"},
@@ -141,7 +141,7 @@ func New(b Backend, cfg Config) *Server {
 	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{}), open: map[uint32]int{}}
 	handlers := map[string]http.HandlerFunc{
 		"POST /v1/jobs":             s.submit,
-		"POST /v1/jobs/batch":       s.submitBatch,
+		"POST /v1/batches":       s.submitBatch,
 		"GET /v1/jobs":              s.list,
 		"GET /v1/jobs/{id}":         s.get,
 		"POST /v1/jobs/{id}/cancel": s.cancel,
