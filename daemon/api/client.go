@@ -151,6 +151,9 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Job, error) {
 			return out, err
 		}
 		out = append(out, jobs...)
+		if o.Limit > 0 && len(out) > o.Limit {
+			out = out[:o.Limit]
+		}
 		if next == "" || (o.Limit > 0 && len(out) >= o.Limit) {
 			return out, nil
 		}
