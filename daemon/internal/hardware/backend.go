@@ -294,6 +294,10 @@ func (b *Backend) AddBitstream(_ context.Context, r io.Reader, name, fileName st
 		return bs, nil
 	case errors.Is(err, bitstream.ErrNameTaken):
 		return bs, &api.Error{Code: api.CodeConflict, Field: "name", Message: err.Error()}
+	case errors.Is(err, bitstream.ErrDuplicate):
+		return bs, &api.Error{Code: api.CodeConflict, Field: "body", Message: err.Error()}
+	case errors.Is(err, bitstream.ErrInvalidName):
+		return bs, api.FieldError("name", "%v", err)
 	case errors.Is(err, bitstream.ErrUnknownFormat), errors.Is(err, bitstream.ErrMalformed):
 		return bs, api.FieldError("body", "%v", err)
 	}
