@@ -45,7 +45,7 @@ func DecodeStrict(data []byte, v any) error {
 	if !utf8.Valid(raw) {
 		// checkValue names the field in every place a string can be; this
 		// is the backstop for anything it does not walk.
-		return Errorf(CodeInvalid, "the body is not valid UTF-8")
+		return Errorf(CodeBadRequest, "the body is not valid UTF-8")
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
 		var te *json.UnmarshalTypeError

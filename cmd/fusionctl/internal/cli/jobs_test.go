@@ -150,3 +150,20 @@ func TestListFollowsPages(t *testing.T) {
 		t.Errorf("ps --limit 3 printed %q (%v)", out.String(), f.requests)
 	}
 }
+
+// FuzzSpecJSON: a spec file's YAML document converts to JSON or fails,
+// never panics, and what it produces is JSON.
+func FuzzSpecJSON(f *testing.F) {
+	for _, s := range []string{"name: y\ncommand: [a, b]\n", "a: &x [1]\nb: *x\n", "a: 1\na: 2\n", "<<: {a: 1}\n", "? [a]\n: b\n", "x: .inf\n", ""} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		js, err := SpecJSON(data)
+		if err != nil {
+			return
+		}
+		if !json.Valid(js) {
+			t.Fatalf("SpecJSON(%q) = %q, not JSON", data, js)
+		}
+	})
+}
