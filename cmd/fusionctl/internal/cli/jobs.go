@@ -566,19 +566,37 @@ func newEventsCmd(o *options) *cobra.Command {
 			c := o.client()
 			defer c.Close()
 			tw := tabwriter.NewWriter(o.stdout, 0, 4, 2, ' ', 0)
-			return c.Events(cmd.Context(), job, func(e api.Event) error {
-				if o.output != "table" {
-					return o.print(e, nil)
+			// The daemon ends a stream that has been idle for
+			// limits.stream_idle_timeout: open it again (at most once a
+			// second) until interrupted.
+			for {
+				start := time.Now()
+				if err := c.Events(cmd.Context(), job, func(e api.Event) error { return printEvent(o, tw, e) }); err != nil {
+					return err
 				}
-				if e.Kind == api.EventDevice {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.Device, deviceHealth(e), e.Reason)
-					return tw.Flush()
+				if cmd.Context().Err() != nil {
+					return nil
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
-				return tw.Flush()
-			})
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(time.Until(start.Add(time.Second))):
+				}
+			}
 		},
 	}
 	cmd.Flags().StringVar(&job, "job", "", "only this job's events")
 	return cmd
+}
+
+func printEvent(o *options, tw *tabwriter.Writer, e api.Event) error {
+	if o.output != "table" {
+		return o.print(e, nil)
+	}
+	if e.Kind == api.EventDevice {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.Device, deviceHealth(e), e.Reason)
+		return tw.Flush()
+	}
+	fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
+	return tw.Flush()
 }
