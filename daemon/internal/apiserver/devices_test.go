@@ -158,6 +158,8 @@ func TestDeviceRoutes(t *testing.T) {
 		{"add name taken", false, "POST", "/v1/fpga/bitstreams?name=dma", sample("nlb0.gbs"), 409, api.CodeConflict, "name", ""},
 		{"add garbage", false, "POST", "/v1/fpga/bitstreams?name=junk", "not a bitstream at all", 422, api.CodeInvalid, "body", ""},
 		{"add hidden name", false, "POST", "/v1/fpga/bitstreams?name=.hidden", sample("nlb0.gbs"), 422, api.CodeInvalid, "name", "invalid bitstream name"},
+		{"add without a name", false, "POST", "/v1/fpga/bitstreams", sample("nlb0.gbs"), 422, api.CodeInvalid, "name", ""},
+		{"add named after its file", false, "POST", "/v1/fpga/bitstreams?file=nlb0.gbs", sample("nlb0.gbs"), 201, "", "", `"name": "nlb0"`},
 		{"add bad name", false, "POST", "/v1/fpga/bitstreams?name=a%20b", sample("nlb0.gbs"), 422, api.CodeInvalid, "name", ""},
 		{"add known content under another name", false, "POST", "/v1/fpga/bitstreams?name=dma2", sample("dma.gbs"), 409, api.CodeConflict, "body", `already in the library as \\"dma\\"`},
 		{"add too large", false, "POST", "/v1/fpga/bitstreams?name=big", strings.Repeat("x", 4<<20), 413, api.CodeTooLarge, "", ""},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -288,6 +289,14 @@ func (b *Backend) Bitstreams(context.Context) ([]bitstream.Bitstream, error) {
 
 // AddBitstream streams r into the library.
 func (b *Backend) AddBitstream(_ context.Context, r io.Reader, name, fileName string) (bitstream.Bitstream, error) {
+	if name == "" {
+		// As the library's AddFile: the file's base name without extension.
+		base := filepath.Base(fileName)
+		name = strings.TrimSuffix(base, filepath.Ext(base))
+		if fileName == "" {
+			return bitstream.Bitstream{}, api.FieldError("name", "required (or a file name to take it from)")
+		}
+	}
 	bs, err := b.h.Library().Add(r, name, fileName)
 	switch {
 	case err == nil:
