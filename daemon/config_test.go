@@ -34,6 +34,11 @@ func TestLoadConfig(t *testing.T) {
 	if DefaultConfig().MaxBitstreamBytes != 1<<30 || DefaultConfig().Simulate != "" {
 		t.Errorf("defaults: %+v", DefaultConfig())
 	}
+	cfg, err = LoadConfig(write("limits: {exempt_root: false, per_user: {pending_jobs: 5, log_bytes: 1Gi}}\n"), true)
+	if err != nil || cfg.Limits.PerUser.PendingJobs != 5 || cfg.Limits.PerUser.LogBytes != 1<<30 || cfg.Limits.ExemptRoot ||
+		cfg.Limits.PerUser.Streams != 64 || cfg.Limits.MaxSpecBytes != 256<<10 {
+		t.Errorf("limits not merged over the defaults: %+v %v", cfg.Limits, err)
+	}
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), false); err != nil {
 		t.Errorf("missing default config must mean defaults: %v", err)
 	}
@@ -62,6 +67,13 @@ func TestLoadConfig(t *testing.T) {
 		"cgroup_parent: /system.slice\n":             "cgroup_parent",
 		"cgroup_parent: ../escape\n":                 "cgroup_parent",
 		"- not a map\n":                              "",
+		"limits: {per_user: {pending_jobs: -1}}\n":   "limits.per_user.pending_jobs",
+		"limits: {per_user: {streams: -2}}\n":        "limits.per_user.streams",
+		"limits: {per_user: {log_bytes: -1Gi}}\n":    "limits.per_user.log_bytes",
+		"limits: {max_spec_bytes: 10}\n":             "limits.max_spec_bytes",
+		"limits: {log_budget: lots}\n":               "limits.log_budget",
+		"limits: {stream_idle_timeout: -1m}\n":       "limits.stream_idle_timeout",
+		"limits: {per_user: {pending: 1}}\n":         "limits.per_user.pending",
 	}
 	for body, key := range bad {
 		p := write(body)
