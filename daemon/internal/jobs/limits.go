@@ -136,7 +136,7 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 	}
 	l := m.cfg.Limits
 	if b := l.LogBudget; b > 0 && m.logTotal > b {
-		return nil, api.QuotaError(LimitLogBudget, "the logs of running jobs hold %s, over the node's log budget of %s; try again when jobs finish",
+		return nil, api.QuotaError(LimitLogBudget, "the jobs' logs hold %s, over the node's log budget of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",
 			api.Bytes(m.logTotal).Human(), api.Bytes(b).Human())
 	}
 	if !m.exempt(c.UID) {
@@ -149,7 +149,7 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 				who, api.Bytes(bytes).Human(), api.Bytes(r.bytes).Human(), api.Bytes(n).Human())
 		}
 		if n := l.LogBytes; n > 0 && m.logByUser[c.UID] > n {
-			return nil, api.QuotaError(LimitLogBytes, "the logs of %s's running jobs hold %s, over the limit of %s; try again when they finish",
+			return nil, api.QuotaError(LimitLogBytes, "the logs of %s's jobs hold %s, over the limit of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",
 				who, api.Bytes(m.logByUser[c.UID]).Human(), api.Bytes(n).Human())
 		}
 	}

@@ -545,22 +545,6 @@ func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, erro
 	return out, nil
 }
 
-// List returns the jobs c may see that match opts, newest first: one page
-// of them (see ListPage). Only the jobs returned are copied.
-func (m *Manager) List(ctx context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, error) {
-	ids, _, err := m.ListPage(ctx, c, opts)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]api.Job, 0, len(ids))
-	for _, id := range ids {
-		if j, err := m.Get(ctx, c, id); err == nil {
-			out = append(out, j)
-		}
-	}
-	return out, nil
-}
-
 // ListPage returns the IDs of one page of the jobs c may see that match
 // opts, newest first, and the token for the next page ("" on the last).
 // A page holds opts.Limit jobs (api.DefaultPageSize when 0), at most

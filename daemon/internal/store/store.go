@@ -155,33 +155,10 @@ func idKey(id string) ([]byte, error) {
 	return seqKey(seq), nil
 }
 
-// CreateJob assigns the next job ID, lets build fill in the record, and
-// writes it. It returns only after the record is on disk (fsynced).
-// Concurrent callers are committed together in one transaction.
-func (s *Store) CreateJob(build func(id string) api.Job) (api.Job, error) {
-	var job api.Job
-	err := s.db.Batch(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketJobs)
-		seq, err := b.NextSequence()
-		if err != nil {
-			return err
-		}
-		job = build(strconv.FormatUint(seq, 10))
-		data, err := json.Marshal(recordOf(job))
-		if err != nil {
-			return err
-		}
-		return b.Put(seqKey(seq), data)
-	})
-	if err != nil {
-		return api.Job{}, fmt.Errorf("store job: %w", err)
-	}
-	return job, nil
-}
-
 // CreateJobs assigns n consecutive job IDs, lets build fill in each record,
 // and writes them in one transaction: all are stored or none is. It
-// returns only after the records are on disk (fsynced).
+// returns only after the records are on disk (fsynced). Concurrent callers
+// are committed together in one transaction (build may then run again).
 func (s *Store) CreateJobs(n int, build func(i int, id string) api.Job) ([]api.Job, error) {
 	var jobs []api.Job
 	err := s.db.Batch(func(tx *bolt.Tx) error {
