@@ -141,7 +141,7 @@ func New(b Backend, cfg Config) *Server {
 	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{}), open: map[uint32]int{}}
 	handlers := map[string]http.HandlerFunc{
 		"POST /v1/jobs":             s.submit,
-		"POST /v1/batches":       s.submitBatch,
+		"POST /v1/batches":          s.submitBatch,
 		"GET /v1/jobs":              s.list,
 		"GET /v1/jobs/{id}":         s.get,
 		"POST /v1/jobs/{id}/cancel": s.cancel,
