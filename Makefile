@@ -18,7 +18,7 @@ export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps bench gpu-check fuzz clean pkgbin deb rpm package-lint e2e-nspawn chaos
+.PHONY: all build run test test-vm vet deps bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos
 all: build
 
 build:
@@ -82,9 +82,16 @@ bench:
 gpu-check:
 	$(GO) run ./cmd/fusiond-gpucheck
 
-# Short coverage-guided fuzzing of every parser (30 s each).
+# Coverage-guided fuzzing of every fuzz target in the module (API bodies,
+# job specs, spec files, the config, mig-parted and sharing configs,
+# bitstream headers, sysfs parsers, ...), one after the other: `make fuzz`
+# 10 s each (FUZZTIME=30s to change), `make fuzz-long` 10 minutes each.
+FUZZTIME ?= 10s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSpec$$' -fuzztime 30s ./daemon/api/
+	GO=$(GO) ./.ci/fuzz.sh $(FUZZTIME)
+
+fuzz-long:
+	GO=$(GO) ./.ci/fuzz.sh 10m
 
 clean:
 	rm -rf bin _run _build dist

@@ -74,8 +74,40 @@ type Config struct {
 	MaxBitstreamBytes api.Bytes `json:"max_bitstream_bytes"`
 	// GPU holds GPU health, sharing and power settings (see GPUConfig).
 	GPU GPUConfig `json:"gpu"`
+	// Limits bound what one user may hold, and the logs of all jobs.
+	Limits LimitsConfig `json:"limits"`
 	// Audit bounds the audit file, <state_dir>/audit.log.
 	Audit AuditConfig `json:"audit"`
+}
+
+// LimitsConfig bounds one user's jobs, specs, logs and streams, and the
+// logs of all jobs together. 0 disables a limit.
+type LimitsConfig struct {
+	// MaxSpecBytes caps one job spec (its JSON, env included): 413.
+	MaxSpecBytes api.Bytes `json:"max_spec_bytes"`
+	// LogBudget caps the logs of all jobs in the state directory.
+	LogBudget api.Bytes `json:"log_budget"`
+	// StreamIdleTimeout ends an event stream that carried no event for
+	// this long.
+	StreamIdleTimeout Duration `json:"stream_idle_timeout"`
+	// ExemptRoot exempts uid 0 from the per-user limits (not from
+	// max_spec_bytes or log_budget).
+	ExemptRoot bool          `json:"exempt_root"`
+	PerUser    PerUserLimits `json:"per_user"`
+}
+
+// PerUserLimits are each user's quotas.
+type PerUserLimits struct {
+	// PendingJobs: queued jobs (429 past it).
+	PendingJobs int `json:"pending_jobs"`
+	// RunningJobs: placed, starting or running jobs (more wait queued).
+	RunningJobs int `json:"running_jobs"`
+	// SpecBytes: the specs of the user's remembered jobs (429).
+	SpecBytes api.Bytes `json:"spec_bytes"`
+	// LogBytes: the logs of the user's jobs on disk.
+	LogBytes api.Bytes `json:"log_bytes"`
+	// Streams: open event streams and followed logs (429).
+	Streams int `json:"streams"`
 }
 
 // AuditConfig bounds the audit file: rotated to audit.log.1 when it would
@@ -141,6 +173,19 @@ func DefaultConfig() Config {
 		Retention:           Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
 		Audit:               AuditConfig{MaxBytes: audit.DefaultMaxBytes, Keep: audit.DefaultKeep},
 		GPU:                 GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
+		Limits: LimitsConfig{
+			MaxSpecBytes:      256 << 10,
+			LogBudget:         20 << 30,
+			StreamIdleTimeout: Duration(30 * time.Minute),
+			ExemptRoot:        true,
+			PerUser: PerUserLimits{
+				PendingJobs: 1000,
+				RunningJobs: 256,
+				SpecBytes:   64 << 20,
+				LogBytes:    4 << 30,
+				Streams:     64,
+			},
+		},
 	}
 }
 
@@ -231,6 +276,27 @@ func (c *Config) Validate() error {
 		return bad("audit.max_bytes", "at least 64Ki")
 	case c.Audit.Keep < 1 || c.Audit.Keep > 100:
 		return bad("audit.keep", "between 1 and 100, got %d", c.Audit.Keep)
+	}
+	l := c.Limits
+	switch {
+	case l.MaxSpecBytes < 0:
+		return bad("limits.max_spec_bytes", "must not be negative")
+	case l.MaxSpecBytes > 0 && l.MaxSpecBytes < 1024:
+		return bad("limits.max_spec_bytes", "at least 1Ki (or 0: no limit)")
+	case l.LogBudget < 0:
+		return bad("limits.log_budget", "must not be negative")
+	case l.StreamIdleTimeout < 0:
+		return bad("limits.stream_idle_timeout", "must not be negative")
+	case l.PerUser.PendingJobs < 0:
+		return bad("limits.per_user.pending_jobs", "must not be negative")
+	case l.PerUser.RunningJobs < 0:
+		return bad("limits.per_user.running_jobs", "must not be negative")
+	case l.PerUser.SpecBytes < 0:
+		return bad("limits.per_user.spec_bytes", "must not be negative")
+	case l.PerUser.LogBytes < 0:
+		return bad("limits.per_user.log_bytes", "must not be negative")
+	case l.PerUser.Streams < 0:
+		return bad("limits.per_user.streams", "must not be negative")
 	}
 	if err := hardware.CheckSimulate(c.Simulate); err != nil {
 		return bad("simulate", "%v", err)

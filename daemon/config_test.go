@@ -41,6 +41,11 @@ func TestLoadConfig(t *testing.T) {
 	if cfg, err := LoadConfig("../examples/dev-config.yaml", true); err != nil || !cfg.AllowUnisolatedJobs {
 		t.Errorf("examples/dev-config.yaml: allow_unisolated_jobs %v, %v", cfg.AllowUnisolatedJobs, err)
 	}
+	cfg, err = LoadConfig(write("limits: {exempt_root: false, per_user: {pending_jobs: 5, log_bytes: 1Gi}}\n"), true)
+	if err != nil || cfg.Limits.PerUser.PendingJobs != 5 || cfg.Limits.PerUser.LogBytes != 1<<30 || cfg.Limits.ExemptRoot ||
+		cfg.Limits.PerUser.Streams != 64 || cfg.Limits.MaxSpecBytes != 256<<10 {
+		t.Errorf("limits not merged over the defaults: %+v %v", cfg.Limits, err)
+	}
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), false); err != nil {
 		t.Errorf("missing default config must mean defaults: %v", err)
 	}
@@ -70,6 +75,13 @@ func TestLoadConfig(t *testing.T) {
 		"cgroup_parent: ../escape\n":                 "cgroup_parent",
 		"allow_unisolated_jobs: maybe\n":             "allow_unisolated_jobs",
 		"- not a map\n":                              "",
+		"limits: {per_user: {pending_jobs: -1}}\n":   "limits.per_user.pending_jobs",
+		"limits: {per_user: {streams: -2}}\n":        "limits.per_user.streams",
+		"limits: {per_user: {log_bytes: -1Gi}}\n":    "limits.per_user.log_bytes",
+		"limits: {max_spec_bytes: 10}\n":             "limits.max_spec_bytes",
+		"limits: {log_budget: lots}\n":               "limits.log_budget",
+		"limits: {stream_idle_timeout: -1m}\n":       "limits.stream_idle_timeout",
+		"limits: {per_user: {pending: 1}}\n":         "limits.per_user.pending",
 	}
 	for body, key := range bad {
 		p := write(body)

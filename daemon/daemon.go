@@ -147,6 +147,15 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		DaemonUID:        uint32(os.Geteuid()),
 		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
 		Preparer:         prep,
+		Limits: jobs.Limits{
+			MaxSpecBytes: int64(cfg.Limits.MaxSpecBytes),
+			PendingJobs:  cfg.Limits.PerUser.PendingJobs,
+			RunningJobs:  cfg.Limits.PerUser.RunningJobs,
+			SpecBytes:    int64(cfg.Limits.PerUser.SpecBytes),
+			LogBytes:     int64(cfg.Limits.PerUser.LogBytes),
+			LogBudget:    int64(cfg.Limits.LogBudget),
+			ExemptRoot:   cfg.Limits.ExemptRoot,
+		},
 	}, d.store, runner, engine, log)
 	prep.holders = d.mgr
 	if err := d.mgr.Recover(); err != nil {
@@ -183,7 +192,9 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		Logger:            log,
 		Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
-		Audit:             d.audit,
+		MaxStreamsPerUser: cfg.Limits.PerUser.Streams,
+		StreamsExemptRoot: cfg.Limits.ExemptRoot,
+		StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
 	})
 	return d, nil
 }

@@ -11,11 +11,14 @@ mkdir -p "$RUN"
 rm -rf "$RUN/state" "$RUN/fusiond.sock"
 
 echo "==> starting fusiond (development config: examples/dev-config.yaml)"
-./bin/fusiond --config examples/dev-config.yaml "$@" 2>&1 | sed -u 's/^/    [fusiond] /' &
-DAEMON_PIPE=$!
+# fusiond itself is the background job (its output goes through sed by a
+# process substitution), so $! is its own PID: stop signals that process
+# alone, never another daemon that happens to match a pattern.
+./bin/fusiond --config examples/dev-config.yaml "$@" > >(sed -u 's/^/    [fusiond] /') 2>&1 &
+DAEMON_PID=$!
 stop() {
-  pkill -TERM -f "bin/fusiond --config examples/dev-config.yaml" 2>/dev/null || true
-  wait "$DAEMON_PIPE" 2>/dev/null || true
+  kill -TERM "$DAEMON_PID" 2>/dev/null || true
+  wait "$DAEMON_PID" 2>/dev/null || true
 }
 trap stop EXIT
 # The first start of the simulated host writes its sysfs trees (seconds).
@@ -50,7 +53,8 @@ for f in examples/workload/*.yaml; do
   ids=$($CTL submit -q "$f")
   echo "    $f → job $(echo $ids | tr ' ' ,)"
 done
-FLAKY=$(echo "$ids" | tail -1) # flaky-fetch is the last job of the last file
+# The flaky job is found by its name, wherever its file sorts.
+FLAKY=$($CTL ps --limit 100 | awk '$2 == "flaky-fetch" { print $1; exit }')
 NOTEBOOK=$($CTL run -q --name sleepy-notebook --class batch --cpu 100m --memory 32Mi -- sleep 600)
 echo "    sleepy-notebook → job $NOTEBOOK (will be cancelled)"
 
@@ -84,5 +88,5 @@ echo
 $CTL status
 if [ "${DEMO_KEEP:-}" = 1 ]; then
   echo "==> DEMO_KEEP=1: fusiond keeps running; try: $CTL ps   (Ctrl-C to stop)"
-  wait "$DAEMON_PIPE"
+  wait "$DAEMON_PID"
 fi

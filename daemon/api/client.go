@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,9 +44,28 @@ func (c *Client) dialError(err error) error {
 	case errors.Is(err, os.ErrNotExist), errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Errorf("cannot reach fusiond at %s: %w (is it running? set --socket or FUSIOND_SOCKET)", c.socket, err)
 	case errors.Is(err, os.ErrPermission):
-		return fmt.Errorf("permission denied on %s: ask an administrator to add you to the socket's group (fusiond)", c.socket)
+		return fmt.Errorf("permission denied on %s: ask an administrator to add you to %s", c.socket, socketGroup(c.socket))
 	}
 	return fmt.Errorf("talking to fusiond at %s: %w", c.socket, err)
+}
+
+// socketGroup names the group that owns the socket, as the permission
+// hint should: "the socket's group (fusiond)" when it can be read, "the
+// group that may use it" when even the socket cannot be stat'ed.
+func socketGroup(socket string) string {
+	fi, err := os.Stat(socket)
+	if err != nil {
+		return "the socket's group"
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return "the socket's group"
+	}
+	gid := strconv.FormatUint(uint64(st.Gid), 10)
+	if g, err := user.LookupGroupId(gid); err == nil {
+		return fmt.Sprintf("the socket's group (%s, gid %s)", g.Name, gid)
+	}
+	return fmt.Sprintf("the socket's group (gid %s)", gid)
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
@@ -117,8 +137,33 @@ func (c *Client) Submit(ctx context.Context, spec JobSpec) (Job, error) {
 	return c.SubmitJSON(ctx, data)
 }
 
-// List lists jobs.
+// List lists jobs, newest first, following the server's pages until
+// o.Limit jobs (all when 0) are read.
 func (c *Client) List(ctx context.Context, o ListOptions) ([]Job, error) {
+	var out []Job
+	for {
+		page := o
+		if o.Limit > 0 {
+			page.Limit = o.Limit - len(out)
+		}
+		jobs, next, err := c.ListPage(ctx, page)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, jobs...)
+		if o.Limit > 0 && len(out) > o.Limit {
+			out = out[:o.Limit]
+		}
+		if next == "" || (o.Limit > 0 && len(out) >= o.Limit) {
+			return out, nil
+		}
+		o.Continue = next
+	}
+}
+
+// ListPage reads one page of the listing and the token of the next one
+// ("" on the last page).
+func (c *Client) ListPage(ctx context.Context, o ListOptions) ([]Job, string, error) {
 	q := url.Values{}
 	for _, s := range o.State {
 		q.Add("state", string(s))
@@ -132,13 +177,38 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Job, error) {
 	if o.Limit > 0 {
 		q.Set("limit", strconv.Itoa(o.Limit))
 	}
+	if o.Continue != "" {
+		q.Set("continue", o.Continue)
+	}
 	path := "/v1/jobs"
 	if len(q) > 0 {
 		path += "?" + q.Encode()
 	}
+	resp, err := c.send(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	defer resp.Body.Close()
 	var jobs []Job
-	err := c.do(ctx, http.MethodGet, path, nil, &jobs)
-	return jobs, err
+	if err := json.NewDecoder(resp.Body).Decode(&jobs); err != nil {
+		return nil, "", fmt.Errorf("decoding GET %s response: %w", path, err)
+	}
+	return jobs, resp.Header.Get(ContinueHeader), nil
+}
+
+// SubmitAll submits several job specs (JSON each) in one request: all are
+// queued or none is. An error about one of them names it in its field
+// ("jobs[1].gang.size").
+func (c *Client) SubmitAll(ctx context.Context, specs []json.RawMessage) ([]Job, error) {
+	body, err := json.Marshal(BatchRequest{Jobs: specs})
+	if err != nil {
+		return nil, err
+	}
+	var out BatchResponse
+	if err := c.do(ctx, http.MethodPost, "/v1/batches", body, &out); err != nil {
+		return nil, err
+	}
+	return out.Jobs, nil
 }
 
 // Get returns one job.

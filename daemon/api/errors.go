@@ -8,13 +8,16 @@ import (
 
 // Error codes carried in Error.Code.
 const (
-	CodeBadRequest       = "bad_request"
-	CodeInvalid          = "invalid"
-	CodeUnsatisfiable    = "unsatisfiable"
-	CodeNotFound         = "not_found"
-	CodeForbidden        = "forbidden"
-	CodeConflict         = "conflict"
-	CodeTooLarge         = "payload_too_large"
+	CodeBadRequest    = "bad_request"
+	CodeInvalid       = "invalid"
+	CodeUnsatisfiable = "unsatisfiable"
+	CodeNotFound      = "not_found"
+	CodeForbidden     = "forbidden"
+	CodeConflict      = "conflict"
+	CodeTooLarge      = "payload_too_large"
+	// CodeQuota is a per-user or node-wide limit reached (HTTP 429);
+	// Error.Limit names the configuration key of the limit.
+	CodeQuota            = "quota_exceeded"
 	CodeMethodNotAllowed = "method_not_allowed"
 	CodeUnavailable      = "unavailable"
 	CodeInternal         = "internal"
@@ -26,6 +29,10 @@ type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// Limit names the configured limit that refused the request
+	// ("limits.per_user.pending_jobs") for quota_exceeded and
+	// payload_too_large errors.
+	Limit string `json:"limit,omitempty"`
 	// Status is the HTTP status; not sent in the body.
 	Status int `json:"-"`
 }
@@ -42,7 +49,7 @@ func (e *Error) Error() string {
 func (e *Error) Is(target error) bool {
 	var t *Error
 	if errors.As(target, &t) {
-		return t.Code == e.Code && t.Field == "" && t.Message == ""
+		return t.Code == e.Code && t.Field == "" && t.Message == "" && t.Limit == ""
 	}
 	return false
 }
@@ -55,6 +62,7 @@ var (
 	ErrInvalid       = &Error{Code: CodeInvalid}
 	ErrUnsatisfiable = &Error{Code: CodeUnsatisfiable}
 	ErrUnavailable   = &Error{Code: CodeUnavailable}
+	ErrQuota         = &Error{Code: CodeQuota}
 )
 
 var statusByCode = map[string]int{
@@ -65,6 +73,7 @@ var statusByCode = map[string]int{
 	CodeForbidden:        http.StatusForbidden,
 	CodeConflict:         http.StatusConflict,
 	CodeTooLarge:         http.StatusRequestEntityTooLarge,
+	CodeQuota:            http.StatusTooManyRequests,
 	CodeMethodNotAllowed: http.StatusMethodNotAllowed,
 	CodeUnavailable:      http.StatusServiceUnavailable,
 	CodeInternal:         http.StatusInternalServerError,
@@ -89,4 +98,10 @@ func FieldError(field, format string, args ...any) *Error {
 // Errorf builds an Error with the given code.
 func Errorf(code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// QuotaError is a limit reached: HTTP 429 naming the limit's
+// configuration key.
+func QuotaError(limit, format string, args ...any) *Error {
+	return &Error{Code: CodeQuota, Limit: limit, Message: fmt.Sprintf(format, args...) + " (limit " + limit + ")"}
 }

@@ -31,6 +31,12 @@ func ParseListQuery(q map[string][]string) (ListOptions, error) {
 		}
 		o.Limit = n
 	}
+	if t := first(q["continue"]); t != "" {
+		if n, err := strconv.ParseUint(t, 10, 64); err != nil || n == 0 {
+			return o, &Error{Code: CodeBadRequest, Field: "continue", Message: "not a token a previous page returned: " + strconv.Quote(t)}
+		}
+		o.Continue = t
+	}
 	return o, nil
 }
 

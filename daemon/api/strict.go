@@ -11,12 +11,16 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // DecodeStrict decodes one JSON value from data into v (a pointer to a
 // struct). Unlike encoding/json it rejects unknown fields, fields whose
 // names differ in case from the declared name, and trailing data, and every
 // error names the offending field by its full path ("resources.gpu.count").
+// It also rejects an object key given twice (encoding/json keeps the last)
+// and strings that are not valid UTF-8 (encoding/json replaces them with
+// U+FFFD), naming the field.
 // Errors are *Error with Code CodeInvalid (or CodeBadRequest for malformed
 // JSON).
 func DecodeStrict(data []byte, v any) error {
@@ -37,6 +41,11 @@ func DecodeStrict(data []byte, v any) error {
 	}
 	if err := checkValue(raw, rv.Type().Elem(), ""); err != nil {
 		return err
+	}
+	if !utf8.Valid(raw) {
+		// checkValue names the field in every place a string can be; this
+		// is the backstop for anything it does not walk.
+		return Errorf(CodeBadRequest, "the body is not valid UTF-8")
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
 		var te *json.UnmarshalTypeError
@@ -99,6 +108,9 @@ func checkValue(raw json.RawMessage, t reflect.Type, path string) error {
 		if isNull(raw) {
 			return nil
 		}
+		if !utf8.Valid(raw) {
+			return FieldError(path, "not valid UTF-8")
+		}
 		u := reflect.New(t).Interface().(json.Unmarshaler)
 		if err := u.UnmarshalJSON(raw); err != nil {
 			return FieldError(path, "%v", err)
@@ -115,9 +127,9 @@ func checkValue(raw json.RawMessage, t reflect.Type, path string) error {
 		if isNull(raw) {
 			return nil
 		}
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			return FieldError(path, "want an object, got %s", jsonKind(raw))
+		obj, err := objectMembers(raw, path)
+		if err != nil {
+			return err
 		}
 		fields := structFields(t)
 		for _, k := range sortedKeys(obj) {
@@ -151,9 +163,9 @@ func checkValue(raw json.RawMessage, t reflect.Type, path string) error {
 		if isNull(raw) {
 			return nil
 		}
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &obj); err != nil {
-			return FieldError(path, "want an object, got %s", jsonKind(raw))
+		obj, err := objectMembers(raw, path)
+		if err != nil {
+			return err
 		}
 		for _, k := range sortedKeys(obj) {
 			if err := checkValue(obj[k], t.Elem(), join(path, k)); err != nil {
@@ -161,13 +173,86 @@ func checkValue(raw json.RawMessage, t reflect.Type, path string) error {
 			}
 		}
 		return nil
+	case reflect.Interface:
+		return checkAny(raw, path)
 	default:
+		if !utf8.Valid(raw) {
+			return FieldError(path, "not valid UTF-8")
+		}
 		v := reflect.New(t)
 		if err := json.Unmarshal(raw, v.Interface()); err != nil {
 			return FieldError(path, "want %s, got %s", kindName(t), jsonKind(raw))
 		}
 		return nil
 	}
+}
+
+// checkAny walks a value of unknown type for duplicate keys and invalid
+// UTF-8.
+func checkAny(raw json.RawMessage, path string) error {
+	switch jsonKind(raw) {
+	case "an object":
+		obj, err := objectMembers(raw, path)
+		if err != nil {
+			return err
+		}
+		for _, k := range sortedKeys(obj) {
+			if err := checkAny(obj[k], join(path, k)); err != nil {
+				return err
+			}
+		}
+	case "an array":
+		var arr []json.RawMessage
+		if err := json.Unmarshal(raw, &arr); err != nil {
+			return FieldError(path, "want an array, got %s", jsonKind(raw))
+		}
+		for i, el := range arr {
+			if err := checkAny(el, path+"["+strconv.Itoa(i)+"]"); err != nil {
+				return err
+			}
+		}
+	default:
+		if !utf8.Valid(raw) {
+			return FieldError(path, "not valid UTF-8")
+		}
+	}
+	return nil
+}
+
+// objectMembers splits a JSON object into its members, refusing a key
+// given twice and keys that are not valid UTF-8.
+func objectMembers(raw json.RawMessage, path string) (map[string]json.RawMessage, error) {
+	if jsonKind(raw) != "an object" {
+		return nil, FieldError(path, "want an object, got %s", jsonKind(raw))
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if _, err := dec.Token(); err != nil { // {
+		return nil, FieldError(path, "want an object, got %s", jsonKind(raw))
+	}
+	obj := map[string]json.RawMessage{}
+	for dec.More() {
+		start := dec.InputOffset()
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, FieldError(path, "malformed object: %v", err)
+		}
+		k, ok := tok.(string)
+		if !ok {
+			return nil, FieldError(path, "malformed object")
+		}
+		if !utf8.Valid(raw[start:dec.InputOffset()]) {
+			return nil, FieldError(join(path, strings.ReplaceAll(k, "\uFFFD", "?")), "key is not valid UTF-8")
+		}
+		if _, dup := obj[k]; dup {
+			return nil, FieldError(join(path, k), "key given more than once")
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, FieldError(join(path, k), "malformed value: %v", err)
+		}
+		obj[k] = v
+	}
+	return obj, nil
 }
 
 func kindName(t reflect.Type) string {

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -399,9 +400,25 @@ type ListOptions struct {
 	State []State
 	User  string
 	Class Class
-	// Limit caps the number returned (newest first); 0 means all.
+	// Limit caps the number returned (newest first). The server answers
+	// one page at a time: at most Limit jobs, and at most MaxPageSize
+	// (DefaultPageSize when Limit is 0); Client.List follows the pages.
 	Limit int
+	// Continue is the token a previous page returned (ContinueHeader):
+	// the listing resumes after that page.
+	Continue string
 }
+
+// Paging of GET /v1/jobs.
+const (
+	// DefaultPageSize is a page's size when the query sets no limit.
+	DefaultPageSize = 500
+	// MaxPageSize is the largest page the server returns.
+	MaxPageSize = 1000
+	// ContinueHeader carries the token for the next page; absent on the
+	// last page.
+	ContinueHeader = "Fusiond-Continue"
+)
 
 // Caller is who is asking, from the socket's peer credentials.
 type Caller struct {
@@ -414,4 +431,16 @@ type Caller struct {
 	// Admin callers (root, or members of the admin group) see and manage
 	// every job.
 	Admin bool
+}
+
+// BatchRequest is the body of POST /v1/batches: several job specs
+// queued all together or not at all.
+type BatchRequest struct {
+	Jobs []json.RawMessage `json:"jobs"`
+}
+
+// BatchResponse answers POST /v1/batches with the jobs created, in the
+// order of the request.
+type BatchResponse struct {
+	Jobs []Job `json:"jobs"`
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"path"
 	"regexp"
 	"slices"
@@ -228,4 +229,40 @@ func DecodeSpec(data []byte) (JobSpec, error) {
 		return JobSpec{}, err
 	}
 	return s, nil
+}
+
+// MaxBatch is the most job specs one POST /v1/batches may carry.
+const MaxBatch = 1000
+
+// DecodeBatch strictly decodes a BatchRequest and each of its specs (as
+// DecodeSpec does); an error about one spec names it ("jobs[1].name").
+func DecodeBatch(data []byte) ([]JobSpec, error) {
+	var req BatchRequest
+	if err := DecodeStrict(data, &req); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(req.Jobs) == 0:
+		return nil, FieldError("jobs", "required: at least one job spec")
+	case len(req.Jobs) > MaxBatch:
+		return nil, FieldError("jobs", "at most %d job specs in one request, got %d", MaxBatch, len(req.Jobs))
+	}
+	specs := make([]JobSpec, len(req.Jobs))
+	for i, raw := range req.Jobs {
+		s, err := DecodeSpec(raw)
+		if err != nil {
+			var e *Error
+			if errors.As(err, &e) {
+				out := *e
+				out.Field = "jobs[" + strconv.Itoa(i) + "]"
+				if e.Field != "" {
+					out.Field += "." + e.Field
+				}
+				return nil, &out
+			}
+			return nil, err
+		}
+		specs[i] = s
+	}
+	return specs, nil
 }

@@ -172,19 +172,6 @@ func (s *Server) gpus(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, l)
 }
 
-// readBody reads a small request body under the request size limit.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, api.Errorf(api.CodeTooLarge, "request body larger than %d bytes", s.cfg.MaxBodyBytes)
-		}
-		return nil, api.Errorf(api.CodeBadRequest, "reading body: %v", err)
-	}
-	return body, nil
-}
-
 func (s *Server) mig(apply bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := checkQuery(r); err != nil {

@@ -13,6 +13,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -22,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
@@ -31,7 +33,11 @@ import (
 // Backend is what the API serves; the daemon's job manager implements it.
 type Backend interface {
 	Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (api.Job, error)
-	List(ctx context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, error)
+	// SubmitAll queues every spec or none (one store transaction).
+	SubmitAll(ctx context.Context, c api.Caller, specs []api.JobSpec) ([]api.Job, error)
+	// ListPage is one page of a listing: the job IDs, newest first, and
+	// the next page's token ("" on the last page).
+	ListPage(ctx context.Context, c api.Caller, opts api.ListOptions) ([]string, string, error)
 	Get(ctx context.Context, c api.Caller, id string) (api.Job, error)
 	Cancel(ctx context.Context, c api.Caller, id string) (api.Job, error)
 	// LogPath is the job's log file and whether the job has finished.
@@ -52,7 +58,8 @@ type Route struct {
 // Routes lists every endpoint; docs/api.md must document exactly these.
 var Routes = []Route{
 	{"POST", "/v1/jobs", "submit a job (body: JobSpec); 201 with the Job once it is on disk"},
-	{"GET", "/v1/jobs", "list jobs (query: state, user, class, limit), newest first"},
+	{"POST", "/v1/batches", "submit several jobs at once (body: {\"jobs\": [JobSpec, ...]}); all are queued or none"},
+	{"GET", "/v1/jobs", "list jobs, newest first, one page at a time (query: state, user, class, limit, continue; header Fusiond-Continue: the next page's token)"},
 	{"GET", "/v1/jobs/{id}", "one job with its events, allocation and exit status"},
 	{"POST", "/v1/jobs/{id}/cancel", "cancel a job (SIGTERM, grace period, SIGKILL)"},
 	{"GET", "/v1/jobs/{id}/logs", "the job's output (query: follow=true streams until the job ends)"},
@@ -94,7 +101,19 @@ type Config struct {
 	// Audit, when set, records every privileged request (job submit and
 	// cancel, the admin routes) and every refusal (any 4xx answer).
 	Audit *audit.Log
+	// MaxStreamsPerUser caps one user's open streams (GET /v1/events and
+	// followed logs) at once: 429 past it (0: no limit). StreamsExemptRoot
+	// exempts uid 0.
+	MaxStreamsPerUser int
+	StreamsExemptRoot bool
+	// StreamIdleTimeout ends an event stream that has carried no event for
+	// that long (0: never).
+	StreamIdleTimeout time.Duration
 }
+
+// LimitStreams names the stream limit in errors, as the configuration
+// spells it.
+const LimitStreams = "limits.per_user.streams"
 
 // Server serves the API for a Backend.
 type Server struct {
@@ -104,6 +123,9 @@ type Server struct {
 	mux     *http.ServeMux
 	names   userNames
 	streams chan struct{}
+
+	openMu sync.Mutex
+	open   map[uint32]int
 }
 
 // DefaultMaxBodyBytes is the default request body limit.
@@ -123,9 +145,10 @@ func New(b Backend, cfg Config) *Server {
 	if cfg.MaxBitstreamBytes <= 0 {
 		cfg.MaxBitstreamBytes = DefaultMaxBitstreamBytes
 	}
-	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{})}
+	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{}), open: map[uint32]int{}}
 	handlers := map[string]http.HandlerFunc{
 		"POST /v1/jobs":             s.submit,
+		"POST /v1/batches":          s.submitBatch,
 		"GET /v1/jobs":              s.list,
 		"GET /v1/jobs/{id}":         s.get,
 		"POST /v1/jobs/{id}/cancel": s.cancel,
@@ -178,6 +201,32 @@ func (s *Server) ConnContext(ctx context.Context, c net.Conn) context.Context {
 	return withCaller(ctx, caller, err)
 }
 
+// openStream counts a stream of c against the per-user limit; the returned
+// func ends it.
+func (s *Server) openStream(c api.Caller) (func(), error) {
+	s.openMu.Lock()
+	defer s.openMu.Unlock()
+	n := s.cfg.MaxStreamsPerUser
+	if n > 0 && !(s.cfg.StreamsExemptRoot && c.UID == 0) && s.open[c.UID] >= n {
+		return nil, api.QuotaError(LimitStreams, "uid %d has %d streams open (events, logs -f), the most allowed", c.UID, s.open[c.UID])
+	}
+	s.open[c.UID]++
+	return func() {
+		s.openMu.Lock()
+		defer s.openMu.Unlock()
+		if s.open[c.UID]--; s.open[c.UID] <= 0 {
+			delete(s.open, c.UID)
+		}
+	}, nil
+}
+
+// OpenStreams is the number of streams open per uid.
+func (s *Server) OpenStreams() map[uint32]int {
+	s.openMu.Lock()
+	defer s.openMu.Unlock()
+	return maps.Clone(s.open)
+}
+
 // CloseStreams ends every streaming response (logs -f, events), so that a
 // graceful shutdown does not wait for them.
 func (s *Server) CloseStreams() { close(s.streams) }
@@ -213,15 +262,22 @@ func writeError(w http.ResponseWriter, err error) {
 	writeJSON(w, e.HTTPStatus(), e)
 }
 
-func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, api.Errorf(api.CodeTooLarge, "request body larger than %d bytes", s.cfg.MaxBodyBytes))
-			return
+			return nil, &api.Error{Code: api.CodeTooLarge, Limit: "max_request_bytes", Message: fmt.Sprintf("request body larger than %d bytes (limit max_request_bytes)", s.cfg.MaxBodyBytes)}
 		}
-		writeError(w, api.Errorf(api.CodeBadRequest, "reading body: %v", err))
+		return nil, api.Errorf(api.CodeBadRequest, "reading body: %v", err)
+	}
+	return body, nil
+}
+
+func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
 	spec, err := api.DecodeSpec(body)
@@ -236,6 +292,25 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Location", "/v1/jobs/"+job.ID)
 	writeJSON(w, http.StatusCreated, job)
+}
+
+func (s *Server) submitBatch(w http.ResponseWriter, r *http.Request) {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	specs, err := api.DecodeBatch(body)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	jobs, err := s.b.SubmitAll(r.Context(), caller(r), specs)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, api.BatchResponse{Jobs: jobs})
 }
 
 func checkQuery(r *http.Request, allowed ...string) error {
@@ -259,8 +334,11 @@ func parseBool(r *http.Request, name string) (bool, error) {
 	return b, nil
 }
 
+// list streams one page of jobs: the IDs are chosen first, then each job is
+// copied and written on its own, so a listing of large specs is never held
+// in memory whole.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	if err := checkQuery(r, "state", "user", "class", "limit"); err != nil {
+	if err := checkQuery(r, "state", "user", "class", "limit", "continue"); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -269,12 +347,37 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	jobs, err := s.b.List(r.Context(), caller(r), opts)
+	c := caller(r)
+	ids, next, err := s.b.ListPage(r.Context(), c, opts)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, jobs)
+	w.Header().Set("Content-Type", "application/json")
+	if next != "" {
+		w.Header().Set(api.ContinueHeader, next)
+	}
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 64<<10)
+	enc := json.NewEncoder(bw)
+	enc.SetIndent("", "  ")
+	bw.WriteString("[")
+	n := 0
+	for _, id := range ids {
+		job, err := s.b.Get(r.Context(), c, id)
+		if err != nil {
+			continue // forgotten since the page was chosen
+		}
+		if n > 0 {
+			bw.WriteString(",")
+		}
+		if err := enc.Encode(job); err != nil {
+			return
+		}
+		n++
+	}
+	bw.WriteString("]\n")
+	_ = bw.Flush()
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -310,6 +413,14 @@ func (s *Server) logs(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	if follow {
+		done, err := s.openStream(c)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		defer done()
 	}
 	f, err := os.Open(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -371,8 +482,21 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	closeStream, err := s.openStream(c)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer closeStream()
 	ch, cancel := s.b.Subscribe(c, jobID)
 	defer cancel()
+	var idle <-chan time.Time
+	var idleTimer *time.Timer
+	if d := s.cfg.StreamIdleTimeout; d > 0 {
+		idleTimer = time.NewTimer(d)
+		defer idleTimer.Stop()
+		idle = idleTimer.C
+	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
@@ -387,9 +511,15 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			return
 		case <-s.streams:
 			return
+		case <-idle:
+			s.log.Debug("event stream idle; closing", "uid", c.UID, "idle", s.cfg.StreamIdleTimeout)
+			return
 		case ev, ok := <-ch:
 			if !ok {
 				return
+			}
+			if idleTimer != nil {
+				idleTimer.Reset(s.cfg.StreamIdleTimeout)
 			}
 			if err := enc.Encode(ev); err != nil {
 				return

@@ -35,6 +35,14 @@ func (backend) Node(context.Context, api.Caller) (api.NodeStatus, error) {
 // a Unix socket and returns an HTTP client for it.
 func startServer(t *testing.T) (*http.Client, *jobs.Manager) {
 	t.Helper()
+	hc, mgr, _ := startServerWith(t, nil, nil)
+	return hc, mgr
+}
+
+// startServerWith is startServer with the manager's and the server's
+// configuration adjusted (nil: as startServer).
+func startServerWith(t *testing.T, jc func(*jobs.Config), sc func(*apiserver.Config)) (*http.Client, *jobs.Manager, *apiserver.Server) {
+	t.Helper()
 	dir := t.TempDir()
 	log := slog.New(slog.DiscardHandler)
 	runner := jobstest.Runner(t, filepath.Join(dir, "jobs"), time.Second)
@@ -43,13 +51,20 @@ func startServer(t *testing.T) (*http.Client, *jobs.Manager) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "jobs"), CancelGrace: time.Second}, st,
-		runner, jobstest.Placer(4000, 8<<30), log)
+	jcfg := jobs.Config{LogDir: filepath.Join(dir, "jobs"), CancelGrace: time.Second}
+	if jc != nil {
+		jc(&jcfg)
+	}
+	mgr := jobs.New(jcfg, st, runner, jobstest.Placer(4000, 8<<30), log)
 	if err := mgr.Recover(); err != nil {
 		t.Fatal(err)
 	}
 	mgr.Start()
-	srv := apiserver.New(backend{mgr}, apiserver.Config{MaxBodyBytes: 4096, LogPoll: 10 * time.Millisecond})
+	scfg := apiserver.Config{MaxBodyBytes: 4096, LogPoll: 10 * time.Millisecond}
+	if sc != nil {
+		sc(&scfg)
+	}
+	srv := apiserver.New(backend{mgr}, scfg)
 	sock := filepath.Join(dir, "s")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -67,7 +82,7 @@ func startServer(t *testing.T) (*http.Client, *jobs.Manager) {
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 	}}}
-	return hc, mgr
+	return hc, mgr, srv
 }
 
 func do(t *testing.T, hc *http.Client, method, path, body string) (int, []byte) {

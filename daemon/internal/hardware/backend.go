@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -288,12 +289,24 @@ func (b *Backend) Bitstreams(context.Context) ([]bitstream.Bitstream, error) {
 
 // AddBitstream streams r into the library.
 func (b *Backend) AddBitstream(_ context.Context, r io.Reader, name, fileName string) (bitstream.Bitstream, error) {
+	if name == "" {
+		// As the library's AddFile: the file's base name without extension.
+		base := filepath.Base(fileName)
+		name = strings.TrimSuffix(base, filepath.Ext(base))
+		if fileName == "" {
+			return bitstream.Bitstream{}, api.FieldError("name", "required (or a file name to take it from)")
+		}
+	}
 	bs, err := b.h.Library().Add(r, name, fileName)
 	switch {
 	case err == nil:
 		return bs, nil
 	case errors.Is(err, bitstream.ErrNameTaken):
 		return bs, &api.Error{Code: api.CodeConflict, Field: "name", Message: err.Error()}
+	case errors.Is(err, bitstream.ErrDuplicate):
+		return bs, &api.Error{Code: api.CodeConflict, Field: "body", Message: err.Error()}
+	case errors.Is(err, bitstream.ErrInvalidName):
+		return bs, api.FieldError("name", "%v", err)
 	case errors.Is(err, bitstream.ErrUnknownFormat), errors.Is(err, bitstream.ErrMalformed):
 		return bs, api.FieldError("body", "%v", err)
 	}

@@ -41,6 +41,11 @@ type Config struct {
 	Preparer Preparer
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Limits bound each user's jobs, specs and logs (zero: no limit).
+	Limits Limits
+	// LogScanInterval is how often the jobs' logs are measured against
+	// Limits.LogBytes and Limits.LogBudget (10s when zero).
+	LogScanInterval time.Duration
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -69,6 +74,13 @@ type Manager struct {
 	// reserved again (their devices not found, or taken): nothing is
 	// placed while one runs, since it may use what a new job would get.
 	unreserved map[string]string
+	// reserved are batches being admitted (counted against the limits
+	// until stored); specBytes caches each job's spec size; logByUser and
+	// logTotal are the last log measurement.
+	reserved  map[*reservation]struct{}
+	specBytes map[string]int64
+	logByUser map[uint32]int64
+	logTotal  int64
 
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -83,6 +95,9 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 	if cfg.CancelGrace <= 0 {
 		cfg.CancelGrace = 10 * time.Second
 	}
+	if cfg.LogScanInterval <= 0 {
+		cfg.LogScanInterval = 10 * time.Second
+	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, runner: runner, placer: placer,
 		events:     newBroker(),
@@ -93,6 +108,9 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		unreserved: map[string]string{},
 		kick:       make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
+		reserved:   map[*reservation]struct{}{},
+		specBytes:  map[string]int64{},
+		logByUser:  map[uint32]int64{},
 	}
 }
 
@@ -308,7 +326,10 @@ func (m *Manager) loop() {
 	defer tick.Stop()
 	gc := time.NewTicker(time.Minute)
 	defer gc.Stop()
+	logs := time.NewTicker(m.cfg.LogScanInterval)
+	defer logs.Stop()
 	m.collectGarbage()
+	m.accountLogs()
 	for {
 		select {
 		case <-m.stopping:
@@ -317,6 +338,9 @@ func (m *Manager) loop() {
 		case <-tick.C:
 		case <-gc.C:
 			m.collectGarbage()
+			continue
+		case <-logs.C:
+			m.accountLogs()
 			continue
 		}
 		m.retryUnrecorded()
@@ -339,34 +363,64 @@ func (m *Manager) isStopping() bool {
 // Submit validates spec, stores the job durably and queues it. It returns
 // only after the record is on disk.
 func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (api.Job, error) {
-	if m.isStopping() {
-		return api.Job{}, ErrShuttingDown
-	}
-	spec.ApplyDefaults()
-	if err := spec.Validate(); err != nil {
+	jobs, err := m.SubmitAll(ctx, c, []api.JobSpec{spec})
+	if err != nil {
 		return api.Job{}, err
+	}
+	return jobs[0], nil
+}
+
+// SubmitAll validates every spec, checks them together against the
+// caller's limits and queued gangs, and stores them in one transaction:
+// all are queued or none is. Errors about one spec of several name it
+// ("jobs[2].gang.size"). It returns only after the records are on disk.
+func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec) ([]api.Job, error) {
+	if m.isStopping() {
+		return nil, ErrShuttingDown
+	}
+	if len(specs) == 0 {
+		return nil, api.FieldError("jobs", "no job specs")
+	}
+	name := func(i int, err error) error {
+		var e *api.Error
+		if len(specs) == 1 || !errors.As(err, &e) {
+			return err
+		}
+		out := *e
+		out.Field = "jobs[" + strconv.Itoa(i) + "]"
+		if e.Field != "" {
+			out.Field += "." + e.Field
+		}
+		return &out
 	}
 	if m.cfg.DaemonUID != 0 && c.UID != m.cfg.DaemonUID {
-		return api.Job{}, api.Errorf(api.CodeForbidden,
+		return nil, api.Errorf(api.CodeForbidden,
 			"fusiond is not running as root, so it can run jobs only for uid %d (you are uid %d)", m.cfg.DaemonUID, c.UID)
 	}
-	if err := m.placer.Admit(spec); err != nil {
-		return api.Job{}, err
+	tiers := make([]api.Tier, len(specs))
+	for i := range specs {
+		spec := &specs[i]
+		spec.ApplyDefaults()
+		if err := spec.Validate(); err != nil {
+			return nil, name(i, err)
+		}
+		if err := m.placer.Admit(*spec); err != nil {
+			return nil, name(i, err)
+		}
+		tiers[i] = cmp.Or(spec.Tier, m.cfg.DefaultTiers[spec.Class], api.TierBurstable)
 	}
-	tier := spec.Tier
-	if tier == "" {
-		tier = m.cfg.DefaultTiers[spec.Class]
+	res, err := m.admit(c, specs)
+	if err != nil {
+		return nil, err
 	}
-	if tier == "" {
-		tier = api.TierBurstable
-	}
+	defer m.unreserve(res)
 	now := m.now()
-	job, err := m.store.CreateJob(func(id string) api.Job {
+	jobs, err := m.store.CreateJobs(len(specs), func(i int, id string) api.Job {
 		return api.Job{
 			ID:    id,
-			Spec:  spec,
+			Spec:  specs[i],
 			Owner: api.Owner{UID: c.UID, GID: c.GID, Groups: c.Groups, User: c.User},
-			Tier:  tier,
+			Tier:  tiers[i],
 			State: api.StatePending,
 			Events: []api.Event{{
 				Time: now, To: api.StatePending,
@@ -378,19 +432,24 @@ func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (a
 	})
 	if err != nil {
 		m.noteStoreError(err)
-		return api.Job{}, api.Errorf(api.CodeInternal, "could not store the job: %v", err)
+		return nil, api.Errorf(api.CodeInternal, "could not store the job: %v", err)
 	}
 	m.noteStoreOK()
 	m.mu.Lock()
-	stored := job
-	m.jobs[job.ID] = &stored
+	for i, job := range jobs {
+		stored := job
+		m.jobs[job.ID] = &stored
+		m.specBytes[job.ID] = res.sizes[i]
+	}
 	m.mu.Unlock()
-	ev := job.Events[0]
-	ev.JobID = job.ID
-	m.publish(&job, ev)
-	m.log.Info("job submitted", "job", job.ID, "name", spec.Name, "class", spec.Class, "tier", tier, "uid", c.UID)
+	for _, job := range jobs {
+		ev := job.Events[0]
+		ev.JobID = job.ID
+		m.publish(&job, ev)
+		m.log.Info("job submitted", "job", job.ID, "name", job.Spec.Name, "class", job.Spec.Class, "tier", job.Tier, "uid", c.UID)
+	}
 	m.poke()
-	return job, nil
+	return jobs, nil
 }
 
 func (m *Manager) publish(j *api.Job, ev api.Event) {
@@ -547,30 +606,46 @@ func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, erro
 	return out, nil
 }
 
-// List returns the jobs c may see that match opts, newest first. Only the
-// jobs returned are copied.
-func (m *Manager) List(_ context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, error) {
+// ListPage returns the IDs of one page of the jobs c may see that match
+// opts, newest first, and the token for the next page ("" on the last).
+// A page holds opts.Limit jobs (api.DefaultPageSize when 0), at most
+// api.MaxPageSize; the token is the last ID returned, so a page resumes
+// where the previous one stopped even while jobs are added or forgotten.
+// Nothing but the IDs is copied: the server streams the jobs one by one.
+func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions) ([]string, string, error) {
+	size := opts.Limit
+	if size <= 0 {
+		size = api.DefaultPageSize
+	}
+	size = min(size, api.MaxPageSize)
+	var before uint64
+	if opts.Continue != "" {
+		n, err := strconv.ParseUint(opts.Continue, 10, 64)
+		if err != nil || n == 0 {
+			return nil, "", &api.Error{Code: api.CodeBadRequest, Field: "continue", Message: "not a token a previous page returned"}
+		}
+		before = n
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	type hit struct {
-		n uint64
-		j *api.Job
-	}
-	hits := make([]hit, 0, len(m.jobs))
+	hits := make([]uint64, 0, min(len(m.jobs), 4*size))
 	for _, j := range m.jobs {
-		if visible(c, j) && matches(j, opts) {
-			hits = append(hits, hit{idNum(j.ID), j})
+		n := idNum(j.ID)
+		if (before == 0 || n < before) && visible(c, j) && matches(j, opts) {
+			hits = append(hits, n)
 		}
 	}
-	slices.SortFunc(hits, func(a, b hit) int { return cmp.Compare(b.n, a.n) })
-	if opts.Limit > 0 && len(hits) > opts.Limit {
-		hits = hits[:opts.Limit]
+	slices.SortFunc(hits, func(a, b uint64) int { return cmp.Compare(b, a) })
+	next := ""
+	if len(hits) > size {
+		hits = hits[:size]
+		next = strconv.FormatUint(hits[size-1], 10)
 	}
-	out := make([]api.Job, len(hits))
-	for i, h := range hits {
-		out[i] = cloneJob(h.j)
+	ids := make([]string, len(hits))
+	for i, n := range hits {
+		ids[i] = strconv.FormatUint(n, 10)
 	}
-	return out, nil
+	return ids, next, nil
 }
 
 func idNum(id string) uint64 {
@@ -839,6 +914,7 @@ func (m *Manager) collectGarbage() {
 	m.mu.Lock()
 	for _, id := range drop {
 		delete(m.jobs, id)
+		delete(m.specBytes, id)
 	}
 	m.mu.Unlock()
 	for _, id := range drop {

@@ -157,7 +157,7 @@ func TestRecoverRequeuesNeverStarted(t *testing.T) {
 	}
 	defer st.Close()
 	starting := func(name string) string {
-		j, err := st.CreateJob(func(id string) api.Job {
+		j, err := createJob(st, func(id string) api.Job {
 			return api.Job{
 				ID: id, State: api.StateStarting, Attempt: 1, Tier: api.TierBurstable,
 				Spec:       api.JobSpec{Name: name, Command: []string{"true"}, Resources: api.Resources{CPU: 500, Memory: 16 << 20}},
@@ -220,7 +220,7 @@ func TestRecoverUnreservableHoldsPlacement(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	held, err := st.CreateJob(func(id string) api.Job {
+	held, err := createJob(st, func(id string) api.Job {
 		return api.Job{
 			ID: id, State: api.StateRunning, Attempt: 1, PID: 4242, Tier: api.TierBurstable,
 			Spec:       api.JobSpec{Command: []string{"x"}, Resources: api.Resources{CPU: 500, Memory: 16 << 20}},
@@ -252,4 +252,13 @@ func TestRecoverUnreservableHoldsPlacement(t *testing.T) {
 	live.exit <- api.ExitStatus{}
 	waitFor(t, m, held.ID, state(api.StateSucceeded))
 	waitFor(t, m, next.ID, state(api.StateRunning))
+}
+
+// createJob stores one job record built from its new ID.
+func createJob(st *store.Store, build func(id string) api.Job) (api.Job, error) {
+	js, err := st.CreateJobs(1, func(_ int, id string) api.Job { return build(id) })
+	if err != nil {
+		return api.Job{}, err
+	}
+	return js[0], nil
 }

@@ -29,9 +29,13 @@ func (m *Manager) schedule() {
 		return
 	}
 	var pending []*api.Job
+	active := map[uint32]int{}
 	for _, j := range m.jobs {
-		if j.State == api.StatePending {
+		switch j.State {
+		case api.StatePending:
 			pending = append(pending, j)
+		case api.StatePlaced, api.StateStarting, api.StateRunning:
+			active[j.Owner.UID]++
 		}
 	}
 	var blocked string
@@ -75,6 +79,11 @@ func (m *Manager) schedule() {
 			}
 			group = group[:g.Size]
 		}
+		if uid := j.Owner.UID; m.overRunningLimit(active, uid, len(group)) {
+			m.setWaiting(group, fmt.Sprintf("waiting: %s has %d jobs placed or running, the most allowed (limit %s)",
+				cmp.Or(j.Owner.User, "uid "+strconv.FormatUint(uint64(uid), 10)), active[uid], LimitRunningJobs))
+			continue
+		}
 		allocs, why, ok := m.placer.Place(group)
 		if !ok {
 			switch {
@@ -97,6 +106,7 @@ func (m *Manager) schedule() {
 				m.log.Error("recording placement", "job", member.ID, "err", err)
 				continue
 			}
+			active[member.Owner.UID]++
 			m.wg.Add(1)
 			go m.launch(member)
 		}

@@ -159,28 +159,36 @@ func idKey(id string) ([]byte, error) {
 	return seqKey(seq), nil
 }
 
-// CreateJob assigns the next job ID, lets build fill in the record, and
-// writes it. It returns only after the record is on disk (fsynced).
-// Concurrent callers are committed together in one transaction.
-func (s *Store) CreateJob(build func(id string) api.Job) (api.Job, error) {
-	var job api.Job
+// CreateJobs assigns n consecutive job IDs, lets build fill in each record,
+// and writes them in one transaction: all are stored or none is. It
+// returns only after the records are on disk (fsynced). Concurrent callers
+// are committed together in one transaction (build may then run again).
+func (s *Store) CreateJobs(n int, build func(i int, id string) api.Job) ([]api.Job, error) {
+	var jobs []api.Job
 	err := s.db.Batch(func(tx *bolt.Tx) error {
+		jobs = jobs[:0]
 		b := tx.Bucket(bucketJobs)
-		seq, err := b.NextSequence()
-		if err != nil {
-			return err
+		for i := range n {
+			seq, err := b.NextSequence()
+			if err != nil {
+				return err
+			}
+			job := build(i, strconv.FormatUint(seq, 10))
+			data, err := json.Marshal(recordOf(job))
+			if err != nil {
+				return err
+			}
+			if err := b.Put(seqKey(seq), data); err != nil {
+				return err
+			}
+			jobs = append(jobs, job)
 		}
-		job = build(strconv.FormatUint(seq, 10))
-		data, err := json.Marshal(recordOf(job))
-		if err != nil {
-			return err
-		}
-		return b.Put(seqKey(seq), data)
+		return nil
 	})
 	if err != nil {
-		return api.Job{}, fmt.Errorf("store job: %w", err)
+		return nil, fmt.Errorf("store jobs: %w", err)
 	}
-	return job, nil
+	return jobs, nil
 }
 
 // PutJob writes a job record unless the stored one is newer (has a higher

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -26,18 +27,27 @@ func TestCreatePutReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "db")
 	s := open(t, path, Options{})
 	var wg sync.WaitGroup
-	ids := make(chan string, 50)
+	ids := make(chan string, 60)
 	for i := range 50 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			j, err := s.CreateJob(func(id string) api.Job {
+			n := 1
+			if i < 5 {
+				n = 3 // a few batches among the single jobs
+			}
+			jobs, err := s.CreateJobs(n, func(k int, id string) api.Job {
 				return api.Job{ID: id, State: api.StatePending, Version: 1, Spec: api.JobSpec{Priority: i}}
 			})
-			if err != nil {
-				t.Error(err)
+			if err != nil || len(jobs) != n {
+				t.Errorf("CreateJobs(%d) = %d jobs, %v", n, len(jobs), err)
 			}
-			ids <- j.ID
+			for k, j := range jobs {
+				if k > 0 && idNumT(t, j.ID) != idNumT(t, jobs[k-1].ID)+1 {
+					t.Errorf("a batch's IDs are not consecutive: %s after %s", j.ID, jobs[k-1].ID)
+				}
+				ids <- j.ID
+			}
 		}()
 	}
 	wg.Wait()
@@ -60,8 +70,8 @@ func TestCreatePutReopen(t *testing.T) {
 
 	s = open(t, path, Options{})
 	n := 0
-	if err := s.Jobs(func(api.Job) error { n++; return nil }); err != nil || n != 50 {
-		t.Fatalf("reopened store has %d jobs (%v), want 50", n, err)
+	if err := s.Jobs(func(api.Job) error { n++; return nil }); err != nil || n != 60 {
+		t.Fatalf("reopened store has %d jobs (%v), want 60", n, err)
 	}
 	j, err := s.GetJob("7")
 	if err != nil || j.State != api.StateRunning {
@@ -122,4 +132,12 @@ func TestMigrationHook(t *testing.T) {
 	if v, _ := s.Meta("migrated"); !ran || v != "yes" {
 		t.Errorf("migration ran=%v, meta=%q", ran, v)
 	}
+}
+
+func idNumT(t *testing.T, id string) int {
+	n, err := strconv.Atoi(id)
+	if err != nil {
+		t.Fatalf("job id %q: %v", id, err)
+	}
+	return n
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -25,7 +26,19 @@ var (
 	ErrAmbiguous = errors.New("ambiguous bitstream reference")
 	// ErrNameTaken: another bitstream already has this name.
 	ErrNameTaken = errors.New("bitstream name already in use")
+	// ErrInvalidName: the name is not one a job spec can reference.
+	ErrInvalidName = errors.New("invalid bitstream name")
+	// ErrDuplicate: the content is already in the library under another
+	// name; the error names it and Add returns that entry.
+	ErrDuplicate = errors.New("bitstream content already in the library")
 )
+
+// nameRE is the rule job specs use for resources.fpga.bitstream (api's
+// refNameRE): a name the library accepts can always be referenced.
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:+-]*$`)
+
+// MaxNameLen is the longest bitstream name.
+const MaxNameLen = 128
 
 // Bitstream is one entry of the library.
 type Bitstream struct {
@@ -88,7 +101,9 @@ func (l *Library) AddFile(path, name string) (Bitstream, error) {
 // while hashing it and keeping only its first HeadSize bytes for the
 // header parser), validates the header and stores it under name. fileName
 // is the original file name, used only to admit raw .bin/.rbf content.
-// Adding content that is already present returns the existing entry.
+// Adding content that is already present under the same name returns the
+// existing entry; under another name it returns the existing entry with an
+// error wrapping ErrDuplicate that names it.
 func (l *Library) Add(r io.Reader, name, fileName string) (Bitstream, error) {
 	return l.add(r, name, fileName)
 }
@@ -135,7 +150,10 @@ func (l *Library) add(r io.Reader, name, fileName string) (Bitstream, error) {
 	}
 	for _, e := range all {
 		if e.ID == b.ID {
-			return e, nil
+			if e.Name == name {
+				return e, nil
+			}
+			return e, fmt.Errorf("%w as %q (%s); not added again as %q", ErrDuplicate, e.Name, e.ID[:12], name)
 		}
 		if e.Name == name {
 			return Bitstream{}, fmt.Errorf("%w: %q is %s", ErrNameTaken, name, e.ID[:12])
@@ -159,8 +177,8 @@ func (l *Library) add(r io.Reader, name, fileName string) (Bitstream, error) {
 }
 
 func validName(name string) error {
-	if name == "" || len(name) > 128 || strings.ContainsAny(name, "/\\\x00\n") {
-		return fmt.Errorf("invalid bitstream name %q", name)
+	if len(name) > MaxNameLen || !nameRE.MatchString(name) {
+		return fmt.Errorf("%w %q: want at most %d letters, digits and . _ : + -, starting with a letter or digit", ErrInvalidName, name, MaxNameLen)
 	}
 	return nil
 }

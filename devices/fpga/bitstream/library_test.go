@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/fusiond/fusiond/devices/fpga/bitstream"
@@ -39,10 +40,21 @@ func TestLibraryAddGetRemove(t *testing.T) {
 	if err != nil || !bytes.Equal(stored, gbs) {
 		t.Fatalf("stored content differs (err %v)", err)
 	}
-	// Same content again: the existing entry comes back.
-	again, err := lib.Add(bytes.NewReader(gbs), "other", "x.gbs")
+	// Same content under the same name: the existing entry comes back.
+	again, err := lib.Add(bytes.NewReader(gbs), "nlb_mode_0", "x.gbs")
 	if err != nil || again.ID != b.ID || again.Name != "nlb_mode_0" {
 		t.Errorf("re-add: %+v %v", again, err)
+	}
+	// Under another name: the existing entry, and an error naming it.
+	again, err = lib.Add(bytes.NewReader(gbs), "other", "x.gbs")
+	if !errors.Is(err, bitstream.ErrDuplicate) || !strings.Contains(err.Error(), `"nlb_mode_0"`) || again.Name != "nlb_mode_0" {
+		t.Errorf("re-add under another name: %+v %v", again, err)
+	}
+	// Names a job spec could not reference are refused.
+	for _, name := range []string{".hidden", "a b", "a/b", "", "-x", strings.Repeat("a", 129)} {
+		if _, err := lib.Add(bytes.NewReader(gbs), name, "x.gbs"); !errors.Is(err, bitstream.ErrInvalidName) {
+			t.Errorf("name %q: err %v, want ErrInvalidName", name, err)
+		}
 	}
 	// Different content under a taken name is refused.
 	bit := build(t, func(w *bytes.Buffer) error {

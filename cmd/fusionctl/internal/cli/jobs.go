@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"sigs.k8s.io/yaml"
 
 	"github.com/fusiond/fusiond/daemon/api"
 )
@@ -56,14 +56,20 @@ func newSubmitCmd(o *options) *cobra.Command {
 		Use:   "submit FILE...",
 		Short: "Submit jobs from YAML or JSON spec files (- reads stdin)",
 		Long: `Submit one job per YAML document. A file may hold several documents
-separated by '---' (for example the members of a gang). The daemon checks
-every field; an unknown or impossible field is refused with its name.`,
+separated by '---' (for example the members of a gang). All the documents of
+all the files go in one request: every job is queued or none is. The daemon
+checks every field; an unknown or impossible field is refused with its name
+(and the file and document it is in). Spec files are read as YAML 1.2: only
+true and false are booleans, so "name: y" is the string "y".`,
 		Example: "  fusionctl submit examples/jobs/batch-report.yaml",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c := o.client()
-			defer c.Close()
-			var submitted []api.Job
+			type origin struct {
+				file string
+				doc  int
+			}
+			var specs []json.RawMessage
+			var from []origin
 			for _, name := range args {
 				var data []byte
 				var err error
@@ -80,20 +86,60 @@ every field; an unknown or impossible field is refused with its name.`,
 					return fmt.Errorf("%s: no job spec in the file", name)
 				}
 				for i, doc := range docs {
-					js, err := yaml.YAMLToJSON(doc)
+					js, err := SpecJSON(doc)
 					if err != nil {
 						return fmt.Errorf("%s (document %d): not valid YAML: %w", name, i+1, err)
 					}
-					job, err := c.SubmitJSON(cmd.Context(), js)
-					if err != nil {
-						return fmt.Errorf("%s (document %d): %w", name, i+1, err)
-					}
-					submitted = append(submitted, job)
+					specs = append(specs, js)
+					from = append(from, origin{name, i + 1})
 				}
+			}
+			c := o.client()
+			defer c.Close()
+			// One request, one transaction: every document is queued or
+			// none is, so a failed submit can be fixed and re-run without
+			// duplicating the jobs that would otherwise have gone in.
+			var submitted []api.Job
+			var err error
+			if len(specs) == 1 {
+				var j api.Job
+				j, err = c.SubmitJSON(cmd.Context(), specs[0])
+				submitted = []api.Job{j}
+			} else {
+				submitted, err = c.SubmitAll(cmd.Context(), specs)
+			}
+			if err != nil {
+				var e *api.Error
+				if errors.As(err, &e) && len(specs) > 1 {
+					if i, rest, ok := batchIndex(e.Field); ok && i < len(from) {
+						out := *e
+						out.Field = rest
+						return fmt.Errorf("%s (document %d): %w; nothing was submitted", from[i].file, from[i].doc, &out)
+					}
+				}
+				if len(specs) > 1 {
+					return fmt.Errorf("%w; nothing was submitted", err)
+				}
+				return fmt.Errorf("%s (document %d): %w", from[0].file, from[0].doc, err)
 			}
 			return o.printJobs(submitted)
 		},
 	}
+}
+
+// batchIndex splits a batch error's field "jobs[2].gang.size" into 2 and
+// "gang.size".
+func batchIndex(field string) (int, string, bool) {
+	rest, ok := strings.CutPrefix(field, "jobs[")
+	if !ok {
+		return 0, "", false
+	}
+	num, rest, ok := strings.Cut(rest, "]")
+	i, err := strconv.Atoi(num)
+	if !ok || err != nil {
+		return 0, "", false
+	}
+	return i, strings.TrimPrefix(rest, "."), true
 }
 
 func newRunCmd(o *options) *cobra.Command {
@@ -520,19 +566,37 @@ func newEventsCmd(o *options) *cobra.Command {
 			c := o.client()
 			defer c.Close()
 			tw := tabwriter.NewWriter(o.stdout, 0, 4, 2, ' ', 0)
-			return c.Events(cmd.Context(), job, func(e api.Event) error {
-				if o.output != "table" {
-					return o.print(e, nil)
+			// The daemon ends a stream that has been idle for
+			// limits.stream_idle_timeout: open it again (at most once a
+			// second) until interrupted.
+			for {
+				start := time.Now()
+				if err := c.Events(cmd.Context(), job, func(e api.Event) error { return printEvent(o, tw, e) }); err != nil {
+					return err
 				}
-				if e.Kind == api.EventDevice {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.Device, deviceHealth(e), e.Reason)
-					return tw.Flush()
+				if cmd.Context().Err() != nil {
+					return nil
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
-				return tw.Flush()
-			})
+				select {
+				case <-cmd.Context().Done():
+					return nil
+				case <-time.After(time.Until(start.Add(time.Second))):
+				}
+			}
 		},
 	}
 	cmd.Flags().StringVar(&job, "job", "", "only this job's events")
 	return cmd
+}
+
+func printEvent(o *options, tw *tabwriter.Writer, e api.Event) error {
+	if o.output != "table" {
+		return o.print(e, nil)
+	}
+	if e.Kind == api.EventDevice {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.Device, deviceHealth(e), e.Reason)
+		return tw.Flush()
+	}
+	fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
+	return tw.Flush()
 }

@@ -1,0 +1,138 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+func spec(name string, env map[string]string) api.JobSpec {
+	return api.JobSpec{Name: name, Command: []string{"sleep", "60"}, Env: env,
+		Resources: api.Resources{CPU: 100, Memory: 16 << 20}}
+}
+
+// TestDefaultLimitsStopOneUser runs fusiond with the default limits (root
+// made subject to them, since the test is root) and tries what one user
+// did before there were limits: 2,000 queued jobs, 1 MB env values, 200
+// idle event streams. It also measures what a listing of 200 large specs
+// costs the daemon: the page is streamed, so its peak memory grows by far
+// less than the listing's size.
+func TestDefaultLimitsStopOneUser(t *testing.T) {
+	d := newDaemon(t, publicTempDir(t), "limits: {exempt_root: false}\n")
+	d.start()
+	c := d.client()
+	ctx := context.Background()
+	if _, err := c.SetCordoned(ctx, true); err != nil { // everything stays queued
+		t.Fatal(err)
+	}
+
+	// One 1 MB env value: 413 naming limits.max_spec_bytes.
+	_, err := c.Submit(ctx, spec("big", map[string]string{"X": strings.Repeat("x", 1000000)}))
+	var e *api.Error
+	if !errors.As(err, &e) || e.HTTPStatus() != http.StatusRequestEntityTooLarge || e.Limit != "limits.max_spec_bytes" {
+		t.Fatalf("1 MB env: %v, want 413 naming limits.max_spec_bytes", err)
+	}
+
+	// 200 specs of 200 KiB each (40 MB) are accepted; list them all.
+	pad := strings.Repeat("y", 200<<10)
+	for i := range 200 {
+		if _, err := c.Submit(ctx, spec(fmt.Sprint("wide-", i), map[string]string{"PAD": pad})); err != nil {
+			t.Fatalf("wide spec %d: %v", i, err)
+		}
+	}
+	before := vmHWM(t, d.cmd.Process.Pid)
+	start := time.Now()
+	all, err := c.List(ctx, api.ListOptions{})
+	if err != nil || len(all) != 200 {
+		t.Fatalf("list: %d jobs, %v", len(all), err)
+	}
+	took := time.Since(start)
+	after := vmHWM(t, d.cmd.Process.Pid)
+	t.Logf("FIGURE listing 200 jobs of 200 KiB specs (40 MiB): %s, daemon peak RSS %d MiB -> %d MiB", took.Round(time.Millisecond), before>>10, after>>10)
+	if grew := after - before; grew > 40<<10 {
+		t.Errorf("the listing grew the daemon's peak RSS by %d MiB, as much as the listing itself", grew>>10)
+	}
+
+	// 2,000 more queued jobs from 8 clients: the user stops at 1,000 queued.
+	var ok, refused, other atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 250 {
+				_, err := c.Submit(ctx, spec(fmt.Sprintf("q-%d-%d", w, i), nil))
+				var e *api.Error
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.As(err, &e) && e.HTTPStatus() == http.StatusTooManyRequests && e.Limit == "limits.per_user.pending_jobs":
+					refused.Add(1)
+				default:
+					other.Add(1)
+					t.Errorf("submit: %v", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("FIGURE 2,000 submissions after 200 queued: %d accepted, %d refused with 429 (limits.per_user.pending_jobs)", ok.Load(), refused.Load())
+	if ok.Load() != 800 || refused.Load() != 1200 || other.Load() != 0 {
+		t.Errorf("accepted %d, refused %d, other errors %d; want 800 (to 1,000 queued) and 1,200", ok.Load(), refused.Load(), other.Load())
+	}
+
+	// 200 idle event streams: 64 open, the rest 429.
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var streamRefused atomic.Int64
+	var swg sync.WaitGroup
+	for range 200 {
+		swg.Add(1)
+		go func() {
+			defer swg.Done()
+			sc := api.NewClient(d.socket)
+			defer sc.Close()
+			err := sc.Events(sctx, "", func(api.Event) error { return nil })
+			var e *api.Error
+			if errors.As(err, &e) && e.Limit == "limits.per_user.streams" {
+				streamRefused.Add(1)
+			}
+		}()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for streamRefused.Load() < 136 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("FIGURE 200 idle event streams of one user: %d refused with 429 (limits.per_user.streams)", streamRefused.Load())
+	if streamRefused.Load() != 136 {
+		t.Errorf("%d streams refused, want 136 (64 allowed)", streamRefused.Load())
+	}
+	cancel()
+	swg.Wait()
+}
+
+// vmHWM is a process's peak resident set in KiB.
+func vmHWM(t *testing.T, pid int) int64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}

@@ -1,0 +1,281 @@
+package jobs
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// Limits bound what one user (and all jobs together) may hold. Zero
+// disables a limit. The names in errors are the configuration keys
+// (limits.…) so a refused caller knows which setting refused them.
+type Limits struct {
+	// MaxSpecBytes caps one spec's JSON size (env included): 413.
+	MaxSpecBytes int64
+	// PendingJobs caps a user's queued jobs: submissions past it are
+	// refused with 429.
+	PendingJobs int
+	// RunningJobs caps a user's placed, starting and running jobs: jobs
+	// past it stay queued, their reason naming the limit.
+	RunningJobs int
+	// SpecBytes caps the JSON size of the specs of a user's remembered
+	// jobs (queued, running and finished ones not yet forgotten): 429.
+	SpecBytes int64
+	// LogBytes caps the output the logs of a user's jobs hold on disk.
+	// Past it the logs of the user's finished jobs are removed, oldest
+	// first; while the user's running jobs alone exceed it, their new
+	// submissions are refused with 429.
+	LogBytes int64
+	// LogBudget caps the logs of all jobs together; past it the logs of
+	// finished jobs are removed oldest first, and while running jobs
+	// alone exceed it every submission is refused with 429.
+	LogBudget int64
+	// ExemptRoot exempts uid 0 from the per-user limits (not from the
+	// log budget).
+	ExemptRoot bool
+}
+
+// Limit names, as the configuration file spells them.
+const (
+	LimitMaxSpecBytes = "limits.max_spec_bytes"
+	LimitPendingJobs  = "limits.per_user.pending_jobs"
+	LimitRunningJobs  = "limits.per_user.running_jobs"
+	LimitSpecBytes    = "limits.per_user.spec_bytes"
+	LimitLogBytes     = "limits.per_user.log_bytes"
+	LimitLogBudget    = "limits.log_budget"
+)
+
+func (m *Manager) exempt(uid uint32) bool { return m.cfg.Limits.ExemptRoot && uid == 0 }
+
+func specSize(s api.JobSpec) int64 {
+	data, err := json.Marshal(s)
+	if err != nil {
+		return 0
+	}
+	return int64(len(data))
+}
+
+// reservation is a batch being admitted: counted against the limits until
+// it is stored (or fails), so concurrent submissions cannot overshoot.
+type reservation struct {
+	uid     uint32
+	pending int
+	bytes   int64
+	gangs   map[string]int
+	sizes   []int64
+}
+
+// admit checks a batch of one caller's specs against the limits and the
+// gangs already queued, and reserves it. The caller must call m.unreserve.
+func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error) {
+	r := &reservation{uid: c.UID, pending: len(specs), gangs: map[string]int{}}
+	sizes := make([]int64, len(specs))
+	prefix := func(i int) string {
+		if len(specs) == 1 {
+			return ""
+		}
+		return "jobs[" + strconv.Itoa(i) + "]."
+	}
+	for i, s := range specs {
+		sizes[i] = specSize(s)
+		r.bytes += sizes[i]
+		if n := m.cfg.Limits.MaxSpecBytes; n > 0 && sizes[i] > n {
+			return nil, &api.Error{Code: api.CodeTooLarge, Field: strings.TrimSuffix(prefix(i), "."), Limit: LimitMaxSpecBytes,
+				Message: fmt.Sprintf("the job spec takes %s, more than the limit of %s (limit %s)", api.Bytes(sizes[i]).Human(), api.Bytes(n).Human(), LimitMaxSpecBytes)}
+		}
+	}
+	// Gangs within the batch must agree with each other.
+	for i, s := range specs {
+		if s.Gang == nil {
+			continue
+		}
+		key := strconv.FormatUint(uint64(c.UID), 10) + "/" + s.Gang.Name
+		if n, ok := r.gangs[key]; ok && n != s.Gang.Size {
+			return nil, api.FieldError(prefix(i)+"gang.size", "gang %q has size %d in an earlier spec of this request, not %d", s.Gang.Name, n, s.Gang.Size)
+		}
+		r.gangs[key] = s.Gang.Size
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	pending, bytes := 0, int64(0)
+	for _, j := range m.jobs {
+		if j.Owner.UID == c.UID {
+			if j.State == api.StatePending {
+				pending++
+			}
+			bytes += m.specBytesOf(j)
+		}
+		if g := j.Spec.Gang; g != nil && !j.State.Terminal() {
+			if n, ok := r.gangs[gangKey(j)]; ok && n != g.Size {
+				i := slices.IndexFunc(specs, func(s api.JobSpec) bool { return s.Gang != nil && s.Gang.Name == g.Name })
+				return nil, api.FieldError(prefix(i)+"gang.size", "gang %q already has members of size %d (job %s); got %d", g.Name, g.Size, j.ID, n)
+			}
+		}
+	}
+	for o := range m.reserved {
+		if o.uid == c.UID {
+			pending += o.pending
+			bytes += o.bytes
+		}
+		for k, n := range o.gangs {
+			if want, ok := r.gangs[k]; ok && want != n {
+				_, name, _ := cutGangKey(k)
+				return nil, api.FieldError("gang.size", "gang %q is being submitted with size %d; got %d", name, n, want)
+			}
+		}
+	}
+	l := m.cfg.Limits
+	if b := l.LogBudget; b > 0 && m.logTotal > b {
+		return nil, api.QuotaError(LimitLogBudget, "the jobs' logs hold %s, over the node's log budget of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",
+			api.Bytes(m.logTotal).Human(), api.Bytes(b).Human())
+	}
+	if !m.exempt(c.UID) {
+		who := cmp.Or(c.User, "uid "+strconv.FormatUint(uint64(c.UID), 10))
+		if n := l.PendingJobs; n > 0 && pending+len(specs) > n {
+			return nil, api.QuotaError(LimitPendingJobs, "%s has %d queued jobs; %d more would pass the limit of %d", who, pending, len(specs), n)
+		}
+		if n := l.SpecBytes; n > 0 && bytes+r.bytes > n {
+			return nil, api.QuotaError(LimitSpecBytes, "%s's remembered job specs take %s; %s more would pass the limit of %s",
+				who, api.Bytes(bytes).Human(), api.Bytes(r.bytes).Human(), api.Bytes(n).Human())
+		}
+		if n := l.LogBytes; n > 0 && m.logByUser[c.UID] > n {
+			return nil, api.QuotaError(LimitLogBytes, "the logs of %s's jobs hold %s, over the limit of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",
+				who, api.Bytes(m.logByUser[c.UID]).Human(), api.Bytes(n).Human())
+		}
+	}
+	m.reserved[r] = struct{}{}
+	r.sizes = sizes
+	return r, nil
+}
+
+func cutGangKey(k string) (uid, name string, ok bool) {
+	for i := range len(k) {
+		if k[i] == '/' {
+			return k[:i], k[i+1:], true
+		}
+	}
+	return "", k, false
+}
+
+func (m *Manager) unreserve(r *reservation) {
+	m.mu.Lock()
+	delete(m.reserved, r)
+	m.mu.Unlock()
+}
+
+// specBytesOf is the JSON size of j's spec, computed once. m.mu held.
+func (m *Manager) specBytesOf(j *api.Job) int64 {
+	n, ok := m.specBytes[j.ID]
+	if !ok {
+		n = specSize(j.Spec)
+		m.specBytes[j.ID] = n
+	}
+	return n
+}
+
+// overRunningLimit reports, for the scheduler, whether placing n more of
+// uid's jobs passes the running-jobs limit, given active (placed, starting
+// or running) jobs per user.
+func (m *Manager) overRunningLimit(active map[uint32]int, uid uint32, n int) bool {
+	l := m.cfg.Limits.RunningJobs
+	return l > 0 && !m.exempt(uid) && active[uid]+n > l
+}
+
+func jobLogBytes(dir string) int64 {
+	var n int64
+	for _, name := range []string{"output.log", "output.log.1"} {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
+// accountLogs measures every job's log, records the totals per user and
+// for the node, and removes the logs of finished jobs, oldest first, while
+// a user is over limits.per_user.log_bytes or the node over
+// limits.log_budget.
+func (m *Manager) accountLogs() {
+	type entry struct {
+		id       string
+		uid      uint32
+		finished bool
+	}
+	m.mu.Lock()
+	list := make([]entry, 0, len(m.jobs))
+	for _, j := range m.jobs {
+		list = append(list, entry{j.ID, j.Owner.UID, j.State.Terminal()})
+	}
+	m.mu.Unlock()
+	slices.SortFunc(list, func(a, b entry) int { return cmp.Compare(idNum(a.id), idNum(b.id)) })
+	size := make(map[string]int64, len(list))
+	byUser := map[uint32]int64{}
+	var total int64
+	for _, e := range list {
+		n := jobLogBytes(filepath.Join(m.cfg.LogDir, e.id))
+		size[e.id] = n
+		byUser[e.uid] += n
+		total += n
+	}
+	l := m.cfg.Limits
+	for _, e := range list {
+		n := size[e.id]
+		if !e.finished || n == 0 {
+			continue
+		}
+		userOver := l.LogBytes > 0 && !m.exempt(e.uid) && byUser[e.uid] > l.LogBytes
+		nodeOver := l.LogBudget > 0 && total > l.LogBudget
+		if !userOver && !nodeOver {
+			continue
+		}
+		if err := removeLogs(filepath.Join(m.cfg.LogDir, e.id)); err != nil {
+			m.log.Warn("removing a finished job's log over the log limits", "job", e.id, "err", err)
+			continue
+		}
+		why := LimitLogBudget
+		if userOver {
+			why = LimitLogBytes
+		}
+		m.log.Info("removed a finished job's log", "job", e.id, "bytes", n, "limit", why)
+		byUser[e.uid] -= n
+		total -= n
+	}
+	m.mu.Lock()
+	m.logByUser, m.logTotal = byUser, total
+	m.mu.Unlock()
+}
+
+func removeLogs(dir string) error {
+	var errs []error
+	for _, name := range []string{"output.log", "output.log.1"} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("remove logs: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// LogUsage is the bytes the jobs' logs held at the last measurement, per
+// user and in all.
+func (m *Manager) LogUsage() (map[uint32]int64, int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[uint32]int64, len(m.logByUser))
+	for k, v := range m.logByUser {
+		out[k] = v
+	}
+	return out, m.logTotal
+}
