@@ -94,7 +94,7 @@ func TestChaosKill9(t *testing.T) {
 				spec := api.JobSpec{
 					Name:      fmt.Sprintf("chaos-%d-%d", w, i),
 					Command:   []string{"sleep", "0.3"},
-					Env:       map[string]string{"FUSIOND_E2E_RUN": dir},
+					Env:       map[string]string{"E2E_FUSIOND_RUN": dir},
 					Resources: api.Resources{CPU: 250, Memory: 16 << 20},
 				}
 				if i%4 == 0 {
@@ -248,7 +248,7 @@ func TestChaosMonitorKilled(t *testing.T) {
 	c := d.client()
 	j, err := c.Submit(context.Background(), api.JobSpec{
 		Command:   []string{"sh", "-c", "sleep 300 & sleep 300; wait"},
-		Env:       map[string]string{"FUSIOND_E2E_RUN": dir},
+		Env:       map[string]string{"E2E_FUSIOND_RUN": dir},
 		Resources: api.Resources{CPU: 100, Memory: 16 << 20},
 	})
 	if err != nil {
@@ -320,7 +320,7 @@ func TestChaosStateDirFull(t *testing.T) {
 	d.start()
 	c := d.client()
 	gate := filepath.Join(dir, "gate")
-	pad := map[string]string{"FUSIOND_E2E_RUN": dir}
+	pad := map[string]string{"E2E_FUSIOND_RUN": dir}
 	for i := range 4 {
 		pad["PAD"+strconv.Itoa(i)] = strings.Repeat("x", 100_000) // a record larger than a full store's free pages
 	}
@@ -370,7 +370,7 @@ func TestChaosStateDirFull(t *testing.T) {
 	if j.Exit == nil || j.Exit.Code != 0 {
 		t.Errorf("exit %+v", j.Exit)
 	}
-	b, err := c.Submit(context.Background(), api.JobSpec{Command: []string{"true"}, Env: map[string]string{"FUSIOND_E2E_RUN": dir},
+	b, err := c.Submit(context.Background(), api.JobSpec{Command: []string{"true"}, Env: map[string]string{"E2E_FUSIOND_RUN": dir},
 		Resources: api.Resources{CPU: 100, Memory: 16 << 20}})
 	if err != nil {
 		t.Fatalf("submission after space was freed: %v", err)
@@ -421,7 +421,7 @@ func TestChaosStateDirReadOnly(t *testing.T) {
 	d.start()
 	c := d.client()
 	spec := func(cmd ...string) api.JobSpec {
-		return api.JobSpec{Command: cmd, Env: map[string]string{"FUSIOND_E2E_RUN": dir}, Resources: api.Resources{CPU: 100, Memory: 16 << 20}}
+		return api.JobSpec{Command: cmd, Env: map[string]string{"E2E_FUSIOND_RUN": dir}, Resources: api.Resources{CPU: 100, Memory: 16 << 20}}
 	}
 	a, err := c.Submit(context.Background(), spec("sleep", "300"))
 	if err != nil {

@@ -32,7 +32,7 @@ func TestExclusiveCores(t *testing.T) {
 	if len(online) < 2 {
 		t.Fatalf("need 2 CPUs for an exclusive core beside the shared one, have %v", online)
 	}
-	env := map[string]string{"FUSIOND_E2E_RUN": dir}
+	env := map[string]string{"E2E_FUSIOND_RUN": dir}
 	affinity := func() []int {
 		t.Helper()
 		j, err := c.Submit(ctx, api.JobSpec{Command: []string{"grep", "Cpus_allowed_list", "/proc/self/status"}, Env: env,

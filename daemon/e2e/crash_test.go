@@ -34,7 +34,7 @@ func TestCrashDurability(t *testing.T) {
 			j, err := c.Submit(context.Background(), api.JobSpec{
 				Name:      "crash-" + strconv.Itoa(i),
 				Command:   []string{"sh", "-c", "sleep 300"},
-				Env:       map[string]string{"FUSIOND_E2E_RUN": dir},
+				Env:       map[string]string{"E2E_FUSIOND_RUN": dir},
 				Resources: api.Resources{CPU: 500, Memory: 16 << 20},
 			})
 			if err != nil {
@@ -134,7 +134,7 @@ func TestCrashReattach(t *testing.T) {
 		j, err := c.Submit(context.Background(), api.JobSpec{
 			Name:      "reattach-" + strconv.Itoa(i),
 			Command:   []string{"sh", "-c", "while [ ! -e " + flag + " ]; do sleep 0.1; done; exit " + strconv.Itoa(10+i)},
-			Env:       map[string]string{"FUSIOND_E2E_RUN": dir},
+			Env:       map[string]string{"E2E_FUSIOND_RUN": dir},
 			Resources: api.Resources{CPU: 50, Memory: 64 << 20},
 		})
 		if err != nil {
@@ -234,7 +234,7 @@ func waitGone(t *testing.T, pid int) {
 }
 
 // jobProcesses lists pids whose environment names one of the jobs and the
-// test run (FUSIOND_E2E_RUN=run: job IDs repeat across daemons).
+// test run (E2E_FUSIOND_RUN=run: job IDs repeat across daemons).
 func jobProcesses(t *testing.T, run string, ids map[string]bool) []int {
 	t.Helper()
 	entries, _ := os.ReadDir("/proc")
@@ -255,7 +255,7 @@ func jobProcesses(t *testing.T, run string, ids map[string]bool) []int {
 			if v, ok := strings.CutPrefix(sc.Text(), "FUSIOND_JOB_ID="); ok && ids[v] {
 				named = true
 			}
-			ours = ours || sc.Text() == "FUSIOND_E2E_RUN="+run
+			ours = ours || sc.Text() == "E2E_FUSIOND_RUN="+run
 		}
 		f.Close()
 		if ours && named && !isZombie(pid) {

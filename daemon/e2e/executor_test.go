@@ -115,7 +115,7 @@ func TestGracefulRestartLeavesJobs(t *testing.T) {
 	ctx := context.Background()
 	flag := filepath.Join(dir, "go")
 	spec := func(cmd string) api.JobSpec {
-		return api.JobSpec{Command: []string{"sh", "-c", cmd}, Env: map[string]string{"FUSIOND_E2E_RUN": dir},
+		return api.JobSpec{Command: []string{"sh", "-c", cmd}, Env: map[string]string{"E2E_FUSIOND_RUN": dir},
 			Resources: api.Resources{CPU: 100, Memory: 32 << 20}}
 	}
 	ends, err := c.Submit(ctx, spec("while [ ! -e "+flag+" ]; do sleep 0.05; done; exit 4"))
