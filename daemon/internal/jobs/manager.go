@@ -39,7 +39,11 @@ type Config struct {
 	LeaveJobsRunning bool
 	// Preparer readies allocated devices before a job starts (optional).
 	Preparer Preparer
-	// Now is the clock (time.Now when nil).
+	// Now is the wall clock the records' timestamps come from (time.Now
+	// when nil). No decision reads it: retention by age, grace periods and
+	// probes measure elapsed time on the monotonic clock, so a wall clock
+	// set forward or back (NTP step, operator) neither deletes a job that
+	// just finished nor keeps one forever.
 	Now func() time.Time
 	// Limits bound each user's jobs, specs and logs (zero: no limit).
 	Limits Limits
@@ -81,6 +85,10 @@ type Manager struct {
 	specBytes map[string]int64
 	logByUser map[uint32]int64
 	logTotal  int64
+	// finished holds, per finished job, a monotonic reading of when it
+	// finished: retention by age measures from it, never from the
+	// recorded (wall-clock) FinishedAt.
+	finished map[string]time.Time
 
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -111,6 +119,7 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		reserved:   map[*reservation]struct{}{},
 		specBytes:  map[string]int64{},
 		logByUser:  map[uint32]int64{},
+		finished:   map[string]time.Time{},
 	}
 }
 
@@ -124,8 +133,20 @@ func (m *Manager) now() time.Time { return m.cfg.Now().UTC() }
 // are killed).
 func (m *Manager) Recover() error {
 	var unfinished []*api.Job
+	// A job finished before this daemon started is as old as the wall
+	// clock says now (the only reading there is), and ages on the
+	// monotonic clock from here on; one "finished in the future" (the
+	// clock went back since) counts as just finished.
+	loadedMono, loadedWall := time.Now(), m.cfg.Now()
 	err := m.store.Jobs(func(j api.Job) error {
 		m.jobs[j.ID] = &j
+		if j.State.Terminal() {
+			var age time.Duration
+			if j.FinishedAt != nil {
+				age = max(loadedWall.Sub(*j.FinishedAt), 0)
+			}
+			m.finished[j.ID] = loadedMono.Add(-age)
+		}
 		if !j.State.Terminal() {
 			unfinished = append(unfinished, &j)
 		}
@@ -517,6 +538,9 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 	}
 	j.Version++
 	snap := cloneJob(j)
+	if to.Terminal() {
+		m.finished[j.ID] = time.Now() // monotonic
+	}
 	m.mu.Unlock()
 
 	if err := m.store.PutJob(snap); err != nil {
@@ -894,11 +918,12 @@ func (m *Manager) collectGarbage() {
 		}
 	}
 	slices.SortFunc(finished, func(a, b *api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
-	cutoff := m.now().Add(-m.cfg.MaxAge)
+	now := time.Now() // monotonic: see Config.Now
 	var drop []string
 	for i, j := range finished {
 		tooMany := m.cfg.MaxFinished > 0 && len(finished)-i > m.cfg.MaxFinished
-		tooOld := m.cfg.MaxAge > 0 && j.FinishedAt != nil && j.FinishedAt.Before(cutoff)
+		at, ok := m.finished[j.ID]
+		tooOld := m.cfg.MaxAge > 0 && ok && now.Sub(at) > m.cfg.MaxAge
 		if tooMany || tooOld {
 			drop = append(drop, j.ID)
 		}
@@ -915,6 +940,7 @@ func (m *Manager) collectGarbage() {
 	for _, id := range drop {
 		delete(m.jobs, id)
 		delete(m.specBytes, id)
+		delete(m.finished, id)
 	}
 	m.mu.Unlock()
 	for _, id := range drop {
