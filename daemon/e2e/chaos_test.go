@@ -624,5 +624,39 @@ func TestChaosGPULost(t *testing.T) {
 		if _, err := c.Cancel(ctx, id); err != nil {
 			t.Fatal(err)
 		}
+		waitFor(t, c, id, api.StateCancelled)
+	}
+
+	// A job that fails when its GPU is lost (as a CUDA program would: here
+	// it exits 1 once told to) is restarted by its on-failure policy on a
+	// healthy GPU, and its degraded mark goes with the old allocation.
+	flag := filepath.Join(dir, "gpu-gone")
+	spec := gpuJob()
+	spec.Command = []string{"sh", "-c", `if [ "$FUSIOND_JOB_ATTEMPT" = 1 ]; then while [ ! -e ` + flag + ` ]; do sleep 0.1; done; exit 1; fi; exec sleep 600`}
+	spec.Restart = &api.Restart{Policy: api.RestartOnFailure, MaxRetries: 1}
+	r, err := c.Submit(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = waitFor(t, c, r.ID, api.StateRunning)
+	gone := r.Allocation.GPUs[0]
+	k = slices.IndexFunc(gpus.GPUs, func(g api.GPU) bool { return g.UUID == gone })
+	ok("gpu", "fault", strconv.Itoa(k), "--xid", "79", "--lost")
+	poll("restartable job marked degraded", 10*time.Second, func() bool {
+		r, err = c.Get(ctx, r.ID)
+		return err == nil && slices.Contains(r.Degraded, gone)
+	})
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	poll("restarted on another GPU", 20*time.Second, func() bool {
+		r, err = c.Get(ctx, r.ID)
+		return err == nil && r.Attempt == 2 && r.State == api.StateRunning
+	})
+	if r.Allocation == nil || len(r.Allocation.GPUs) != 1 || r.Allocation.GPUs[0] == gone || len(r.Degraded) != 0 {
+		t.Errorf("restarted job: allocation %+v, degraded %v; want one GPU other than the lost %s, not degraded", r.Allocation, r.Degraded, gone)
+	}
+	if _, err := c.Cancel(ctx, r.ID); err != nil {
+		t.Fatal(err)
 	}
 }
