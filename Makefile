@@ -68,7 +68,8 @@ e2e-nspawn: deb
 # Chaos (needs root; docs/reliability.md): kill -9 of fusiond every few
 # seconds under 8 submitting clients for CHAOS_DURATION (default 60s; e.g.
 # CHAOS_DURATION=120s), then a killed job monitor, a full and a read-only
-# state filesystem. The tests exist only with -tags chaos: nothing skips.
+# state filesystem, a simulated GPU lost under a running job. The tests
+# exist only with -tags chaos: nothing skips.
 CHAOS_DURATION ?= 60s
 chaos:
 	CHAOS_DURATION=$(CHAOS_DURATION) $(GO) test -tags chaos -count=1 -timeout 8m -v -run '^TestChaos' ./daemon/e2e/

@@ -207,6 +207,13 @@ type Job struct {
 	// Usage is the job's resource accounting: live while it runs, final
 	// once it has finished (when the executor measured it).
 	Usage *Usage `json:"usage,omitempty"`
+
+	// Degraded names the devices of the job's allocation that went out of
+	// service (a GPU fallen off the bus, a critical Xid) while the job held
+	// them: the job keeps them, and keeps running, until it ends; each
+	// leaves the list when it is back in service. Kept on a finished job
+	// as a record of what it ran on; cleared when the job is queued again.
+	Degraded []string `json:"degraded,omitempty"`
 }
 
 // Allocation is what the placement engine reserved for a job.

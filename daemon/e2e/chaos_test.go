@@ -484,3 +484,179 @@ func TestChaosStateDirReadOnly(t *testing.T) {
 		t.Errorf("shutdown: %v", err)
 	}
 }
+
+// TestChaosGPULost makes the GPU under a running 1-GPU job fall off the
+// bus (Xid 79, the simulated GPU stops answering) on `--simulate dgxh200`.
+// The policy (docs/reliability.md): the GPU leaves placement at once; the
+// job is not stopped but marked degraded, with an event in its history
+// that keeps its state, and keeps its reservation — so no other job is
+// placed on the GPU, neither while it is out of service nor after it is
+// back in service, until the job ends. After a reset and the probation the
+// degraded mark is lifted with another event, and once the job ends the GPU
+// is placeable again.
+func TestChaosGPULost(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "gpu: {health_probation: 1500ms, health_probe: 100ms}\n")
+	d.args = []string{"--simulate", "dgxh200"}
+	d.start()
+	c := d.client()
+	ctx := context.Background()
+	ok := func(args ...string) string {
+		t.Helper()
+		r := d.ctl(nil, "", args...)
+		if r.code != 0 {
+			t.Fatalf("fusionctl %v: exit %d: %s%s", args, r.code, r.stdout, r.stderr)
+		}
+		return r.stdout
+	}
+	gpuJob := func() api.JobSpec {
+		return api.JobSpec{Command: []string{"sleep", "600"},
+			Resources: api.Resources{CPU: 50, Memory: 16 << 20, GPU: &api.GPURequest{Count: 1}}}
+	}
+	poll := func(what string, within time.Duration, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(within); !cond(); time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not within %s\n%s", what, within, d.log)
+			}
+		}
+	}
+
+	a, err := c.Submit(ctx, gpuJob())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a = waitFor(t, c, a.ID, api.StateRunning)
+	if a.Allocation == nil || len(a.Allocation.GPUs) != 1 {
+		t.Fatalf("allocation %+v, want 1 GPU", a.Allocation)
+	}
+	lost := a.Allocation.GPUs[0]
+	gpus, err := c.GPUs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := slices.IndexFunc(gpus.GPUs, func(g api.GPU) bool { return g.UUID == lost })
+	if k < 0 {
+		t.Fatalf("job's GPU %s not in gpu list", lost)
+	}
+	pid := a.PID
+
+	ok("gpu", "fault", strconv.Itoa(k), "--xid", "79", "--lost")
+	poll("job marked degraded", 10*time.Second, func() bool {
+		a, err = c.Get(ctx, a.ID)
+		return err == nil && slices.Contains(a.Degraded, lost)
+	})
+	if a.State != api.StateRunning || a.PID != pid || syscall.Kill(pid, 0) != nil {
+		t.Fatalf("job is %s (pid %d, was %d) after its GPU was lost; want it left running", a.State, a.PID, pid)
+	}
+	last := a.Events[len(a.Events)-1]
+	if last.From != api.StateRunning || last.To != api.StateRunning || !strings.Contains(last.Reason, lost) ||
+		!strings.Contains(last.Reason, "out of service") || !strings.Contains(last.Reason, "fallen off the bus") {
+		t.Errorf("degraded event %+v", last)
+	}
+	if show := ok("show", a.ID); !strings.Contains(show, "Degraded:") || !strings.Contains(show, lost) {
+		t.Errorf("fusionctl show of a degraded job:\n%s", show)
+	}
+
+	// Eight more 1-GPU jobs: the seven healthy GPUs take seven, the lost
+	// one takes none.
+	var others []string
+	for range 8 {
+		j, err := c.Submit(ctx, gpuJob())
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, j.ID)
+	}
+	counts := func() (running, pending int, onLost []string) {
+		t.Helper()
+		for _, id := range others {
+			j, err := c.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch j.State {
+			case api.StateRunning:
+				running++
+			case api.StatePending:
+				pending++
+			}
+			if j.Allocation != nil && slices.Contains(j.Allocation.GPUs, lost) {
+				onLost = append(onLost, id)
+			}
+		}
+		return
+	}
+	poll("seven of eight 1-GPU jobs running", 30*time.Second, func() bool { r, _, _ := counts(); return r == 7 })
+	if _, p, on := counts(); p != 1 || len(on) > 0 {
+		t.Fatalf("%d pending (want 1); jobs placed on the lost GPU %s: %v", p, lost, on)
+	}
+
+	// Reset: after the probation the GPU is healthy, but the degraded job
+	// still holds it.
+	ok("gpu", "fault", strconv.Itoa(k), "--reset")
+	poll("GPU back in service", 15*time.Second, func() bool {
+		l, err := c.GPUs(ctx)
+		return err == nil && l.GPUs[k].Health.Healthy
+	})
+	poll("degraded mark lifted", 10*time.Second, func() bool {
+		a, err = c.Get(ctx, a.ID)
+		return err == nil && len(a.Degraded) == 0
+	})
+	if last := a.Events[len(a.Events)-1]; a.State != api.StateRunning || !strings.Contains(last.Reason, "back in service") {
+		t.Errorf("job %s after recovery, last event %+v", a.State, last)
+	}
+	time.Sleep(1500 * time.Millisecond) // placement passes run meanwhile
+	if r, p, on := counts(); r != 7 || p != 1 || len(on) > 0 {
+		t.Fatalf("GPU %s held by job %s handed out: %d running, %d pending, on it: %v", lost, a.ID, r, p, on)
+	}
+
+	// The job ends: its GPU is placeable again and the waiting job gets it.
+	if _, err := c.Cancel(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, c, a.ID, api.StateCancelled)
+	poll("the waiting job placed on the recovered GPU", 20*time.Second, func() bool {
+		r, _, on := counts()
+		return r == 8 && len(on) == 1
+	})
+	for _, id := range others {
+		if _, err := c.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, c, id, api.StateCancelled)
+	}
+
+	// A job that fails when its GPU is lost (as a CUDA program would: here
+	// it exits 1 once told to) is restarted by its on-failure policy on a
+	// healthy GPU, and its degraded mark goes with the old allocation.
+	flag := filepath.Join(dir, "gpu-gone")
+	spec := gpuJob()
+	spec.Command = []string{"sh", "-c", `if [ "$FUSIOND_JOB_ATTEMPT" = 1 ]; then while [ ! -e ` + flag + ` ]; do sleep 0.1; done; exit 1; fi; exec sleep 600`}
+	spec.Restart = &api.Restart{Policy: api.RestartOnFailure, MaxRetries: 1}
+	r, err := c.Submit(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = waitFor(t, c, r.ID, api.StateRunning)
+	gone := r.Allocation.GPUs[0]
+	k = slices.IndexFunc(gpus.GPUs, func(g api.GPU) bool { return g.UUID == gone })
+	ok("gpu", "fault", strconv.Itoa(k), "--xid", "79", "--lost")
+	poll("restartable job marked degraded", 10*time.Second, func() bool {
+		r, err = c.Get(ctx, r.ID)
+		return err == nil && slices.Contains(r.Degraded, gone)
+	})
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	poll("restarted on another GPU", 20*time.Second, func() bool {
+		r, err = c.Get(ctx, r.ID)
+		return err == nil && r.Attempt == 2 && r.State == api.StateRunning
+	})
+	if r.Allocation == nil || len(r.Allocation.GPUs) != 1 || r.Allocation.GPUs[0] == gone || len(r.Degraded) != 0 {
+		t.Errorf("restarted job: allocation %+v, degraded %v; want one GPU other than the lost %s, not degraded", r.Allocation, r.Degraded, gone)
+	}
+	if _, err := c.Cancel(ctx, r.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -97,7 +97,11 @@ func (m *Manager) ProbationEnds(uuid string) (time.Time, bool) {
 	if !ok || e.recovering.IsZero() {
 		return time.Time{}, false
 	}
-	return e.recovering.Add(m.probation), true
+	// The remaining probation is measured on the monotonic clock and
+	// shown from the wall clock's reading now, so a wall clock set forward
+	// or back meanwhile does not misplace it.
+	now := m.clock.Now()
+	return now.Add(m.probation - now.Sub(e.recovering)), true
 }
 
 // Healthy reports whether new work may be placed on uuid (GPU or MIG).

@@ -39,7 +39,11 @@ type Config struct {
 	LeaveJobsRunning bool
 	// Preparer readies allocated devices before a job starts (optional).
 	Preparer Preparer
-	// Now is the clock (time.Now when nil).
+	// Now is the wall clock the records' timestamps come from (time.Now
+	// when nil). No decision reads it: retention by age, grace periods and
+	// probes measure elapsed time on the monotonic clock, so a wall clock
+	// set forward or back (NTP step, operator) neither deletes a job that
+	// just finished nor keeps one forever.
 	Now func() time.Time
 	// Limits bound each user's jobs, specs and logs (zero: no limit).
 	Limits Limits
@@ -81,6 +85,10 @@ type Manager struct {
 	specBytes map[string]int64
 	logByUser map[uint32]int64
 	logTotal  int64
+	// finished holds, per finished job, a monotonic reading of when it
+	// finished: retention by age measures from it, never from the
+	// recorded (wall-clock) FinishedAt.
+	finished map[string]time.Time
 
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -111,6 +119,7 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		reserved:   map[*reservation]struct{}{},
 		specBytes:  map[string]int64{},
 		logByUser:  map[uint32]int64{},
+		finished:   map[string]time.Time{},
 	}
 }
 
@@ -124,8 +133,20 @@ func (m *Manager) now() time.Time { return m.cfg.Now().UTC() }
 // are killed).
 func (m *Manager) Recover() error {
 	var unfinished []*api.Job
+	// A job finished before this daemon started is as old as the wall
+	// clock says now (the only reading there is), and ages on the
+	// monotonic clock from here on; one "finished in the future" (the
+	// clock went back since) counts as just finished.
+	loadedMono, loadedWall := time.Now(), m.cfg.Now()
 	err := m.store.Jobs(func(j api.Job) error {
 		m.jobs[j.ID] = &j
+		if j.State.Terminal() {
+			var age time.Duration
+			if j.FinishedAt != nil {
+				age = max(loadedWall.Sub(*j.FinishedAt), 0)
+			}
+			m.finished[j.ID] = loadedMono.Add(-age)
+		}
 		if !j.State.Terminal() {
 			unfinished = append(unfinished, &j)
 		}
@@ -463,7 +484,104 @@ func (m *Manager) publish(j *api.Job, ev api.Event) {
 func (m *Manager) PublishDevice(ev api.Event) {
 	ev.Kind, ev.JobID, ev.From, ev.To = api.EventDevice, "", "", ""
 	m.events.publish(ev)
+	if ev.Device != "" && ev.Healthy != nil {
+		m.noteDeviceHealth(ev.Device, *ev.Healthy, ev.Reason)
+	}
 	m.poke()
+}
+
+// noteDeviceHealth records a device's health transition on every placed,
+// starting or running job whose allocation holds it. The policy for a
+// device lost under a job (docs/reliability.md): the job is not stopped —
+// its processes see the failure and decide (a CUDA program usually exits
+// with an error, and then its restart policy applies, placing it on
+// healthy devices) — and it keeps its reservation, so nothing else is
+// placed on the device while the job holds it, even once the device is
+// back in service. The job is marked degraded (Job.Degraded) with an event
+// in its history and stream that keeps its state (from = to).
+func (m *Manager) noteDeviceHealth(device string, healthy bool, why string) {
+	m.mu.Lock()
+	var hit []*api.Job
+	for _, j := range m.jobs {
+		if active(j.State) && slices.Contains(allocationDevices(j.Allocation), device) &&
+			slices.Contains(j.Degraded, device) == healthy {
+			hit = append(hit, j)
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(hit, func(a, b *api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
+	for _, j := range hit {
+		reason := fmt.Sprintf("degraded: device %s out of service (%s); the job keeps it and keeps running", device, why)
+		if healthy {
+			reason = fmt.Sprintf("device %s back in service (%s)", device, why)
+		}
+		m.annotate(j, reason, func(j *api.Job) {
+			if healthy {
+				j.Degraded = slices.DeleteFunc(j.Degraded, func(d string) bool { return d == device })
+			} else if !slices.Contains(j.Degraded, device) {
+				j.Degraded = append(j.Degraded, device)
+			}
+		})
+	}
+}
+
+// annotate records an event on an active job that does not change its
+// state, stores and publishes it; a job that has moved on to pending or a
+// final state meanwhile is left alone. A store failure is logged (the
+// in-memory record is put back).
+func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) {
+	m.mu.Lock()
+	if !active(j.State) {
+		m.mu.Unlock()
+		return
+	}
+	before := cloneJob(j)
+	ev := api.Event{Time: m.now(), From: j.State, To: j.State, Reason: reason}
+	j.Events = append(j.Events, ev)
+	mutate(j)
+	j.Version++
+	snap := cloneJob(j)
+	m.mu.Unlock()
+	if err := m.store.PutJob(snap); err != nil {
+		m.noteStoreError(err)
+		m.mu.Lock()
+		if j.Version == snap.Version {
+			*j = before
+		}
+		m.mu.Unlock()
+		m.log.Warn("could not record a device event on a job", "job", j.ID, "reason", reason, "err", err)
+		return
+	}
+	m.noteStoreOK()
+	m.publish(&snap, ev)
+	m.log.Warn("job event", "job", j.ID, "state", snap.State, "reason", reason)
+}
+
+// active is true of the states in which a job holds its allocation.
+func active(s api.State) bool {
+	return s == api.StatePlaced || s == api.StateStarting || s == api.StateRunning
+}
+
+// allocationDevices names the devices a holds: whole GPUs, a shared GPU,
+// a MIG instance and its GPU, an FPGA region.
+func allocationDevices(a *api.Allocation) []string {
+	if a == nil {
+		return nil
+	}
+	out := slices.Clone(a.GPUs)
+	if s := a.GPUShare; s != nil {
+		out = append(out, s.GPU)
+	}
+	if mig := a.MIG; mig != nil {
+		out = append(out, mig.GPU)
+		if mig.Instance != "" {
+			out = append(out, mig.Instance)
+		}
+	}
+	if f := a.FPGA; f != nil {
+		out = append(out, f.Region)
+	}
+	return out
 }
 
 func (m *Manager) noteStoreError(err error) {
@@ -512,11 +630,17 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 	j.State = to
 	j.Reason = reason
 	j.Events = append(j.Events, ev)
+	if to == api.StatePending {
+		j.Degraded = nil // its allocation is given up
+	}
 	if mutate != nil {
 		mutate(j)
 	}
 	j.Version++
 	snap := cloneJob(j)
+	if to.Terminal() {
+		m.finished[j.ID] = time.Now() // monotonic
+	}
 	m.mu.Unlock()
 
 	if err := m.store.PutJob(snap); err != nil {
@@ -537,6 +661,7 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 func cloneJob(j *api.Job) api.Job {
 	c := *j
 	c.Events = slices.Clone(j.Events)
+	c.Degraded = slices.Clone(j.Degraded)
 	if j.Allocation != nil {
 		c.Allocation = cloneAllocation(j.Allocation)
 	}
@@ -894,11 +1019,12 @@ func (m *Manager) collectGarbage() {
 		}
 	}
 	slices.SortFunc(finished, func(a, b *api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
-	cutoff := m.now().Add(-m.cfg.MaxAge)
+	now := time.Now() // monotonic: see Config.Now
 	var drop []string
 	for i, j := range finished {
 		tooMany := m.cfg.MaxFinished > 0 && len(finished)-i > m.cfg.MaxFinished
-		tooOld := m.cfg.MaxAge > 0 && j.FinishedAt != nil && j.FinishedAt.Before(cutoff)
+		at, ok := m.finished[j.ID]
+		tooOld := m.cfg.MaxAge > 0 && ok && now.Sub(at) > m.cfg.MaxAge
 		if tooMany || tooOld {
 			drop = append(drop, j.ID)
 		}
@@ -915,6 +1041,7 @@ func (m *Manager) collectGarbage() {
 	for _, id := range drop {
 		delete(m.jobs, id)
 		delete(m.specBytes, id)
+		delete(m.finished, id)
 	}
 	m.mu.Unlock()
 	for _, id := range drop {

@@ -35,6 +35,7 @@ type Record struct {
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
 	Version    uint64          `json:"version"`
 	Usage      *api.Usage      `json:"usage,omitempty"`
+	Degraded   []string        `json:"degraded,omitempty"`
 }
 
 // recordOf is the record of j, converted at the store's boundary.
@@ -43,7 +44,7 @@ func recordOf(j api.Job) Record {
 		ID: j.ID, Spec: j.Spec, Owner: j.Owner, Tier: j.Tier, State: j.State, Reason: j.Reason,
 		Attempt: j.Attempt, Allocation: j.Allocation, Exit: j.Exit, PID: j.PID, Events: j.Events,
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Version: j.Version,
-		Usage: j.Usage,
+		Usage: j.Usage, Degraded: j.Degraded,
 	}
 }
 
@@ -53,6 +54,6 @@ func (r Record) Job() api.Job {
 		ID: r.ID, Spec: r.Spec, Owner: r.Owner, Tier: r.Tier, State: r.State, Reason: r.Reason,
 		Attempt: r.Attempt, Allocation: r.Allocation, Exit: r.Exit, PID: r.PID, Events: r.Events,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Version: r.Version,
-		Usage: r.Usage,
+		Usage: r.Usage, Degraded: r.Degraded,
 	}
 }

@@ -431,6 +431,9 @@ func showJob(w io.Writer, j api.Job) error {
 		if len(a.Devices) > 0 {
 			p("Devices", "%s", strings.Join(a.Devices, ", "))
 		}
+		if len(j.Degraded) > 0 {
+			p("Degraded", "%s out of service (the job keeps them)", strings.Join(j.Degraded, ", "))
+		}
 		if a.Explain != "" {
 			p("Placement", "%s", a.Explain)
 		}
