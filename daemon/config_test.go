@@ -40,28 +40,53 @@ func TestLoadConfig(t *testing.T) {
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), true); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing named config: %v", err)
 	}
+	for body, want := range map[string]string{
+		"metrics: {listen: \"127.0.0.1:9464\"}\n":                   "tcp 127.0.0.1:9464",
+		"metrics: {listen: \"[::1]:9464\"}\n":                       "tcp [::1]:9464",
+		"metrics: {listen: \"localhost:0\"}\n":                      "tcp localhost:0",
+		"metrics: {listen: \"0.0.0.0:9464\", allow_remote: true}\n": "tcp 0.0.0.0:9464",
+		"metrics: {listen: \"unix:/run/fusiond/metrics.sock\"}\n":   "unix /run/fusiond/metrics.sock",
+		"gpu: {health_probe: 10s}\n":                                " ",
+	} {
+		cfg, err := LoadConfig(write(body), true)
+		if err != nil {
+			t.Errorf("%q: %v", body, err)
+			continue
+		}
+		network, addr, err := cfg.Metrics.Endpoint()
+		if got := network + " " + addr; err != nil || got != want {
+			t.Errorf("%q: endpoint %q, %v; want %q", body, got, err, want)
+		}
+	}
 	if _, err := LoadConfig(write(""), true); err != nil {
 		t.Errorf("empty file: %v", err)
 	}
 	bad := map[string]string{
-		"sokcet: /x\n":                               "sokcet",
-		"log: {level: loud}\n":                       "log.level",
-		"log: {format: xml}\n":                       "log.format",
-		"log: {colour: red}\n":                       "log.colour",
-		"socket_mode: \"0999\"\n":                    "socket_mode",
-		"cancel_grace: soon\n":                       "cancel_grace",
-		"cancel_grace: -1s\n":                        "cancel_grace",
-		"tiers: {gaming: guaranteed}\n":              "tiers.gaming",
-		"tiers: {batch: gold}\n":                     "tiers.batch",
-		"retention: {max_finished_jobs: -1}\n":       "retention.max_finished_jobs",
-		"max_request_bytes: 10\n":                    "max_request_bytes",
-		"socket: " + strings.Repeat("x", 120) + "\n": "socket",
-		"state_dir: [1]\n":                           "state_dir",
-		"simulate: dgxz900\n":                        "simulate",
-		"max_bitstream_bytes: 1\n":                   "max_bitstream_bytes",
-		"cgroup_parent: /system.slice\n":             "cgroup_parent",
-		"cgroup_parent: ../escape\n":                 "cgroup_parent",
-		"- not a map\n":                              "",
+		"sokcet: /x\n":                                "sokcet",
+		"log: {level: loud}\n":                        "log.level",
+		"log: {format: xml}\n":                        "log.format",
+		"log: {colour: red}\n":                        "log.colour",
+		"socket_mode: \"0999\"\n":                     "socket_mode",
+		"cancel_grace: soon\n":                        "cancel_grace",
+		"cancel_grace: -1s\n":                         "cancel_grace",
+		"tiers: {gaming: guaranteed}\n":               "tiers.gaming",
+		"tiers: {batch: gold}\n":                      "tiers.batch",
+		"retention: {max_finished_jobs: -1}\n":        "retention.max_finished_jobs",
+		"max_request_bytes: 10\n":                     "max_request_bytes",
+		"socket: " + strings.Repeat("x", 120) + "\n":  "socket",
+		"state_dir: [1]\n":                            "state_dir",
+		"simulate: dgxz900\n":                         "simulate",
+		"max_bitstream_bytes: 1\n":                    "max_bitstream_bytes",
+		"cgroup_parent: /system.slice\n":              "cgroup_parent",
+		"cgroup_parent: ../escape\n":                  "cgroup_parent",
+		"- not a map\n":                               "",
+		"metrics: {listen: \"0.0.0.0:9464\"}\n":       "metrics.listen",
+		"metrics: {listen: \":9464\"}\n":              "metrics.listen",
+		"metrics: {listen: \"10.1.2.3:9464\"}\n":      "metrics.listen",
+		"metrics: {listen: \"127.0.0.1\"}\n":          "metrics.listen",
+		"metrics: {listen: \"127.0.0.1:http\"}\n":     "metrics.listen",
+		"metrics: {listen: \"unix:relative.sock\"}\n": "metrics.listen",
+		"metrics: {port: 9464}\n":                     "metrics.port",
 	}
 	for body, key := range bad {
 		p := write(body)

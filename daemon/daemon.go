@@ -21,7 +21,9 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/metrics"
 	"github.com/fusiond/fusiond/daemon/internal/store"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // Options are New's (and Run's) inputs.
@@ -59,6 +61,9 @@ type Daemon struct {
 	capacity api.NodeResources
 	mgr      *jobs.Manager
 	srv      *apiserver.Server
+	metrics  *metrics.Metrics
+
+	unsubscribeMetrics func()
 
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
@@ -108,10 +113,18 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		return hardwareOf(context.WithoutCancel(ctx), d.hw, d.capacity, log)
 	}
 	engine := hostplacer.New(inventory(), placementOptions(d.hw))
-	placer, runner, err := newExecutor(ctx, cfg, engine, liveTopology(d.hw), log)
+	placer, runner, cg, err := newExecutor(ctx, cfg, engine, liveTopology(d.hw), log)
 	if err != nil {
 		return nil, err
 	}
+	d.metrics = metrics.New(metrics.Options{Version: o.Version.Version, Logger: log, Sources: metrics.Sources{
+		Jobs:      func() jobs.Stats { return d.mgr.Stats() },
+		Capacity:  placer.Capacity,
+		Allocated: placer.Allocated,
+		Devices:   func(ctx context.Context) []devices.Device { return inventories(ctx, d.hw, log) },
+		Tiers:     tierStats(cg),
+	}})
+	d.unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
 	prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
 	d.mgr = jobs.New(jobs.Config{
 		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
@@ -122,6 +135,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		DaemonUID:        uint32(os.Geteuid()),
 		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
 		Preparer:         prep,
+		Observer:         d.metrics,
 	}, d.store, runner, placer, log)
 	prep.holders = d.mgr
 	if err := d.mgr.Recover(); err != nil {
@@ -154,6 +168,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		Logger:            log,
 		Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
+		Observer:          d.metrics,
 	})
 	return d, nil
 }
@@ -166,6 +181,9 @@ func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
 		if d.disconnect != nil {
 			d.disconnect()
+		}
+		if d.unsubscribeMetrics != nil {
+			d.unsubscribeMetrics()
 		}
 		if d.stopPower != nil {
 			d.stopPower()
@@ -207,6 +225,19 @@ func Run(ctx context.Context, o Options) error {
 func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	defer d.Close()
 	cfg, log, o := d.cfg, d.log, d.o
+	// The metrics listener opens first: a bad address stops the start
+	// before any job is placed.
+	var mln net.Listener
+	network, addr, _ := cfg.Metrics.Endpoint()
+	if network != "" {
+		var err error
+		if mln, err = listenMetrics(cfg, network, addr); err != nil {
+			return err
+		}
+		if network == "unix" {
+			defer os.Remove(addr)
+		}
+	}
 	d.mgr.Start()
 	hs := &http.Server{
 		Handler:           d.srv,
@@ -214,8 +245,18 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2) // the API and metrics servers
 	go func() { serveErr <- hs.Serve(ln) }()
+	var ms *http.Server
+	if mln != nil {
+		ms = &http.Server{
+			Handler:           d.metrics.Handler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+		go func() { serveErr <- ms.Serve(mln) }()
+		log.Info("metrics listening", "network", network, "address", mln.Addr().String())
+	}
 	log.Info("fusiond ready", "socket", cfg.Socket, "state_dir", cfg.StateDir,
 		"cpu", d.capacity.CPU.String(), "memory", d.capacity.Memory.String(), "version", d.version.Version)
 	if o.OnReady != nil {
@@ -233,7 +274,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		case <-ctx.Done():
 			running = false
 		case err := <-serveErr:
-			return fmt.Errorf("API server: %w", err)
+			return fmt.Errorf("API or metrics server: %w", err)
 		case <-tick:
 			if err := selfCheck(ctx, cfg.Socket, o.WatchdogInterval); err != nil {
 				log.Warn("health check failed: withholding the watchdog ping", "err", err)
@@ -251,6 +292,11 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	d.srv.CloseStreams()
 	if err := hs.Shutdown(shutdownCtx); err != nil {
 		log.Warn("API server did not finish in time", "err", err)
+	}
+	if ms != nil {
+		if err := ms.Shutdown(shutdownCtx); err != nil {
+			log.Warn("metrics server did not finish in time", "err", err)
+		}
 	}
 	d.mgr.Stop(shutdownCtx)
 	log.Info("fusiond stopped")

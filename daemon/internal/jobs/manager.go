@@ -40,6 +40,9 @@ type Config struct {
 	Preparer Preparer
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// Observer is told of submissions, transitions and placement
+	// decisions (optional).
+	Observer Observer
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -71,6 +74,9 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 	}
 	if cfg.CancelGrace <= 0 {
 		cfg.CancelGrace = 10 * time.Second
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, runner: runner, placer: placer,
@@ -340,6 +346,7 @@ func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (a
 	ev := job.Events[0]
 	ev.JobID = job.ID
 	m.publish(&job, ev)
+	m.cfg.Observer.Submitted(spec.Class, tier)
 	m.log.Info("job submitted", "job", job.ID, "name", spec.Name, "class", spec.Class, "tier", tier, "uid", c.UID)
 	m.poke()
 	return job, nil
@@ -391,6 +398,10 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 	}
 	before := cloneJob(j)
 	ev := api.Event{Time: m.now(), From: cur, To: to, Reason: reason}
+	var waited time.Duration
+	if n := len(j.Events); cur == api.StatePending && to == api.StatePlaced && n > 0 {
+		waited = ev.Time.Sub(j.Events[n-1].Time)
+	}
 	j.State = to
 	j.Reason = reason
 	j.Events = append(j.Events, ev)
@@ -411,6 +422,10 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 		return err
 	}
 	m.publish(&snap, ev)
+	m.cfg.Observer.Transitioned(cur, to)
+	if cur == api.StatePending && to == api.StatePlaced {
+		m.cfg.Observer.Waited(snap.Spec.Class, waited)
+	}
 	m.log.Info("job state", "job", j.ID, "from", cur, "to", to, "reason", reason)
 	return nil
 }

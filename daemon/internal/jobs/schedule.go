@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices"
@@ -63,7 +64,9 @@ func (m *Manager) schedule() {
 			}
 			group = group[:g.Size]
 		}
+		decided := time.Now()
 		allocs, why, ok := m.placer.Place(group)
+		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
 		if !ok {
 			switch {
 			case ahead == 1:
