@@ -14,8 +14,10 @@ export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 # Debian packages the tests need (installed by `make deps`): device names
 # and the hwloc oracle for topology, a static busybox for container rootfs,
 # qemu for the cgroup v2 VM, systemd-analyze/dpkg/rpm for the unit and
-# package tests; then the linters and the booted-Debian test's tools.
-TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm
+# package tests, promtool (prometheus) for the metrics, alert-rule and
+# dashboard checks, tmux for the `fusionctl top` test; then the linters
+# and the booted-Debian test's tools.
+TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
 .PHONY: all build run test test-vm vet deps bench gpu-check fuzz clean pkgbin deb rpm package-lint e2e-nspawn
