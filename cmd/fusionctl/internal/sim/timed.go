@@ -30,6 +30,31 @@ type TimedResult struct {
 	WaitP95     float64     `json:"wait_p95_s"`
 	WaitMean    float64     `json:"wait_mean_s"`
 	Util        []UtilPoint `json:"util,omitempty"`
+	// WaitCDF is the distribution of the placed pods' queueing delays:
+	// the wait below which each share of them (0, 1 … 100 %) was placed.
+	WaitCDF []CDFPoint `json:"wait_cdf,omitempty"`
+}
+
+// CDFPoint says that Frac (0..1) of the placed pods waited at most WaitS
+// seconds.
+type CDFPoint struct {
+	WaitS float64 `json:"wait_s"`
+	Frac  float64 `json:"frac"`
+}
+
+// cdf is v's distribution at every whole percent.
+func cdf(v []float64) []CDFPoint {
+	if len(v) == 0 {
+		return nil
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	out := make([]CDFPoint, 0, 101)
+	for p := 0; p <= 100; p++ {
+		i := min(len(s)-1, max(0, int(math.Ceil(float64(p)/100*float64(len(s))))-1))
+		out = append(out, CDFPoint{WaitS: s[i], Frac: float64(p) / 100})
+	}
+	return out
 }
 
 // TimedOptions tune RunTimed.
@@ -215,6 +240,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	}
 	res.WaitP50, res.WaitP95, res.WaitMean = percentile(waits, 0.5), percentile(waits, 0.95), mean(waits)
 	res.Util = downsample(samples, o.MaxPoints)
+	res.WaitCDF = cdf(waits)
 	return res, nil
 }
 
