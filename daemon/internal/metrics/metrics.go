@@ -147,10 +147,6 @@ func New(o Options) *Metrics {
 	return m
 }
 
-// Registry is the registry the collectors are on (for tests and
-// promhttp).
-func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
-
 // Handler serves the registry in the Prometheus text (or OpenMetrics)
 // format. It answers GET and HEAD only.
 func (m *Metrics) Handler() http.Handler {

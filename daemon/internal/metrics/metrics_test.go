@@ -122,7 +122,7 @@ func TestValues(t *testing.T) {
 func TestLint(t *testing.T) {
 	m := testMetrics(t)
 	exercise(m)
-	problems, err := testutil.GatherAndLint(m.Registry())
+	problems, err := testutil.GatherAndLint(m.reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	m := testMetrics(t)
 	exercise(m)
-	fams, err := m.Registry().Gather()
+	fams, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,7 +79,7 @@ func AllocChart(rep *Report) *chart {
 func UtilChart(rep *Report) *chart {
 	c := &chart{
 		Title:  fmt.Sprintf("%s (time-ordered): GPU allocation over time", rep.Trace),
-		XLabel: "time since the first arrival (hours)",
+		XLabel: "time since the first arrival (hours), until the last pod is placed",
 		YLabel: "GPU allocated (% of capacity)",
 		YMin:   0, YMax: 100,
 	}
@@ -89,10 +89,17 @@ func UtilChart(rep *Report) *chart {
 			t0 = min(t0, r.Util[0].Time)
 		}
 	}
+	var end int64
+	for _, r := range rep.Timed {
+		end = max(end, r.LastPlaced)
+	}
 	xmax := 0.0
 	for i, r := range rep.Timed {
 		s := series{Name: fmt.Sprintf("%s (mean %.1f%%)", r.Policy, r.MeanUtilPct), Color: palette[i%len(palette)]}
 		for _, p := range r.Util {
+			if p.Time > end {
+				break // the long-lived pods running on after the last placement
+			}
 			h := float64(p.Time-t0) / 3600
 			s.X, s.Y = append(s.X, h), append(s.Y, p.UtilPct)
 			xmax = max(xmax, h)
@@ -110,14 +117,14 @@ func UtilChart(rep *Report) *chart {
 var waitTicks = []struct {
 	s     float64
 	label string
-}{{1, "≤1s"}, {10, "10s"}, {60, "1m"}, {600, "10m"}, {3600, "1h"}, {36000, "10h"}, {86400, "1d"}, {864000, "10d"}, {8640000, "100d"}}
+}{{1, "1s"}, {10, "10s"}, {60, "1m"}, {600, "10m"}, {3600, "1h"}, {36000, "10h"}, {86400, "1d"}, {864000, "10d"}, {8640000, "100d"}}
 
 // WaitChart is the time-ordered replay's queueing-delay CDF (log time
 // axis; waits under a second count as one second), one curve per policy.
 func WaitChart(rep *Report) *chart {
 	c := &chart{
 		Title:  fmt.Sprintf("%s (time-ordered): queueing delay CDF", rep.Trace),
-		XLabel: "wait before placement (log scale)",
+		XLabel: "wait before placement (log scale; waits under 1 s drawn at 1 s)",
 		YLabel: "pods placed within the wait (%)",
 		YMin:   0, YMax: 100,
 	}

@@ -136,7 +136,7 @@ func TestTimedPlots(t *testing.T) {
 	if !bytes.Contains(util, []byte("GPU allocation over time")) || !bytes.Contains(util, []byte("fusiond (mean ")) {
 		t.Errorf("utilisation plot:\n%.400s", util)
 	}
-	if !bytes.Contains(wait, []byte("queueing delay CDF")) || !bytes.Contains(wait, []byte("spread (p95 ")) || !bytes.Contains(wait, []byte("≤1s")) {
+	if !bytes.Contains(wait, []byte("queueing delay CDF")) || !bytes.Contains(wait, []byte("spread (p95 ")) || !bytes.Contains(wait, []byte("under 1 s")) {
 		t.Errorf("wait plot:\n%.400s", wait)
 	}
 	rep, err := Simulate(context.Background(), o)

@@ -30,6 +30,10 @@ type TimedResult struct {
 	WaitP95     float64     `json:"wait_p95_s"`
 	WaitMean    float64     `json:"wait_mean_s"`
 	Util        []UtilPoint `json:"util,omitempty"`
+	// LastPlaced is the time the last pod was placed: the mean
+	// utilisation covers the trace up to it (the long-lived pods that
+	// run on after it are left out).
+	LastPlaced int64 `json:"last_placed_t"`
 	// WaitCDF is the distribution of the placed pods' queueing delays:
 	// the wait below which each share of them (0, 1 … 100 %) was placed.
 	WaitCDF []CDFPoint `json:"wait_cdf,omitempty"`
@@ -234,6 +238,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len()})
 	}
 	res.Placed = len(waits)
+	res.LastPlaced = last
 	res.NeverPlaced = q.Len()
 	if span := last - first; span > 0 {
 		res.MeanUtilPct = 100 * utilArea / float64(span) / float64(capMilli)
