@@ -151,6 +151,9 @@ func renderFrame(w io.Writer, f topFrame, st frameStyle) error {
 	fmt.Fprintf(w, "CPU %s/%s cores  MEM %s/%s  GPU %d/%d  FPGA %d/%d  JOBS %s\n",
 		n.Allocated.CPU, n.Capacity.CPU, n.Allocated.Memory.Human(), n.Capacity.Memory.Human(),
 		n.Allocated.GPUs, n.Capacity.GPUs, n.Allocated.FPGAs, n.Capacity.FPGAs, jobCounts(n.Jobs))
+	for _, note := range n.Notes {
+		fmt.Fprintf(w, "note: %s\n", note)
+	}
 
 	// Tiers: jobs, reservations and measured use of each QoS tier.
 	fmt.Fprintln(w)

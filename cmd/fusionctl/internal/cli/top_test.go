@@ -16,7 +16,8 @@ func testFrame() topFrame {
 		Node: api.NodeStatus{Hostname: "h1", Version: "1.0", Cordoned: true, Simulated: true,
 			Capacity:  api.NodeResources{CPU: 8000, Memory: 32 << 30, GPUs: 2, FPGAs: 1},
 			Allocated: api.NodeResources{CPU: 2500, Memory: 4 << 30, GPUs: 1},
-			Jobs:      map[api.State]int{api.StateRunning: 1, api.StatePending: 1, api.StateFailed: 1}},
+			Jobs:      map[api.State]int{api.StateRunning: 1, api.StatePending: 1, api.StateFailed: 1},
+			Notes:     []string{"no FPGA regions found"}},
 		GPUs: api.GPUList{Simulated: "dgxh200", GPUs: []api.GPU{
 			{Index: 1, Model: "H200", Memory: 141 << 30, Health: devices.Health{Reason: "Xid 79"}, Xid: 79, ShareMode: "mps"},
 			{Index: 0, Model: "H200", Memory: 141 << 30, Health: devices.Health{Healthy: true}, MIGEnabled: true,
@@ -43,7 +44,7 @@ func TestRenderFrame(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"NODE h1 — fusiond 1.0, devices SIMULATED (dgxh200) — CORDONED",
-		"CPU 2500m/8 cores  MEM 4Gi/32Gi  GPU 1/2  FPGA 0/1  JOBS 1 pending, 1 running, 1 failed",
+		"CPU 2500m/8 cores  MEM 4Gi/32Gi  GPU 1/2  FPGA 0/1  JOBS 1 pending, 1 running, 1 failed\nnote: no FPGA regions found\n",
 		"burstable   1        0       2500m         4Gi           12.5s     1Gi",
 		"besteffort  0        1       0             0             0.0s      0",
 		// sorted by index; MIG instances with the busy ones starred
