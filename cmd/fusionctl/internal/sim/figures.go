@@ -25,7 +25,7 @@ func AllocChart(rep *Report) *chart {
 		XLabel: "arrived GPU request (% of GPU capacity)",
 		YLabel: "% of GPU capacity",
 		YMin:   0, YMax: 100,
-		Notes: []string{"solid: GPU request allocated", "dashed: GPU request failed", "grey: arrived (y = x)"},
+		Notes: []string{"solid: allocated", "dashed: failed", "grey: arrived (y = x)"},
 	}
 	xmax := 0.0
 	for i, p := range policies {

@@ -76,7 +76,7 @@ func TestAllocChart(t *testing.T) {
 	if err := c.WriteSVG(&svg); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"<svg", "tiny: GPU allocation vs arrived", ">bestfit</text>", ">fusiond</text>", "stroke-dasharray", "dashed: GPU request failed", ">130</text>", "arrived GPU request (% of GPU capacity)"} {
+	for _, want := range []string{"<svg", "tiny: GPU allocation vs arrived", ">bestfit</text>", ">fusiond</text>", "stroke-dasharray", "dashed: failed", ">130</text>", "arrived GPU request (% of GPU capacity)"} {
 		if !strings.Contains(svg.String(), want) {
 			t.Errorf("SVG lacks %q", want)
 		}
@@ -155,5 +155,35 @@ func TestTimedPlots(t *testing.T) {
 	}
 	if n := pixels(decodePNG(t, filepath.Join(dir, "timed-wait.png")), palette[1]); n < 100 {
 		t.Errorf("wait CDF PNG: %d pixels of the second policy", n)
+	}
+}
+
+// The pictures `make plots` commits are valid, small and on the benchmarks
+// page.
+func TestCommittedPlots(t *testing.T) {
+	page, err := os.ReadFile("../../../../docs/benchmarks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"openb-default-alloc", "openb-default-timed", "openb-default-timed-wait"} {
+		for _, ext := range []string{".png", ".svg"} {
+			path := filepath.Join("../../../../docs/img", name+ext)
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Errorf("%v (make plots writes it)", err)
+				continue
+			}
+			if st.Size() > 300<<10 {
+				t.Errorf("%s is %d KiB, over 300", path, st.Size()>>10)
+			}
+			if !bytes.Contains(page, []byte("img/"+name+ext)) {
+				t.Errorf("docs/benchmarks.md does not show img/%s%s", name, ext)
+			}
+			if ext == ".png" {
+				if img := decodePNG(t, path); img.Bounds().Dx() != plotW {
+					t.Errorf("%s: %v", path, img.Bounds())
+				}
+			}
+		}
 	}
 }
