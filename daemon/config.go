@@ -77,7 +77,8 @@ type Config struct {
 // address of its own, never the API socket.
 type MetricsConfig struct {
 	// Listen is "" (off), a TCP address ("127.0.0.1:9464", "[::1]:9464")
-	// or "unix:/path/to/metrics.sock".
+	// or "unix:/path/to/metrics.sock" (a relative path is taken from the
+	// directory fusiond starts in).
 	Listen string `json:"listen"`
 	// AllowRemote lets Listen name an address other machines can reach;
 	// without it a TCP address must be a loopback one.
@@ -92,8 +93,8 @@ func (m MetricsConfig) Endpoint() (network, addr string, err error) {
 		return "", "", nil
 	case strings.HasPrefix(m.Listen, "unix:"):
 		p := strings.TrimPrefix(m.Listen, "unix:")
-		if !path.IsAbs(p) {
-			return "", "", fmt.Errorf("want an absolute socket path after unix:, got %q", p)
+		if p == "" {
+			return "", "", fmt.Errorf("want a socket path after unix:")
 		}
 		if len(p) > 107 {
 			return "", "", fmt.Errorf("socket path longer than the 107 bytes a Unix socket address holds")

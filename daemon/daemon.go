@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -90,6 +91,13 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 			return nil, fmt.Errorf("resolving %s: %w", *p, err)
 		}
 		*p = abs
+	}
+	if sock, ok := strings.CutPrefix(cfg.Metrics.Listen, "unix:"); ok {
+		abs, err := filepath.Abs(sock)
+		if err != nil {
+			return nil, fmt.Errorf("resolving metrics.listen %s: %w", sock, err)
+		}
+		cfg.Metrics.Listen = "unix:" + abs
 	}
 	d := &Daemon{cfg: cfg, log: log, version: o.Version, o: o}
 	defer func() {

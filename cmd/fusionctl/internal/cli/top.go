@@ -33,6 +33,10 @@ type topFrame struct {
 // unfinished ones.
 const topFinished = 5
 
+// topMeasured bounds the running jobs whose usage a frame measures (one
+// request each).
+const topMeasured = 50
+
 var activeStates = []api.State{api.StatePending, api.StatePlaced, api.StateStarting, api.StateRunning}
 
 // fetchFrame reads node status, GPUs, FPGA regions and jobs.
@@ -55,6 +59,18 @@ func fetchFrame(ctx context.Context, c *api.Client) (topFrame, error) {
 	recent, err := c.List(ctx, api.ListOptions{State: []api.State{api.StateSucceeded, api.StateFailed, api.StateCancelled, api.StateLost}, Limit: topFinished})
 	if err != nil {
 		return f, fmt.Errorf("jobs: %w", err)
+	}
+	// Listings carry no live usage; a running job's is measured when it
+	// is fetched alone.
+	measured := 0
+	for i, j := range active {
+		if j.State != api.StateRunning || measured == topMeasured {
+			continue
+		}
+		measured++
+		if g, err := c.Get(ctx, j.ID); err == nil && g.Usage != nil {
+			active[i].Usage = g.Usage
+		}
 	}
 	f.Jobs = append(active, recent...)
 	return f, nil
