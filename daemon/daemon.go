@@ -262,6 +262,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 			ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
+		defer ms.Close() // after Shutdown below; at once on an early return
 		go func() { serveErr <- ms.Serve(mln) }()
 		log.Info("metrics listening", "network", network, "address", mln.Addr().String())
 	}
