@@ -14,11 +14,13 @@ export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 # Debian packages the tests need (installed by `make deps`): device names
 # and the hwloc oracle for topology, a static busybox for container rootfs,
 # qemu for the cgroup v2 VM, systemd-analyze/dpkg/rpm for the unit and
-# package tests; then the linters and the booted-Debian test's tools.
-TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm
+# package tests, promtool (prometheus) for the metrics, alert-rule and
+# dashboard checks, tmux for the `fusionctl top` test; then the linters
+# and the booted-Debian test's tools.
+TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos
+.PHONY: all build run test test-vm vet deps bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots
 all: build
 
 build:
@@ -26,6 +28,19 @@ build:
 
 run: build
 	./examples/demo.sh
+
+# The benchmark pictures in docs/img/ (embedded in docs/benchmarks.md),
+# from the openb trace: the protocol's allocation and failed-request
+# curves (every policy, seeds 42..51), and the time-ordered replay's
+# utilisation over time and wait CDF. About 5-10 minutes on 2 cores.
+OPENB ?= ../shared/data/openb
+PLOT_POLICIES ?= random,dotprod,gpuclustering,gpupacking,bestfit,fgd,fusiond
+plots:
+	mkdir -p docs/img
+	$(GO) run ./cmd/fusionctl simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv \
+	  --policy $(PLOT_POLICIES) --seeds 42-51 --target 130 --plot docs/img/openb-default-alloc.svg --plot docs/img/openb-default-alloc.png
+	$(GO) run ./cmd/fusionctl simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv \
+	  --policy fusiond,spread,fgd --timed --load 70 --plot docs/img/openb-default-timed.svg --plot docs/img/openb-default-timed.png
 
 deps:
 	./.ci/deps.sh $(TEST_PKGS)

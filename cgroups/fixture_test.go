@@ -164,6 +164,18 @@ func TestV2Fixture(t *testing.T) {
 	if st.CPUUsage != 2500*time.Millisecond || st.ThrottledTime != 300*time.Millisecond || st.NrThrottled != 4 || st.MemoryPeak != 5000 || st.OOMKills != 1 || st.PSI == nil || st.PSI.CPU.Some.Avg10 != 12.5 {
 		t.Errorf("stats = %+v psi=%+v", st, st.PSI)
 	}
+	tierDir := filepath.Join(root, "system.slice/fusiond.service/fusiond/burstable")
+	writeFile(t, filepath.Join(tierDir, "cpu.stat"), "usage_usec 7000000\nuser_usec 6000000\nsystem_usec 1000000\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n")
+	writeFile(t, filepath.Join(tierDir, "memory.current"), "4096\n")
+	writeFile(t, filepath.Join(tierDir, "memory.peak"), "8192\n")
+	writeFile(t, filepath.Join(tierDir, "memory.events"), "oom_kill 0\n")
+	ts, err := m.TierStats(Burstable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.CPUUsage != 7*time.Second || ts.MemoryCurrent != 4096 {
+		t.Errorf("tier stats = %+v", ts)
+	}
 
 	writeFile(t, filepath.Join(dir, "cgroup.procs"), "")
 	if err := cg.Kill(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path"
 	"slices"
@@ -78,6 +79,8 @@ type Config struct {
 	Limits LimitsConfig `json:"limits"`
 	// Audit bounds the audit file, <state_dir>/audit.log.
 	Audit AuditConfig `json:"audit"`
+	// Metrics configures the Prometheus /metrics listener (off by default).
+	Metrics MetricsConfig `json:"metrics"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -115,6 +118,50 @@ type PerUserLimits struct {
 type AuditConfig struct {
 	MaxBytes api.Bytes `json:"max_bytes"`
 	Keep     int       `json:"keep"`
+}
+
+// MetricsConfig is the Prometheus listener: read-only GET /metrics on an
+// address of its own, never the API socket.
+type MetricsConfig struct {
+	// Listen is "" (off), a TCP address ("127.0.0.1:9464", "[::1]:9464")
+	// or "unix:/path/to/metrics.sock" (a relative path is taken from the
+	// directory fusiond starts in).
+	Listen string `json:"listen"`
+	// AllowRemote lets Listen name an address other machines can reach;
+	// without it a TCP address must be a loopback one.
+	AllowRemote bool `json:"allow_remote"`
+}
+
+// Endpoint parses Listen into a network ("tcp" or "unix") and address;
+// network "" means the listener is off.
+func (m MetricsConfig) Endpoint() (network, addr string, err error) {
+	switch {
+	case m.Listen == "":
+		return "", "", nil
+	case strings.HasPrefix(m.Listen, "unix:"):
+		p := strings.TrimPrefix(m.Listen, "unix:")
+		if p == "" {
+			return "", "", fmt.Errorf("want a socket path after unix:")
+		}
+		if len(p) > 107 {
+			return "", "", fmt.Errorf("socket path longer than the 107 bytes a Unix socket address holds")
+		}
+		return "unix", p, nil
+	}
+	host, port, err := net.SplitHostPort(m.Listen)
+	if err != nil {
+		return "", "", fmt.Errorf("want host:port (127.0.0.1:9464) or unix:/path, got %q: %w", m.Listen, err)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		return "", "", fmt.Errorf("bad port %q in %q", port, m.Listen)
+	}
+	if !m.AllowRemote {
+		ip := net.ParseIP(host)
+		if host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return "", "", fmt.Errorf("%q is reachable from other machines; use a loopback address (127.0.0.1, [::1]) or a unix: socket, or set metrics.allow_remote: true", m.Listen)
+		}
+	}
+	return "tcp", m.Listen, nil
 }
 
 // LogConfig selects the log format and level.
@@ -303,6 +350,9 @@ func (c *Config) Validate() error {
 	}
 	if key, err := c.GPU.validate(); err != nil {
 		return bad(key, "%v", err)
+	}
+	if _, _, err := c.Metrics.Endpoint(); err != nil {
+		return bad("metrics.listen", "%v", err)
 	}
 	return nil
 }

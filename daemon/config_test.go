@@ -52,6 +52,24 @@ func TestLoadConfig(t *testing.T) {
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), true); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing named config: %v", err)
 	}
+	for body, want := range map[string]string{
+		"metrics: {listen: \"127.0.0.1:9464\"}\n":                   "tcp 127.0.0.1:9464",
+		"metrics: {listen: \"[::1]:9464\"}\n":                       "tcp [::1]:9464",
+		"metrics: {listen: \"localhost:0\"}\n":                      "tcp localhost:0",
+		"metrics: {listen: \"0.0.0.0:9464\", allow_remote: true}\n": "tcp 0.0.0.0:9464",
+		"metrics: {listen: \"unix:/run/fusiond/metrics.sock\"}\n":   "unix /run/fusiond/metrics.sock",
+		"gpu: {health_probe: 10s}\n":                                " ",
+	} {
+		cfg, err := LoadConfig(write(body), true)
+		if err != nil {
+			t.Errorf("%q: %v", body, err)
+			continue
+		}
+		network, addr, err := cfg.Metrics.Endpoint()
+		if got := network + " " + addr; err != nil || got != want {
+			t.Errorf("%q: endpoint %q, %v; want %q", body, got, err, want)
+		}
+	}
 	if _, err := LoadConfig(write(""), true); err != nil {
 		t.Errorf("empty file: %v", err)
 	}
@@ -82,6 +100,13 @@ func TestLoadConfig(t *testing.T) {
 		"limits: {log_budget: lots}\n":               "limits.log_budget",
 		"limits: {stream_idle_timeout: -1m}\n":       "limits.stream_idle_timeout",
 		"limits: {per_user: {pending: 1}}\n":         "limits.per_user.pending",
+		"metrics: {listen: \"0.0.0.0:9464\"}\n":      "metrics.listen",
+		"metrics: {listen: \":9464\"}\n":             "metrics.listen",
+		"metrics: {listen: \"10.1.2.3:9464\"}\n":     "metrics.listen",
+		"metrics: {listen: \"127.0.0.1\"}\n":         "metrics.listen",
+		"metrics: {listen: \"127.0.0.1:http\"}\n":    "metrics.listen",
+		"metrics: {listen: \"unix:\"}\n":             "metrics.listen",
+		"metrics: {port: 9464}\n":                    "metrics.port",
 	}
 	for body, key := range bad {
 		p := write(body)

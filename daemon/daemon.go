@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,7 +26,9 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/metrics"
 	"github.com/fusiond/fusiond/daemon/internal/store"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // Options are New's (and Run's) inputs.
@@ -64,6 +67,9 @@ type Daemon struct {
 	mgr      *jobs.Manager
 	srv      *apiserver.Server
 	audit    *audit.Log
+	metrics  *metrics.Metrics
+
+	unsubscribeMetrics func()
 
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
@@ -90,6 +96,13 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 			return nil, fmt.Errorf("resolving %s: %w", *p, err)
 		}
 		*p = abs
+	}
+	if sock, ok := strings.CutPrefix(cfg.Metrics.Listen, "unix:"); ok {
+		abs, err := filepath.Abs(sock)
+		if err != nil {
+			return nil, fmt.Errorf("resolving metrics.listen %s: %w", sock, err)
+		}
+		cfg.Metrics.Listen = "unix:" + abs
 	}
 	d := &Daemon{cfg: cfg, log: log, version: o.Version, o: o}
 	defer func() {
@@ -137,6 +150,14 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if cg != nil {
 		log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(engine.Hardware().Cores))
 	}
+	d.metrics = metrics.New(metrics.Options{Version: o.Version.Version, Logger: log, Sources: metrics.Sources{
+		Jobs:      func() jobs.Stats { return d.mgr.Stats() },
+		Capacity:  engine.Capacity,
+		Allocated: engine.Allocated,
+		Devices:   func(ctx context.Context) []devices.Device { return inventories(ctx, d.hw, log) },
+		Tiers:     tierStats(cg),
+	}})
+	d.unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
 	prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
 	d.mgr = jobs.New(jobs.Config{
 		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
@@ -156,6 +177,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 			LogBudget:    int64(cfg.Limits.LogBudget),
 			ExemptRoot:   cfg.Limits.ExemptRoot,
 		},
+		Observer: d.metrics,
 	}, d.store, runner, engine, log)
 	prep.holders = d.mgr
 	if err := d.mgr.Recover(); err != nil {
@@ -195,6 +217,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		MaxStreamsPerUser: cfg.Limits.PerUser.Streams,
 		StreamsExemptRoot: cfg.Limits.ExemptRoot,
 		StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
+		Observer:          d.metrics,
 	})
 	return d, nil
 }
@@ -207,6 +230,9 @@ func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
 		if d.disconnect != nil {
 			d.disconnect()
+		}
+		if d.unsubscribeMetrics != nil {
+			d.unsubscribeMetrics()
 		}
 		if d.stopPower != nil {
 			d.stopPower()
@@ -251,6 +277,19 @@ func Run(ctx context.Context, o Options) error {
 func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	defer d.Close()
 	cfg, log, o := d.cfg, d.log, d.o
+	// The metrics listener opens first: a bad address stops the start
+	// before any job is placed.
+	var mln net.Listener
+	network, addr, _ := cfg.Metrics.Endpoint()
+	if network != "" {
+		var err error
+		if mln, err = listenMetrics(cfg, network, addr); err != nil {
+			return err
+		}
+		if network == "unix" {
+			defer os.Remove(addr)
+		}
+	}
 	d.mgr.Start()
 	hs := &http.Server{
 		Handler:           d.srv,
@@ -258,8 +297,19 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2) // the API and metrics servers
 	go func() { serveErr <- hs.Serve(ln) }()
+	var ms *http.Server
+	if mln != nil {
+		ms = &http.Server{
+			Handler:           d.metrics.Handler(),
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+		defer ms.Close() // after Shutdown below; at once on an early return
+		go func() { serveErr <- ms.Serve(mln) }()
+		log.Info("metrics listening", "network", network, "address", mln.Addr().String())
+	}
 	log.Info("fusiond ready", "socket", cfg.Socket, "state_dir", cfg.StateDir,
 		"cpu", d.capacity.CPU.String(), "memory", d.capacity.Memory.String(), "version", d.version.Version)
 	if o.OnReady != nil {
@@ -277,7 +327,7 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		case <-ctx.Done():
 			running = false
 		case err := <-serveErr:
-			return fmt.Errorf("API server: %w", err)
+			return fmt.Errorf("API or metrics server: %w", err)
 		case <-tick:
 			if err := selfCheck(ctx, cfg.Socket, o.WatchdogInterval); err != nil {
 				log.Warn("health check failed: withholding the watchdog ping", "err", err)
@@ -295,6 +345,11 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	d.srv.CloseStreams()
 	if err := hs.Shutdown(shutdownCtx); err != nil {
 		log.Warn("API server did not finish in time", "err", err)
+	}
+	if ms != nil {
+		if err := ms.Shutdown(shutdownCtx); err != nil {
+			log.Warn("metrics server did not finish in time", "err", err)
+		}
 	}
 	d.mgr.Stop(shutdownCtx)
 	log.Info("fusiond stopped")

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 RUN=./_run
 CTL="./bin/fusionctl --socket $RUN/fusiond.sock"
 mkdir -p "$RUN"
-rm -rf "$RUN/state" "$RUN/fusiond.sock"
+rm -rf "$RUN/state" "$RUN/fusiond.sock" "$RUN/metrics.sock"
 
 echo "==> starting fusiond (development config: examples/dev-config.yaml)"
 # fusiond itself is the background job (its output goes through sed by a
@@ -66,6 +66,15 @@ sleep 1
 echo
 echo "==> jobs in flight"
 $CTL ps
+echo
+echo "==> the live view, one plain frame (fusionctl top --once; on a terminal fusionctl top refreshes every second)"
+$CTL top --once | sed 's/^/    /'
+if command -v curl >/dev/null; then
+  echo
+  echo "==> a few Prometheus metrics (curl --unix-socket $RUN/metrics.sock http://fusiond/metrics)"
+  curl -s --unix-socket "$RUN/metrics.sock" http://fusiond/metrics |
+    grep -E '^fusiond_(queue_length|jobs\{|placement_decisions_total|node_gpus)' | head -12 | sed 's/^/    /'
+fi
 $CTL cancel -q "$NOTEBOOK" >/dev/null
 echo "    cancelled sleepy-notebook (job $NOTEBOOK)"
 

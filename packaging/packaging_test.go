@@ -161,6 +161,8 @@ func TestBuildPackages(t *testing.T) {
 		"/usr/lib/sysusers.d/fusiond.conf", "/etc/fusiond/config.yaml",
 		"/usr/share/man/man1/fusionctl.1.gz", "/usr/share/man/man1/fusionctl-run.1.gz", "/usr/share/man/man8/fusiond.8.gz",
 		"/usr/share/bash-completion/completions/fusionctl", "/usr/share/fish/vendor_completions.d/fusionctl.fish",
+		"/usr/share/man/man1/fusionctl-top.1.gz",
+		"/usr/share/fusiond/grafana/fusiond-dashboard.json", "/usr/share/fusiond/prometheus/fusiond-alerts.yml",
 	}
 	debList := lines(t, "sh", "-c", "dpkg-deb -c "+paths[0]+" | awk '{print substr($6, 2)}'")
 	for _, f := range append(common, "/usr/share/zsh/vendor-completions/_fusionctl", "/usr/share/doc/fusiond/copyright", "/usr/share/doc/fusiond/changelog.Debian.gz") {

@@ -10,6 +10,7 @@ package apiserver
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -109,6 +110,16 @@ type Config struct {
 	// StreamIdleTimeout ends an event stream that has carried no event for
 	// that long (0: never).
 	StreamIdleTimeout time.Duration
+	// Observer, if set, is told of every request once it is answered.
+	Observer RequestObserver
+}
+
+// RequestObserver records answered requests (the daemon's metrics).
+type RequestObserver interface {
+	// ObserveRequest is called once per request with the route pattern
+	// that served it ("GET /v1/jobs/{id}"; "unmatched" when none did), the
+	// status code written and the time the handler took.
+	ObserveRequest(route string, code int, took time.Duration)
 }
 
 // LimitStreams names the stream limit in errors, as the configuration
@@ -126,6 +137,9 @@ type Server struct {
 
 	openMu sync.Mutex
 	open   map[uint32]int
+	// routes are the patterns of Routes ("GET /v1/jobs"): the observer's
+	// route labels.
+	routes map[string]bool
 }
 
 // DefaultMaxBodyBytes is the default request body limit.
@@ -145,7 +159,7 @@ func New(b Backend, cfg Config) *Server {
 	if cfg.MaxBitstreamBytes <= 0 {
 		cfg.MaxBitstreamBytes = DefaultMaxBitstreamBytes
 	}
-	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{}), open: map[uint32]int{}}
+	s := &Server{cfg: cfg, b: b, log: cfg.Logger, mux: http.NewServeMux(), streams: make(chan struct{}), open: map[uint32]int{}, routes: map[string]bool{}}
 	handlers := map[string]http.HandlerFunc{
 		"POST /v1/jobs":             s.submit,
 		"POST /v1/batches":          s.submitBatch,
@@ -169,6 +183,7 @@ func New(b Backend, cfg Config) *Server {
 			panic("api: no handler for route " + r.Method + " " + r.Path)
 		}
 		s.mux.Handle(r.Method+" "+r.Path, s.audited(r.Method+" "+r.Path, s.authenticated(h)))
+		s.routes[r.Method+" "+r.Path] = true
 		paths[r.Path] = true
 	}
 	for p := range paths {
@@ -183,7 +198,52 @@ func New(b Backend, cfg Config) *Server {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Observer == nil {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	s.mux.ServeHTTP(sw, r)
+	route := r.Pattern // set by the mux on the request it was handed
+	if !s.routes[route] {
+		// The per-path 405 handlers and the catch-all: a bounded label
+		// set whatever paths callers make up.
+		route = "unmatched"
+	}
+	s.cfg.Observer.ObserveRequest(route, cmp.Or(sw.code, http.StatusOK), time.Since(start))
+}
+
+// statusWriter remembers the status code a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush keeps streamed responses (logs -f, events) streaming.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // ConnContext is the http.Server hook that reads the peer's credentials
 // once per connection.

@@ -50,6 +50,9 @@ type Config struct {
 	// LogScanInterval is how often the jobs' logs are measured against
 	// Limits.LogBytes and Limits.LogBudget (10s when zero).
 	LogScanInterval time.Duration
+	// Observer is told of submissions, transitions and placement
+	// decisions (optional).
+	Observer Observer
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -105,6 +108,9 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 	}
 	if cfg.LogScanInterval <= 0 {
 		cfg.LogScanInterval = 10 * time.Second
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
 	}
 	return &Manager{
 		cfg: cfg, log: log, store: st, runner: runner, placer: placer,
@@ -467,6 +473,7 @@ func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec
 		ev := job.Events[0]
 		ev.JobID = job.ID
 		m.publish(&job, ev)
+		m.cfg.Observer.Submitted(job.Spec.Class, job.Tier)
 		m.log.Info("job submitted", "job", job.ID, "name", job.Spec.Name, "class", job.Spec.Class, "tier", job.Tier, "uid", c.UID)
 	}
 	m.poke()
@@ -627,6 +634,10 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 	}
 	before := cloneJob(j)
 	ev := api.Event{Time: m.now(), From: cur, To: to, Reason: reason}
+	var waited time.Duration
+	if n := len(j.Events); cur == api.StatePending && to == api.StatePlaced && n > 0 {
+		waited = ev.Time.Sub(j.Events[n-1].Time)
+	}
 	j.State = to
 	j.Reason = reason
 	j.Events = append(j.Events, ev)
@@ -654,6 +665,10 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 	}
 	m.noteStoreOK()
 	m.publish(&snap, ev)
+	m.cfg.Observer.Transitioned(cur, to)
+	if cur == api.StatePending && to == api.StatePlaced {
+		m.cfg.Observer.Waited(snap.Spec.Class, waited)
+	}
 	m.log.Info("job state", "job", j.ID, "from", cur, "to", to, "reason", reason)
 	return nil
 }

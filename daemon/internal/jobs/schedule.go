@@ -84,7 +84,9 @@ func (m *Manager) schedule() {
 				cmp.Or(j.Owner.User, "uid "+strconv.FormatUint(uint64(uid), 10)), active[uid], LimitRunningJobs))
 			continue
 		}
+		decided := time.Now()
 		allocs, why, ok := m.placer.Place(group)
+		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
 		if !ok {
 			switch {
 			case ahead == 1:

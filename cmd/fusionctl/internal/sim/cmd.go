@@ -28,7 +28,7 @@ shuffled, placed one by one, never leaving; it reports GPU allocation % as
 the arrived request passes 100/110/120/130 %, the fragmentation ratio,
 failed pods and decisions per second. --timed honours creation/deletion
 times instead and reports GPU utilisation over time and queueing delay.`,
-		Example: "  fusionctl simulate --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv --policy fusiond,bestfit,fgd --seeds 42-51 --target 130 --plot alloc.svg",
+		Example: "  fusionctl simulate --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv --policy fusiond,bestfit,fgd --seeds 42-51 --target 130 --plot alloc.svg --plot alloc.png",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
@@ -54,7 +54,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.Float64Var(&o.TargetPct, "target", 130, "resample the workload to this % of GPU capacity")
 	f.StringVarP(&o.Format, "output", "o", "table", "output format: table|json|csv")
 	f.StringVar(&o.CSVDir, "csv-dir", "", "write one CSV (allocation curve) per run into this directory")
-	f.StringVar(&o.PlotPath, "plot", "", "write an SVG plot of allocation vs arrived request")
+	f.StringArrayVar(&o.PlotPaths, "plot", nil, "write a picture (FILE.svg or FILE.png; repeatable): allocation and failed-request curves, or with --timed utilisation over time (FILE) and the wait CDF (FILE-wait)")
 	f.BoolVar(&o.Timed, "timed", false, "time-ordered mode: honour creation/deletion times")
 	f.Float64Var(&o.LoadPct, "load", 0, "timed mode: compress arrivals so the offered GPU load is this % of capacity (0: as traced)")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")

@@ -50,10 +50,13 @@ func ShapeModel(pods []Pod, coverage float64) *sched.FragModel {
 	return l.Model(coverage)
 }
 
-// CurvePoint is the allocation when the arrived request reached ArrivedPct.
+// CurvePoint is the allocation when the arrived request reached
+// ArrivedPct: AllocPct is the GPU request placed, FailedPct the GPU request
+// of the pods that could not be placed, both in % of GPU capacity.
 type CurvePoint struct {
 	ArrivedPct float64 `json:"arrived_pct"`
 	AllocPct   float64 `json:"alloc_pct"`
+	FailedPct  float64 `json:"failed_pct"`
 }
 
 // RunResult is one policy × seed run of the protocol.
@@ -93,7 +96,7 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 	for i := range thresholds {
 		res.AllocPct[i], res.FragPct[i] = nan(), nan()
 	}
-	var arrived, alloc int64
+	var arrived, alloc, failed int64
 	next := 0
 	nextCurve := 0.0
 	start := time.Now()
@@ -112,6 +115,7 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 			if req.GPUs > 0 {
 				res.FailedGPU++
 			}
+			failed += req.GPUMilliTotal()
 		} else {
 			alloc += req.GPUMilliTotal()
 		}
@@ -126,7 +130,7 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 			next++
 		}
 		if arrivedPct >= nextCurve {
-			res.Curve = append(res.Curve, CurvePoint{ArrivedPct: arrivedPct, AllocPct: allocPct})
+			res.Curve = append(res.Curve, CurvePoint{ArrivedPct: arrivedPct, AllocPct: allocPct, FailedPct: 100 * float64(failed) / float64(capMilli)})
 			nextCurve = arrivedPct + 1
 		}
 	}

@@ -40,8 +40,11 @@ type Options struct {
 	Format string
 	// CSVDir, when set, receives one CSV file (the allocation curve) per run.
 	CSVDir string
-	// PlotPath, when set, receives an SVG of allocation vs arrived request.
-	PlotPath string
+	// PlotPaths receive the pictures (.svg or .png by extension): the
+	// allocation and failed-request curves of the protocol, or the
+	// utilisation over time and (at WaitPlotPath) the wait CDF of the
+	// time-ordered mode.
+	PlotPaths []string
 	// Timed selects the time-ordered mode; LoadPct compresses its arrivals
 	// to that offered GPU load (see TimedOptions).
 	Timed   bool
@@ -237,6 +240,9 @@ func summarise(trace, pol string, th []float64, runs []RunResult) Summary {
 // Run simulates and writes the report to w in o.Format, plus the per-run
 // CSV files and the SVG plot when asked.
 func Run(ctx context.Context, o Options, w io.Writer) error {
+	if err := checkPlotPaths(o.PlotPaths); err != nil {
+		return err
+	}
 	rep, err := Simulate(ctx, o)
 	if err != nil {
 		return err
@@ -247,18 +253,8 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 			return err
 		}
 	}
-	if o.PlotPath != "" && len(rep.Runs) > 0 {
-		f, err := os.Create(o.PlotPath)
-		if err != nil {
-			return fmt.Errorf("sim: plot: %w", err)
-		}
-		werr := WriteSVG(f, rep)
-		if cerr := f.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			return fmt.Errorf("sim: plot: %w", werr)
-		}
+	if err := writePlots(rep, o.PlotPaths); err != nil {
+		return err
 	}
 	return WriteReport(w, rep, o.Format)
 }
@@ -366,9 +362,9 @@ func writeRunCSVs(dir string, rep *Report) error {
 		name := filepath.Join(dir, fmt.Sprintf("%s_%s_seed%d.csv", r.Trace, r.Policy, r.Seed))
 		var b strings.Builder
 		cw := csv.NewWriter(&b)
-		_ = cw.Write([]string{"arrived_pct", "alloc_pct"})
+		_ = cw.Write([]string{"arrived_pct", "alloc_pct", "failed_pct"})
 		for _, p := range r.Curve {
-			_ = cw.Write([]string{strconv.FormatFloat(p.ArrivedPct, 'f', 3, 64), strconv.FormatFloat(p.AllocPct, 'f', 3, 64)})
+			_ = cw.Write([]string{strconv.FormatFloat(p.ArrivedPct, 'f', 3, 64), strconv.FormatFloat(p.AllocPct, 'f', 3, 64), strconv.FormatFloat(p.FailedPct, 'f', 3, 64)})
 		}
 		cw.Flush()
 		if err := os.WriteFile(name, []byte(b.String()), 0o644); err != nil {

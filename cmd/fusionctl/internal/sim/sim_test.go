@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -73,7 +74,7 @@ func TestRunOutputs(t *testing.T) {
 	o.Policies = []string{"bestfit", "fusiond"}
 	o.Seeds = []uint64{1}
 	o.CSVDir = filepath.Join(dir, "runs")
-	o.PlotPath = filepath.Join(dir, "plot.svg")
+	o.PlotPaths = []string{filepath.Join(dir, "plot.svg"), filepath.Join(dir, "plot.png")}
 	for _, format := range []string{"table", "json", "csv"} {
 		o.Format = format
 		var out bytes.Buffer
@@ -84,9 +85,16 @@ func TestRunOutputs(t *testing.T) {
 			t.Fatalf("%s output lacks the policy:\n%s", format, out.String())
 		}
 	}
-	svg, err := os.ReadFile(o.PlotPath)
+	svg, err := os.ReadFile(o.PlotPaths[0])
 	if err != nil || !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("polyline")) || !bytes.Contains(svg, []byte("bestfit")) {
 		t.Fatalf("plot: %v\n%.300s", err, svg)
+	}
+	if img := decodePNG(t, o.PlotPaths[1]); img.Bounds().Dx() != plotW || img.Bounds().Dy() != plotH {
+		t.Errorf("PNG is %v", img.Bounds())
+	}
+	o.PlotPaths = []string{filepath.Join(dir, "plot.gif")}
+	if err := Run(context.Background(), o, io.Discard); !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), "plot.gif") {
+		t.Errorf("a .gif plot: %v", err)
 	}
 	runs, _ := filepath.Glob(filepath.Join(o.CSVDir, "*.csv"))
 	if len(runs) != 2 {

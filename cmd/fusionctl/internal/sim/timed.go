@@ -30,6 +30,35 @@ type TimedResult struct {
 	WaitP95     float64     `json:"wait_p95_s"`
 	WaitMean    float64     `json:"wait_mean_s"`
 	Util        []UtilPoint `json:"util,omitempty"`
+	// LastPlaced is the time the last pod was placed: the mean
+	// utilisation covers the trace up to it (the long-lived pods that
+	// run on after it are left out).
+	LastPlaced int64 `json:"last_placed_t"`
+	// WaitCDF is the distribution of the placed pods' queueing delays:
+	// the wait below which each share of them (0, 1 … 100 %) was placed.
+	WaitCDF []CDFPoint `json:"wait_cdf,omitempty"`
+}
+
+// CDFPoint says that Frac (0..1) of the placed pods waited at most WaitS
+// seconds.
+type CDFPoint struct {
+	WaitS float64 `json:"wait_s"`
+	Frac  float64 `json:"frac"`
+}
+
+// cdf is v's distribution at every whole percent.
+func cdf(v []float64) []CDFPoint {
+	if len(v) == 0 {
+		return nil
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	out := make([]CDFPoint, 0, 101)
+	for p := 0; p <= 100; p++ {
+		i := min(len(s)-1, max(0, int(math.Ceil(float64(p)/100*float64(len(s))))-1))
+		out = append(out, CDFPoint{WaitS: s[i], Frac: float64(p) / 100})
+	}
+	return out
 }
 
 // TimedOptions tune RunTimed.
@@ -209,12 +238,14 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len()})
 	}
 	res.Placed = len(waits)
+	res.LastPlaced = last
 	res.NeverPlaced = q.Len()
 	if span := last - first; span > 0 {
 		res.MeanUtilPct = 100 * utilArea / float64(span) / float64(capMilli)
 	}
 	res.WaitP50, res.WaitP95, res.WaitMean = percentile(waits, 0.5), percentile(waits, 0.95), mean(waits)
 	res.Util = downsample(samples, o.MaxPoints)
+	res.WaitCDF = cdf(waits)
 	return res, nil
 }
 

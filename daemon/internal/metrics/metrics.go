@@ -1,0 +1,370 @@
+// Package metrics is fusiond's Prometheus instrumentation: the collectors
+// of the job manager (jobs by state, class and tier; submissions;
+// transitions), the placer (decisions, decision latency, queue length and
+// wait), the API server (requests and latency by route), the hardware
+// (GPU, MIG instance and FPGA region health, GPU utilisation, memory, power
+// and temperature from the drivers' telemetry updates) and the cgroup
+// usage of each QoS tier. Everything is registered on a private
+// prometheus.Registry that Handler serves; nothing touches the client
+// library's global registry.
+//
+// Metric names follow Prometheus conventions: the fusiond_ prefix, base
+// units (seconds, bytes, ratios), _total on counters. docs/metrics.md lists
+// them.
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/devices"
+)
+
+// Sources are what a scrape reads from the daemon. Every field is
+// optional: a nil source's metrics are left out.
+type Sources struct {
+	// Jobs snapshots the job table and queue.
+	Jobs func() jobs.Stats
+	// Capacity and Allocated are the node's totals (placement's view).
+	Capacity, Allocated func() api.NodeResources
+	// Devices lists every device of every driver (their inventories).
+	Devices func(ctx context.Context) []devices.Device
+	// Tiers reads the cgroup accounting of each QoS tier; nil when jobs
+	// run without cgroups.
+	Tiers func() (map[api.Tier]cgroups.Stats, error)
+}
+
+// Options configure New.
+type Options struct {
+	Version string
+	Logger  *slog.Logger
+	Sources Sources
+}
+
+// Metrics holds fusiond's collectors. It implements jobs.Observer and
+// apiserver.RequestObserver; Update takes the drivers' updates.
+type Metrics struct {
+	reg *prometheus.Registry
+	log *slog.Logger
+	src Sources
+
+	submissions  *prometheus.CounterVec
+	transitions  *prometheus.CounterVec
+	decisions    *prometheus.CounterVec
+	decisionTime prometheus.Histogram
+	queueWait    *prometheus.HistogramVec
+	requests     *prometheus.CounterVec
+	requestTime  *prometheus.HistogramVec
+	updates      *prometheus.CounterVec
+	healthChange *prometheus.CounterVec
+
+	mu      sync.Mutex
+	samples map[string]devices.Sample // latest telemetry by device ID
+}
+
+var _ jobs.Observer = (*Metrics)(nil)
+
+// Buckets of the latency histograms, in seconds.
+var (
+	// decisionBuckets: a placement decision over one host takes
+	// microseconds to milliseconds.
+	decisionBuckets = prometheus.ExponentialBuckets(10e-6, 4, 10) // 10 µs … 2.6 s
+	// waitBuckets: queue waits from instant to hours.
+	waitBuckets = []float64{0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600}
+	// requestBuckets: API requests (streams last as long as they are
+	// followed).
+	requestBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60}
+)
+
+// New builds the collectors and registers them, with the Go runtime's and
+// the process's, on a registry of their own.
+func New(o Options) *Metrics {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := &Metrics{
+		reg: prometheus.NewRegistry(), log: log, src: o.Sources,
+		samples: map[string]devices.Sample{},
+		submissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_job_submissions_total", Help: "Jobs accepted and stored, by class and effective tier.",
+		}, []string{"class", "tier"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_job_transitions_total", Help: "Recorded job state transitions, by state left and state entered.",
+		}, []string{"from", "to"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_placement_decisions_total", Help: "Placement decisions (one job or one whole gang), by result: placed or unplaced (left queued).",
+		}, []string{"result"}),
+		decisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "fusiond_placement_decision_duration_seconds", Help: "Time one placement decision took.", Buckets: decisionBuckets,
+		}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "fusiond_queue_wait_seconds", Help: "Time jobs waited pending before they were placed, by class.", Buckets: waitBuckets,
+		}, []string{"class"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_api_requests_total", Help: "API requests answered, by route pattern and status code.",
+		}, []string{"route", "code"}),
+		requestTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "fusiond_api_request_duration_seconds", Help: "Time the API took to answer, by route pattern (streams count until they end).", Buckets: requestBuckets,
+		}, []string{"route"}),
+		updates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_device_updates_total", Help: "Updates the device drivers reported, by kind: health, telemetry, changed.",
+		}, []string{"kind"}),
+		healthChange: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_device_health_changes_total", Help: "Device health transitions the drivers reported, by device and new state (healthy, unhealthy).",
+		}, []string{"device", "health"}),
+	}
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "fusiond_build_info", Help: "Always 1; the daemon's version as a label.",
+	}, []string{"version"})
+	build.WithLabelValues(o.Version).Set(1)
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		build, m.submissions, m.transitions, m.decisions, m.decisionTime, m.queueWait,
+		m.requests, m.requestTime, m.updates, m.healthChange,
+		&scrape{m: m},
+	)
+	// Counters with a known label set start at zero, so rate() and the
+	// dashboards see them before the first event.
+	for _, r := range []string{"placed", "unplaced"} {
+		m.decisions.WithLabelValues(r)
+	}
+	for _, k := range []devices.UpdateKind{devices.HealthChanged, devices.Telemetry, devices.DeviceChanged} {
+		m.updates.WithLabelValues(string(k))
+	}
+	return m
+}
+
+// Handler serves the registry in the Prometheus text (or OpenMetrics)
+// format. It answers GET and HEAD only.
+func (m *Metrics) Handler() http.Handler {
+	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+		ErrorLog:          slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
+		ErrorHandling:     promhttp.ContinueOnError,
+		EnableOpenMetrics: true,
+	})
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h) // GET patterns match HEAD too
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "the metrics listener is read-only: GET /metrics", http.StatusMethodNotAllowed)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "not found: the metrics listener serves GET /metrics only", http.StatusNotFound)
+	})
+	return mux
+}
+
+// Submitted implements jobs.Observer.
+func (m *Metrics) Submitted(class api.Class, tier api.Tier) {
+	m.submissions.WithLabelValues(string(class), string(tier)).Inc()
+}
+
+// Transitioned implements jobs.Observer.
+func (m *Metrics) Transitioned(from, to api.State) {
+	m.transitions.WithLabelValues(string(from), string(to)).Inc()
+}
+
+// Decided implements jobs.Observer.
+func (m *Metrics) Decided(placed bool, _ int, took time.Duration) {
+	result := "unplaced"
+	if placed {
+		result = "placed"
+	}
+	m.decisions.WithLabelValues(result).Inc()
+	m.decisionTime.Observe(took.Seconds())
+}
+
+// Waited implements jobs.Observer.
+func (m *Metrics) Waited(class api.Class, waited time.Duration) {
+	m.queueWait.WithLabelValues(string(class)).Observe(waited.Seconds())
+}
+
+// ObserveRequest implements apiserver.RequestObserver.
+func (m *Metrics) ObserveRequest(route string, code int, took time.Duration) {
+	m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
+	m.requestTime.WithLabelValues(route).Observe(took.Seconds())
+}
+
+// Update takes one driver update (hardware.Host.Subscribe): telemetry
+// samples are kept for the next scrape, health transitions counted.
+func (m *Metrics) Update(u devices.Update) {
+	m.updates.WithLabelValues(string(u.Kind)).Inc()
+	switch u.Kind {
+	case devices.Telemetry:
+		if u.Sample != nil && u.Device != "" {
+			m.mu.Lock()
+			m.samples[u.Device] = *u.Sample
+			m.mu.Unlock()
+		}
+	case devices.HealthChanged:
+		if u.Health != nil && u.Device != "" {
+			h := "unhealthy"
+			if u.Health.Healthy {
+				h = "healthy"
+			}
+			m.healthChange.WithLabelValues(u.Device, h).Inc()
+		}
+	}
+}
+
+// scrape is the collector of everything read when Prometheus scrapes:
+// the job table, the node's totals, the devices and the tiers.
+type scrape struct{ m *Metrics }
+
+var (
+	descJobs = prometheus.NewDesc("fusiond_jobs",
+		"Jobs the daemon remembers, by state, class and effective tier.", []string{"state", "class", "tier"}, nil)
+	descQueueLength = prometheus.NewDesc("fusiond_queue_length",
+		"Jobs pending (queued, not yet placed).", nil, nil)
+	descQueueOldest = prometheus.NewDesc("fusiond_queue_oldest_wait_seconds",
+		"How long the longest-waiting pending job has waited (0 when none waits).", nil, nil)
+	descCordoned = prometheus.NewDesc("fusiond_node_cordoned",
+		"1 while the node is cordoned (places no new jobs).", nil, nil)
+	descCPUCap = prometheus.NewDesc("fusiond_node_cpu_capacity_cores",
+		"CPU the placer hands out, in cores.", nil, nil)
+	descCPUAlloc = prometheus.NewDesc("fusiond_node_cpu_allocated_cores",
+		"CPU reserved by placed and running jobs, in cores.", nil, nil)
+	descMemCap = prometheus.NewDesc("fusiond_node_memory_capacity_bytes",
+		"Memory the placer hands out.", nil, nil)
+	descMemAlloc = prometheus.NewDesc("fusiond_node_memory_allocated_bytes",
+		"Memory reserved by placed and running jobs.", nil, nil)
+	descGPUCap = prometheus.NewDesc("fusiond_node_gpus",
+		"GPUs the placer knows.", nil, nil)
+	descGPUAlloc = prometheus.NewDesc("fusiond_node_gpus_allocated",
+		"Whole GPUs reserved by jobs.", nil, nil)
+	descHealthy = prometheus.NewDesc("fusiond_device_healthy",
+		"1 while a device takes work, 0 while it is out of service; kind is gpu or fpga.", []string{"kind", "device", "model"}, nil)
+	descMIG = prometheus.NewDesc("fusiond_mig_instance_healthy",
+		"1 while a MIG instance is healthy, by GPU, instance and profile.", []string{"gpu", "instance", "profile"}, nil)
+	descRegion = prometheus.NewDesc("fusiond_fpga_region_programmed",
+		"1 while an FPGA region holds a library bitstream (the bitstream label), 0 while empty or unknown.", []string{"region", "bitstream"}, nil)
+	descUtil = prometheus.NewDesc("fusiond_gpu_utilization_ratio",
+		"GPU compute utilisation, 0 to 1, from the driver's latest telemetry sample.", []string{"gpu", "model"}, nil)
+	descMemUsed = prometheus.NewDesc("fusiond_gpu_memory_used_bytes",
+		"GPU memory in use, from the latest telemetry sample.", []string{"gpu", "model"}, nil)
+	descMemTotal = prometheus.NewDesc("fusiond_gpu_memory_total_bytes",
+		"GPU memory size.", []string{"gpu", "model"}, nil)
+	descPower = prometheus.NewDesc("fusiond_gpu_power_watts",
+		"GPU power draw, from the latest telemetry sample.", []string{"gpu", "model"}, nil)
+	descTemp = prometheus.NewDesc("fusiond_gpu_temperature_celsius",
+		"GPU temperature, from the latest telemetry sample.", []string{"gpu", "model"}, nil)
+	descTierCPU = prometheus.NewDesc("fusiond_tier_cpu_seconds_total",
+		"CPU time used by the jobs of a QoS tier (the tier's cgroup).", []string{"tier"}, nil)
+	descTierThrottled = prometheus.NewDesc("fusiond_tier_cpu_throttled_seconds_total",
+		"Time the tier's cgroup was held back by CPU quotas.", []string{"tier"}, nil)
+	descTierMem = prometheus.NewDesc("fusiond_tier_memory_bytes",
+		"Memory the tier's cgroup holds now.", []string{"tier"}, nil)
+	descTierOOM = prometheus.NewDesc("fusiond_tier_oom_kills_total",
+		"Processes the OOM killer ended in the tier's cgroup.", []string{"tier"}, nil)
+	descSourceFailed = prometheus.NewDesc("fusiond_metrics_source_failed",
+		"1 when reading a metrics source failed during this scrape (its metrics may be missing), by source.", []string{"source"}, nil)
+)
+
+func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descJobs, descQueueLength, descQueueOldest, descCordoned,
+		descCPUCap, descCPUAlloc, descMemCap, descMemAlloc, descGPUCap, descGPUAlloc,
+		descHealthy, descMIG, descRegion, descUtil, descMemUsed, descMemTotal, descPower, descTemp,
+		descTierCPU, descTierThrottled, descTierMem, descTierOOM, descSourceFailed} {
+		ch <- d
+	}
+}
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (s *scrape) Collect(ch chan<- prometheus.Metric) {
+	src := s.m.src
+	if src.Jobs != nil {
+		st := src.Jobs()
+		for _, g := range st.Groups {
+			gauge(ch, descJobs, float64(g.Count), string(g.State), string(g.Class), string(g.Tier))
+		}
+		gauge(ch, descQueueLength, float64(st.Queued))
+		gauge(ch, descQueueOldest, st.OldestWait.Seconds())
+		gauge(ch, descCordoned, b2f(st.Cordoned))
+	}
+	if src.Capacity != nil && src.Allocated != nil {
+		c, a := src.Capacity(), src.Allocated()
+		gauge(ch, descCPUCap, float64(c.CPU)/1000)
+		gauge(ch, descCPUAlloc, float64(a.CPU)/1000)
+		gauge(ch, descMemCap, float64(c.Memory))
+		gauge(ch, descMemAlloc, float64(a.Memory))
+		gauge(ch, descGPUCap, float64(c.GPUs))
+		gauge(ch, descGPUAlloc, float64(a.GPUs))
+	}
+	if src.Devices != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		devs := src.Devices(ctx)
+		cancel()
+		s.m.mu.Lock()
+		samples := make(map[string]devices.Sample, len(s.m.samples))
+		for k, v := range s.m.samples {
+			samples[k] = v
+		}
+		s.m.mu.Unlock()
+		for _, d := range devs {
+			gauge(ch, descHealthy, b2f(d.Health.Healthy), string(d.Kind), d.ID, d.Model)
+			switch d.Kind {
+			case devices.GPU:
+				if d.MemoryMB > 0 {
+					gauge(ch, descMemTotal, float64(d.MemoryMB)*(1<<20), d.ID, d.Model)
+				}
+				if d.MIG != nil {
+					for _, in := range d.MIG.Instances {
+						healthy := d.Health.Healthy
+						if in.Health != nil {
+							healthy = in.Health.Healthy
+						}
+						gauge(ch, descMIG, b2f(healthy), d.ID, in.ID, in.Profile)
+					}
+				}
+				if x, ok := samples[d.ID]; ok {
+					gauge(ch, descUtil, x.Util, d.ID, d.Model)
+					gauge(ch, descMemUsed, float64(x.MemUsedMB)*(1<<20), d.ID, d.Model)
+					gauge(ch, descPower, x.PowerW, d.ID, d.Model)
+					gauge(ch, descTemp, x.TempC, d.ID, d.Model)
+				}
+			case devices.FPGA:
+				gauge(ch, descRegion, b2f(d.Bitstream != ""), d.ID, d.Bitstream)
+			}
+		}
+	}
+	if src.Tiers != nil {
+		tiers, err := src.Tiers()
+		if err != nil {
+			s.m.log.Warn("metrics: reading tier cgroups", "err", err)
+			gauge(ch, descSourceFailed, 1, "tiers")
+		}
+		for t, st := range tiers {
+			counter(ch, descTierCPU, st.CPUUsage.Seconds(), string(t))
+			counter(ch, descTierThrottled, st.ThrottledTime.Seconds(), string(t))
+			gauge(ch, descTierMem, float64(st.MemoryCurrent), string(t))
+			counter(ch, descTierOOM, float64(st.OOMKills), string(t))
+		}
+	}
+}

@@ -1,0 +1,100 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/devices"
+)
+
+// inventories lists every device of every driver, for the metrics.
+func inventories(ctx context.Context, h *hardware.Host, log *slog.Logger) []devices.Device {
+	var out []devices.Device
+	for _, drv := range h.Drivers() {
+		inv, err := drv.Inventory(ctx)
+		if err != nil {
+			log.Warn("metrics: device inventory incomplete", "driver", drv.Kind(), "err", err)
+		}
+		out = append(out, inv.Devices...)
+	}
+	return out
+}
+
+// tierStats reads each QoS tier's cgroup; nil without cgroups.
+func tierStats(cg *cgroups.Manager) func() (map[api.Tier]cgroups.Stats, error) {
+	if cg == nil {
+		return nil
+	}
+	return func() (map[api.Tier]cgroups.Stats, error) {
+		out := map[api.Tier]cgroups.Stats{}
+		var errs []error
+		for _, t := range api.Tiers {
+			st, err := cg.TierStats(t)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			out[t] = st
+		}
+		return out, errors.Join(errs...)
+	}
+}
+
+// listenMetrics opens the metrics listener. A Unix socket is made like
+// the API's: a live one is not taken over, a stale one is removed, and it
+// is created owner-only, then given the API socket's group and mode.
+func listenMetrics(cfg Config, network, addr string) (net.Listener, error) {
+	if network == "tcp" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("metrics.listen: %w", err)
+		}
+		return ln, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(addr), 0o755); err != nil {
+		return nil, fmt.Errorf("metrics socket directory: %w", err)
+	}
+	if _, err := os.Lstat(addr); err == nil {
+		if c, err := net.DialTimeout("unix", addr, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("metrics.listen: another process is already serving %s", addr)
+		}
+		if err := os.Remove(addr); err != nil {
+			return nil, fmt.Errorf("metrics.listen: removing stale socket: %w", err)
+		}
+	}
+	old := unix.Umask(0o177)
+	ln, err := net.Listen("unix", addr)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("metrics.listen: %w", err)
+	}
+	if cfg.SocketGroup != "" {
+		gid, err := lookupGroup(cfg.SocketGroup)
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("socket_group: %w", err)
+		}
+		if err := os.Chown(addr, -1, int(gid)); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("metrics socket group: %w", err)
+		}
+	}
+	mode, _ := cfg.Mode()
+	if err := os.Chmod(addr, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("metrics socket mode: %w", err)
+	}
+	return ln, nil
+}
