@@ -214,6 +214,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		Logger:            log,
 		Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
 		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
+		Audit:             d.audit,
 		MaxStreamsPerUser: cfg.Limits.PerUser.Streams,
 		StreamsExemptRoot: cfg.Limits.ExemptRoot,
 		StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
