@@ -94,3 +94,5 @@ require (
 	google.golang.org/protobuf v1.36.11 // indirect
 	sigs.k8s.io/yaml v1.6.0
 )
+
+tool github.com/cilium/ebpf/cmd/bpf2go
