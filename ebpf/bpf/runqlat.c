@@ -72,9 +72,9 @@ static __always_inline __u64 task_cgroup_id(struct task_struct *t)
 {
 	if (cgroup_v1) {
 		int cpu = bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id);
-		return BPF_CORE_READ(t, cgroups, subsys[cpu], cgroup, kn, id);
+		return t->cgroups->subsys[cpu]->cgroup->kn->id;
 	}
-	return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+	return t->cgroups->dfl_cgrp->kn->id;
 }
 
 static __always_inline struct job *task_job(struct task_struct *t)
@@ -99,7 +99,7 @@ static __always_inline void enqueue(struct task_struct *t, __u32 preempted)
 {
 	if (!task_job(t))
 		return;
-	__u32 pid = BPF_CORE_READ(t, pid);
+	__u32 pid = t->pid;
 	struct start s = { .ts = bpf_ktime_get_ns(), .preempted = preempted };
 	bpf_map_update_elem(&starts, &pid, &s, BPF_ANY);
 }
@@ -122,18 +122,21 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	/* A task switched out while runnable waits on the run queue again. */
-	if (preempt || BPF_CORE_READ(prev, __state) == TASK_RUNNING) {
+	struct job *nj = 0;
+	bool nj_known = false;
+	if (preempt || prev->__state == TASK_RUNNING) {
 		struct job *pj = task_job(prev);
 		if (pj) {
-			struct job *nj = task_job(next);
+			nj = task_job(next);
+			nj_known = true;
 			__u32 nt = nj ? nj->tier : 0;
-			__u32 pid = BPF_CORE_READ(prev, pid);
+			__u32 pid = prev->pid;
 			struct start s = { .ts = bpf_ktime_get_ns(), .preempted = preempt && nt != pj->tier };
 			bpf_map_update_elem(&starts, &pid, &s, BPF_ANY);
 		}
 	}
 
-	__u32 pid = BPF_CORE_READ(next, pid);
+	__u32 pid = next->pid;
 	struct start *s = bpf_map_lookup_elem(&starts, &pid);
 	if (!s)
 		return 0;
@@ -141,10 +144,11 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	__u32 preempted = s->preempted;
 	bpf_map_delete_elem(&starts, &pid);
 
-	struct job *j = task_job(next);
-	if (!j)
+	if (!nj_known)
+		nj = task_job(next);
+	if (!nj)
 		return 0;
-	__u32 slot = j->slot;
+	__u32 slot = nj->slot;
 	struct hist *h = bpf_map_lookup_elem(&hists, &slot);
 	if (!h)
 		return 0;
