@@ -1,0 +1,59 @@
+package cgroups
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestKernelTierKnobs(t *testing.T) {
+	m := newKernelManager(t)
+	cg := mustCreate(t, m, "hog", Placement{Tier: BestEffort, SharedCPUs: onlineCPUs(t), MemoryLimit: 256 * mib})
+	startHelper(t, cg, "hog")
+	if err := m.SetTierCPUQuota(BestEffort, 100); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	share, _ := cpuShare(t, cg, 2*time.Second)
+	t.Logf("tier quota 100m: job used %.3f of a core", share)
+	if share > 0.15 {
+		t.Errorf("best-effort job under a 100m tier quota used %.1f%% of a core", share*100)
+	}
+	ts, err := m.TierStats(BestEffort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.NrThrottled == 0 {
+		t.Errorf("tier never throttled: %+v", ts)
+	}
+	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+	share, _ = cpuShare(t, cg, time.Second)
+	t.Logf("no tier quota: job used %.3f of a core", share)
+	if share < 0.4 {
+		t.Errorf("after removing the tier quota the hog used only %.1f%% of a core", share*100)
+	}
+
+	if err := m.SetTierMemoryHigh(BestEffort, 64*mib); err != nil {
+		t.Fatal(err)
+	}
+	file := m.opts.root + "/" + m.tierRel(BestEffort) + "/memory.high"
+	if m.Mode() == ModeV1 {
+		file = m.opts.root + "/memory/" + m.tierRel(BestEffort) + "/memory.soft_limit_in_bytes"
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != "67108864" {
+		t.Errorf("%s = %s, want 67108864", file, got)
+	}
+	if err := m.SetTierMemoryHigh(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cg.CPUDir() + "/cgroup.procs"); err != nil {
+		t.Errorf("CPUDir %s: %v", cg.CPUDir(), err)
+	}
+}
