@@ -68,6 +68,9 @@ type Config struct {
 	MaxBitstreamBytes api.Bytes `json:"max_bitstream_bytes"`
 	// GPU holds GPU health, sharing and power settings (see GPUConfig).
 	GPU GPUConfig `json:"gpu"`
+	// QoS holds the latency SLO defaults per class and the QoS loop's
+	// tuning (see QoSConfig).
+	QoS QoSConfig `json:"qos"`
 }
 
 // LogConfig selects the log format and level.
@@ -125,6 +128,7 @@ func DefaultConfig() Config {
 		MaxBitstreamBytes:   apiserver.DefaultMaxBitstreamBytes,
 		Retention:           Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
 		GPU:                 GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
+		QoS:                 DefaultQoSConfig(),
 	}
 }
 
@@ -216,6 +220,9 @@ func (c *Config) Validate() error {
 		return bad("simulate", "%v", err)
 	}
 	if key, err := c.GPU.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.QoS.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

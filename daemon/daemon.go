@@ -21,6 +21,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 )
 
@@ -62,9 +63,11 @@ type Daemon struct {
 
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
-	stopPower  context.CancelFunc
-	powerDone  chan struct{}
-	closeOnce  sync.Once
+	// stopQoS stops the QoS loop and detaches the latency probes.
+	stopQoS   func()
+	stopPower context.CancelFunc
+	powerDone chan struct{}
+	closeOnce sync.Once
 }
 
 // New builds the daemon: it opens the store and the host's hardware,
@@ -108,7 +111,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		return hardwareOf(context.WithoutCancel(ctx), d.hw, d.capacity, log)
 	}
 	engine := hostplacer.New(inventory(), placementOptions(d.hw))
-	placer, runner, err := newExecutor(ctx, cfg, engine, liveTopology(d.hw), log)
+	placer, runner, cg, err := newExecutor(ctx, cfg, engine, liveTopology(d.hw), log)
 	if err != nil {
 		return nil, err
 	}
@@ -130,6 +133,8 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
 		return nil, err
 	}
+	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, d.mgr, log)
+	d.stopQoS = stopQoS
 	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
 	powerCtx, stopPower := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopPower, d.powerDone = stopPower, make(chan struct{})
@@ -146,7 +151,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		adminGID = &gid
 	}
-	svc := &service{Manager: d.mgr, placer: placer, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
+	svc := &service{Manager: d.mgr, placer: placer, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -166,6 +171,9 @@ func (d *Daemon) Close() error {
 	d.closeOnce.Do(func() {
 		if d.disconnect != nil {
 			d.disconnect()
+		}
+		if d.stopQoS != nil {
+			d.stopQoS()
 		}
 		if d.stopPower != nil {
 			d.stopPower()
@@ -346,6 +354,9 @@ type service struct {
 	hw      *hardware.Host
 	version string
 	started time.Time
+	// qos is the QoS loop, nil when it does not run (qosOff says why).
+	qos    *qos.Loop
+	qosOff api.QoSStatus
 }
 
 var _ apiserver.Backend = (*service)(nil)
@@ -365,5 +376,24 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Simulated: s.hw.Simulated() != "",
 		Devices:   s.hw.Devices(ctx),
 		Notes:     s.hw.Notes(),
+		QoS:       s.qosStatus(),
 	}, nil
+}
+
+func (s *service) qosStatus() *api.QoSStatus {
+	if s.qos == nil {
+		st := s.qosOff
+		return &st
+	}
+	st := s.qos.Status()
+	return &st
+}
+
+// Get adds a running job's run-queue latency and SLO state.
+func (s *service) Get(ctx context.Context, c api.Caller, id string) (api.Job, error) {
+	j, err := s.Manager.Get(ctx, c, id)
+	if err == nil && s.qos != nil && j.State == api.StateRunning {
+		j.Latency = s.qos.JobLatency(id)
+	}
+	return j, err
 }

@@ -21,10 +21,10 @@ import (
 // the topology model (live, the hardware's unless it is simulated) has
 // them; otherwise jobs run without cgroups (and the daemon says so in its
 // log).
-func newExecutor(ctx context.Context, cfg Config, placer jobs.Placer, live func(context.Context) (*topology.Host, error), log *slog.Logger) (jobs.Placer, *executor.MonitorRunner, error) {
+func newExecutor(ctx context.Context, cfg Config, placer jobs.Placer, live func(context.Context) (*topology.Host, error), log *slog.Logger) (jobs.Placer, *executor.MonitorRunner, *cgroups.Manager, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
+		return nil, nil, nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
 	}
 	rcfg := executor.MonitorConfig{
 		JobsDir:      filepath.Join(cfg.StateDir, "jobs"),
@@ -41,20 +41,20 @@ func newExecutor(ctx context.Context, cfg Config, placer jobs.Placer, live func(
 		rcfg.Cgroups = cg
 		host, err := live(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("host cores: %w", err)
+			return nil, nil, nil, fmt.Errorf("host cores: %w", err)
 		}
 		cores := cgroups.CoresOf(host)
 		if len(cores) == 0 {
-			return nil, nil, fmt.Errorf("host cores: the topology model has no cores")
+			return nil, nil, nil, fmt.Errorf("host cores: the topology model has no cores")
 		}
 		ep, err := jobs.NewExclusiveCPUPlacer(placer, cores, 1, cg.SetSharedCPUs, log)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		placer, rcfg.SharedCPUs = ep, ep.SharedCPUs
 		log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(cores))
 	}
-	return placer, executor.NewMonitorRunner(rcfg, log), nil
+	return placer, executor.NewMonitorRunner(rcfg, log), cg, nil
 }
 
 func jobCgroups(cfg Config, log *slog.Logger) (*cgroups.Manager, error) {

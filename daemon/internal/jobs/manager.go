@@ -623,7 +623,7 @@ func (m *Manager) logPath(id string) string { return filepath.Join(m.cfg.LogDir,
 // Subscribe streams events of the jobs c may see (optionally one job).
 func (m *Manager) Subscribe(c api.Caller, jobID string) (<-chan api.Event, func()) {
 	return m.events.subscribe(func(ev api.Event) bool {
-		if ev.Kind == api.EventDevice {
+		if ev.Kind == api.EventDevice || ev.Kind == api.EventQoS && ev.JobID == "" {
 			return jobID == ""
 		}
 		if jobID != "" && ev.JobID != jobID {
@@ -754,4 +754,12 @@ func (m *Manager) HeldDevices() map[string]bool {
 		}
 	}
 	return held
+}
+
+// PublishQoS sends a QoS loop action to the event stream: to every
+// subscriber of the whole stream and to those of the protected job it
+// names (when it names one).
+func (m *Manager) PublishQoS(ev api.Event) {
+	ev.Kind, ev.From, ev.To = api.EventQoS, "", ""
+	m.events.publish(ev)
 }
