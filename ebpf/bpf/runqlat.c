@@ -155,6 +155,10 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	__u32 b = log2_u64(delta);
 	if (b >= NBUCKETS)
 		b = NBUCKETS - 1;
+	/* Older verifiers (6.1) lose the clamp's bound (clang compares a copy
+	 * of b); a mask the compiler cannot drop proves it. */
+	asm volatile("" : "+r"(b));
+	b &= NBUCKETS - 1;
 	h->buckets[b]++;
 	h->count++;
 	h->sum_ns += delta;
