@@ -34,6 +34,17 @@ func TestLoadConfig(t *testing.T) {
 	if DefaultConfig().MaxBitstreamBytes != 1<<30 || DefaultConfig().Simulate != "" {
 		t.Errorf("defaults: %+v", DefaultConfig())
 	}
+	cfg, err = LoadConfig(write("qos: {window: 500ms, classes: {batch: {runqueue_p99: 5ms}}}\n"), true)
+	if err != nil || time.Duration(cfg.QoS.Window) != 500*time.Millisecond || cfg.QoS.Classes[api.ClassBatch].RunqueueP99 != api.Duration(5*time.Millisecond) ||
+		cfg.QoS.Classes[api.ClassService].RunqueueP99 != api.Duration(2*time.Millisecond) || cfg.QoS.Shrink != 0.5 {
+		t.Errorf("qos not merged over the defaults: %+v %v", cfg.QoS, err)
+	}
+	if slo := cfg.QoS.SLO(api.JobSpec{Class: api.ClassTraining}); slo != nil {
+		t.Errorf("training job protected by default: %+v", slo)
+	}
+	if slo := cfg.QoS.SLO(api.JobSpec{Class: api.ClassService, QoS: &api.QoS{PSISomeAvg10: 3}}); slo == nil || slo.PSISomeAvg10 != 3 || slo.RunqueueP99 != 0 {
+		t.Errorf("a spec's SLO must replace the class default: %+v", slo)
+	}
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), false); err != nil {
 		t.Errorf("missing default config must mean defaults: %v", err)
 	}
@@ -44,24 +55,30 @@ func TestLoadConfig(t *testing.T) {
 		t.Errorf("empty file: %v", err)
 	}
 	bad := map[string]string{
-		"sokcet: /x\n":                               "sokcet",
-		"log: {level: loud}\n":                       "log.level",
-		"log: {format: xml}\n":                       "log.format",
-		"log: {colour: red}\n":                       "log.colour",
-		"socket_mode: \"0999\"\n":                    "socket_mode",
-		"cancel_grace: soon\n":                       "cancel_grace",
-		"cancel_grace: -1s\n":                        "cancel_grace",
-		"tiers: {gaming: guaranteed}\n":              "tiers.gaming",
-		"tiers: {batch: gold}\n":                     "tiers.batch",
-		"retention: {max_finished_jobs: -1}\n":       "retention.max_finished_jobs",
-		"max_request_bytes: 10\n":                    "max_request_bytes",
-		"socket: " + strings.Repeat("x", 120) + "\n": "socket",
-		"state_dir: [1]\n":                           "state_dir",
-		"simulate: dgxz900\n":                        "simulate",
-		"max_bitstream_bytes: 1\n":                   "max_bitstream_bytes",
-		"cgroup_parent: /system.slice\n":             "cgroup_parent",
-		"cgroup_parent: ../escape\n":                 "cgroup_parent",
-		"- not a map\n":                              "",
+		"sokcet: /x\n":                                     "sokcet",
+		"log: {level: loud}\n":                             "log.level",
+		"log: {format: xml}\n":                             "log.format",
+		"log: {colour: red}\n":                             "log.colour",
+		"socket_mode: \"0999\"\n":                          "socket_mode",
+		"cancel_grace: soon\n":                             "cancel_grace",
+		"cancel_grace: -1s\n":                              "cancel_grace",
+		"tiers: {gaming: guaranteed}\n":                    "tiers.gaming",
+		"tiers: {batch: gold}\n":                           "tiers.batch",
+		"retention: {max_finished_jobs: -1}\n":             "retention.max_finished_jobs",
+		"max_request_bytes: 10\n":                          "max_request_bytes",
+		"socket: " + strings.Repeat("x", 120) + "\n":       "socket",
+		"state_dir: [1]\n":                                 "state_dir",
+		"simulate: dgxz900\n":                              "simulate",
+		"max_bitstream_bytes: 1\n":                         "max_bitstream_bytes",
+		"cgroup_parent: /system.slice\n":                   "cgroup_parent",
+		"cgroup_parent: ../escape\n":                       "cgroup_parent",
+		"qos: {window: 1ms}\n":                             "qos.window",
+		"qos: {shrink: 1.5}\n":                             "qos.shrink",
+		"qos: {restore_step: 0}\n":                         "qos.restore_step",
+		"qos: {classes: {gaming: {runqueue_p99: 2ms}}}\n":  "qos.classes.gaming",
+		"qos: {classes: {service: {runqueue_p99: 1us}}}\n": "qos.classes.service.runqueue_p99",
+		"qos: {classes: {service: {p99: 2ms}}}\n":          "qos.classes.service.p99",
+		"- not a map\n":                                    "",
 	}
 	for body, key := range bad {
 		p := write(body)

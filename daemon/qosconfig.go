@@ -63,9 +63,17 @@ func (c QoSConfig) validate() (string, error) {
 			return "qos.classes." + string(class), err
 		}
 	}
-	p := c.params(1 << 20)
-	if err := p.Validate(); err != nil {
-		return "qos", err
+	switch {
+	case c.MinBestEffortCPU <= 0:
+		return "qos.min_besteffort_cpu", fmt.Errorf("must be positive")
+	case c.Shrink <= 0 || c.Shrink >= 1:
+		return "qos.shrink", fmt.Errorf("must be between 0 and 1 (exclusive), got %g", c.Shrink)
+	case c.RestoreStep <= 0:
+		return "qos.restore_step", fmt.Errorf("must be positive")
+	case c.RestoreAfter <= 0:
+		return "qos.restore_after", fmt.Errorf("must be positive")
+	case c.MinBestEffortMemory < 0:
+		return "qos.min_besteffort_memory", fmt.Errorf("must not be negative")
 	}
 	return "", nil
 }

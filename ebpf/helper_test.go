@@ -33,9 +33,10 @@ func runHelper(mode string) int {
 	}
 	verb, arg, _ := strings.Cut(mode, ":")
 	switch verb {
-	case "wake": // wake:N sleeps 1 ms N times
+	case "wake": // wake:N sleeps 1 ms N times, for at most 20 s
 		n, _ := strconv.Atoi(arg)
-		for range n {
+		end := time.Now().Add(20 * time.Second)
+		for i := 0; i < n && time.Now().Before(end); i++ {
 			time.Sleep(time.Millisecond)
 		}
 		return 0

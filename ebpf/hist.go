@@ -33,18 +33,6 @@ func (h Histogram) Sub(prev Histogram) Histogram {
 	return d
 }
 
-// Add returns the sum of two histograms.
-func (h Histogram) Add(o Histogram) Histogram {
-	for i := range h.Buckets {
-		h.Buckets[i] += o.Buckets[i]
-	}
-	h.Count += o.Count
-	h.SumNs += o.SumNs
-	h.Preemptions += o.Preemptions
-	h.PreemptNs += o.PreemptNs
-	return h
-}
-
 // BucketLow is the lower bound of bucket i in ns.
 func BucketLow(i int) uint64 {
 	if i == 0 {
@@ -77,12 +65,4 @@ func (h Histogram) Quantile(q float64) time.Duration {
 		cum += float64(n)
 	}
 	return time.Duration(uint64(1) << Buckets)
-}
-
-// Mean is the mean latency; 0 when empty.
-func (h Histogram) Mean() time.Duration {
-	if h.Count == 0 {
-		return 0
-	}
-	return time.Duration(h.SumNs / h.Count)
 }

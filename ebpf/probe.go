@@ -36,7 +36,6 @@ type Probe struct {
 	log   *slog.Logger
 	objs  runqlatObjects
 	links []link.Link
-	v1    bool
 
 	mu    sync.Mutex
 	slots map[uint64]uint32 // cgroup id → histogram slot
@@ -84,7 +83,7 @@ func Load(opts ...Option) (*Probe, error) {
 	if err := spec.Variables[runqlatVarCgroupV1].Set(o.v1); err != nil {
 		return nil, fmt.Errorf("ebpf: set cgroup_v1: %w", err)
 	}
-	p := &Probe{log: o.log, v1: o.v1, slots: map[uint64]uint32{}}
+	p := &Probe{log: o.log, slots: map[uint64]uint32{}}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -118,9 +117,6 @@ func Load(opts ...Option) (*Probe, error) {
 	o.log.Info("run-queue latency probe attached", "cgroups", mode)
 	return p, nil
 }
-
-// CgroupV1 reports whether the probe keys tasks by their v1 cpu cgroup.
-func (p *Probe) CgroupV1() bool { return p.v1 }
 
 // Close detaches the programs and frees the maps. It may be called twice.
 func (p *Probe) Close() error {
@@ -194,14 +190,6 @@ func (p *Probe) Unregister(id uint64) error {
 	delete(p.slots, id)
 	p.free = append(p.free, slot)
 	return nil
-}
-
-// Registered reports whether cgroup id is timed.
-func (p *Probe) Registered(id uint64) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.slots[id]
-	return ok
 }
 
 // Histogram returns the cumulative histogram of cgroup id since it was

@@ -451,6 +451,11 @@ type QoSStatus struct {
 	// over it in the last window.
 	Protected int `json:"protected"`
 	Breaching int `json:"breaching"`
+	// ProbeEvents and ProbeNsPerEvent are the kernel's accounting of the
+	// probe's programs (runs, and mean run time in ns), present only while
+	// the kernel counts (sysctl kernel.bpf_stats_enabled=1).
+	ProbeEvents     uint64  `json:"probe_events,omitempty"`
+	ProbeNsPerEvent float64 `json:"probe_ns_per_event,omitempty"`
 	// LastAction says what the loop did last, and when.
 	LastAction   string     `json:"last_action,omitempty"`
 	LastActionAt *time.Time `json:"last_action_at,omitempty"`

@@ -237,6 +237,19 @@ func (l *Loop) Status() api.QoSStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.status
+	if ps, ok := l.probe.(interface {
+		Stats() ([]ebpf.ProgramStats, error)
+	}); ok {
+		if st, err := ps.Stats(); err == nil {
+			var runs, ns uint64
+			for _, p := range st {
+				runs, ns = runs+p.RunCount, ns+p.RunTimeNs
+			}
+			if runs > 0 {
+				s.ProbeEvents, s.ProbeNsPerEvent = runs, float64(ns)/float64(runs)
+			}
+		}
+	}
 	return s
 }
 

@@ -160,6 +160,9 @@ func describeQoS(q api.QoSStatus) string {
 		be += ", memory high " + q.BestEffortMemoryHigh.Human()
 	}
 	s := fmt.Sprintf("running every %v, probes %s; %d protected jobs, %d over SLO; %s", q.Window, q.Probes, q.Protected, q.Breaching, be)
+	if q.ProbeEvents > 0 {
+		s += fmt.Sprintf("; probe cost %.0f ns/event over %d events", q.ProbeNsPerEvent, q.ProbeEvents)
+	}
 	if q.LastAction != "" && q.LastActionAt != nil {
 		s += fmt.Sprintf("; last: %s (%s)", q.LastAction, q.LastActionAt.Local().Format("15:04:05"))
 	}
