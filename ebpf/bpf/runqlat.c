@@ -124,7 +124,9 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	/* A task switched out while runnable waits on the run queue again. */
 	struct job *nj = 0;
 	bool nj_known = false;
-	if (preempt || prev->__state == TASK_RUNNING) {
+	/* The idle task (pid 0) is switched out runnable on every wake-up of
+	 * an idle CPU and is never a job's: skip its cgroup walk. */
+	if (prev->pid != 0 && (preempt || prev->__state == TASK_RUNNING)) {
 		struct job *pj = task_job(prev);
 		if (pj) {
 			nj = task_job(next);
@@ -137,6 +139,8 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	}
 
 	__u32 pid = next->pid;
+	if (pid == 0)
+		return 0;
 	struct start *s = bpf_map_lookup_elem(&starts, &pid);
 	if (!s)
 		return 0;

@@ -37,6 +37,29 @@ func (p *fakeProbe) add(id uint64, n uint64, d time.Duration) {
 	p.hists[id] = h
 }
 
+// statsProbe is a fakeProbe with the kernel's accounting (what
+// *ebpf.Probe reports while kernel.bpf_stats_enabled is 1).
+type statsProbe struct{ *fakeProbe }
+
+func (statsProbe) Stats() ([]ebpf.ProgramStats, error) {
+	return []ebpf.ProgramStats{{Name: "sched_switch", RunCount: 300, RunTimeNs: 30000}, {Name: "sched_wakeup", RunCount: 100, RunTimeNs: 20000}}, nil
+}
+
+func TestLoopStatusReportsProbeCost(t *testing.T) {
+	probe := statsProbe{&fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}}
+	l, err := New(Config{Window: time.Second, Params: params()}, probe, &fakeHost{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Status(); st.ProbeEvents != 400 || st.ProbeNsPerEvent != 125 {
+		t.Errorf("status %+v, want 400 events at 125 ns", st)
+	}
+	l2, _ := New(Config{Window: time.Second, Params: params()}, probe.fakeProbe, &fakeHost{}, slog.New(slog.DiscardHandler))
+	if st := l2.Status(); st.ProbeEvents != 0 {
+		t.Errorf("a probe without stats reported %+v", st)
+	}
+}
+
 type fakeHost struct {
 	jobs  []Job
 	quota []int64
