@@ -15,10 +15,10 @@ func TestKernelTierKnobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	share, _ := cpuShare(t, cg, 2*time.Second)
-	t.Logf("tier quota 100m: job used %.3f of a core", share)
-	if share > 0.15 {
-		t.Errorf("best-effort job under a 100m tier quota used %.1f%% of a core", share*100)
+	capped, _ := cpuShare(t, cg, 2*time.Second)
+	t.Logf("tier quota 100m: job used %.3f of a core", capped)
+	if capped > 0.15 {
+		t.Errorf("best-effort job under a 100m tier quota used %.1f%% of a core", capped*100)
 	}
 	ts, err := m.TierStats(BestEffort)
 	if err != nil {
@@ -30,10 +30,12 @@ func TestKernelTierKnobs(t *testing.T) {
 	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
 		t.Fatal(err)
 	}
-	share, _ = cpuShare(t, cg, time.Second)
+	// The host is shared with other work: the hog need not get a whole
+	// core, but clearly more than under the cap.
+	share, _ := cpuShare(t, cg, time.Second)
 	t.Logf("no tier quota: job used %.3f of a core", share)
-	if share < 0.4 {
-		t.Errorf("after removing the tier quota the hog used only %.1f%% of a core", share*100)
+	if share < max(2*capped, 0.2) {
+		t.Errorf("after removing the tier quota the hog used %.1f%% of a core (%.1f%% under the cap)", share*100, capped*100)
 	}
 
 	if err := m.SetTierMemoryHigh(BestEffort, 64*mib); err != nil {
