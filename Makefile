@@ -17,10 +17,12 @@ export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 # package tests, promtool (prometheus) for the metrics, alert-rule and
 # dashboard checks, tmux for the `fusionctl top` test; then the linters
 # and the booted-Debian test's tools.
-TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux
+TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux bpftrace
+# The eBPF toolchain `make ebpf-check` regenerates the committed probes with.
+EBPF_PKGS := clang llvm libbpf-dev bpftool
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots
+.PHONY: all build run test test-vm vet deps ebpf-check bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots
 all: build
 
 build:
@@ -53,9 +55,17 @@ vet:
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
 
 # cgroup v2 for real: boots Debian 12's kernel under qemu and runs the
-# privileged cgroup tests there (about 1-2 minutes).
+# privileged cgroup tests there, the eBPF probe's and the QoS loop's (about 1-2 minutes).
 test-vm: deps
-	FUSIOND_VM_PKGS="./cgroups/ ./daemon/internal/executor/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
+	FUSIOND_VM_PKGS="./cgroups/ ./daemon/internal/executor/ ./ebpf/ ./daemon/internal/qos/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
+
+# The BPF object and its Go bindings are committed (a build needs no clang):
+# regenerate them with clang and fail if anything under ebpf/ changed.
+ebpf-check:
+	./.ci/deps.sh $(EBPF_PKGS)
+	$(GO) generate ./ebpf/
+	git diff --exit-code -- ebpf/
+	@untracked=$$(git ls-files --others --exclude-standard -- ebpf/); if [ -n "$$untracked" ]; then echo "ebpf-check: generated files not committed: $$untracked"; exit 1; fi
 
 # Packages: stripped PIE binaries, then .deb and .rpm through nfpm.
 pkgbin:
@@ -93,6 +103,8 @@ chaos:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3s ./daemon/
 	$(GO) test -run '^$$' -bench . ./devices/nvidia/ ./devices/fpga/bitstream/
+	$(GO) test -run '^$$' -bench ProbeCost -benchtime 3x ./ebpf/
+	$(GO) test -run '^$$' -bench Interference -benchtime 1x ./daemon/internal/qos/
 
 # Read-only check of a host with a real NVIDIA GPU; exits 1 cleanly without one.
 gpu-check:

@@ -121,3 +121,5 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	sigs.k8s.io/yaml v1.6.0
 )
+
+tool github.com/cilium/ebpf/cmd/bpf2go

@@ -273,16 +273,6 @@ func (m *Manager) TierCPUs(t Tier) ([]int, error) {
 	return ParseCPUList(s)
 }
 
-// TierStats reads the accounting of a tier's cgroup: every job in the tier
-// together.
-func (m *Manager) TierStats(t Tier) (Stats, error) {
-	s, err := m.be.stats(m.tierRel(t))
-	if err != nil {
-		return Stats{}, fmt.Errorf("stats of tier %s: %w", t, err)
-	}
-	return s, nil
-}
-
 // Create makes (or updates, when it exists) the cgroup of jobID in tier and
 // applies l. It is idempotent.
 func (m *Manager) Create(jobID string, tier Tier, l Limits) (*Cgroup, error) {

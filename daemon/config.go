@@ -81,6 +81,9 @@ type Config struct {
 	Audit AuditConfig `json:"audit"`
 	// Metrics configures the Prometheus /metrics listener (off by default).
 	Metrics MetricsConfig `json:"metrics"`
+	// QoS holds the latency SLO defaults per class and the QoS loop's
+	// tuning (see QoSConfig).
+	QoS QoSConfig `json:"qos"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -233,6 +236,7 @@ func DefaultConfig() Config {
 				Streams:     64,
 			},
 		},
+		QoS: DefaultQoSConfig(),
 	}
 }
 
@@ -353,6 +357,9 @@ func (c *Config) Validate() error {
 	}
 	if _, _, err := c.Metrics.Endpoint(); err != nil {
 		return bad("metrics.listen", "%v", err)
+	}
+	if key, err := c.QoS.validate(); err != nil {
+		return bad(key, "%v", err)
 	}
 	return nil
 }

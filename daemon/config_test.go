@@ -46,6 +46,17 @@ func TestLoadConfig(t *testing.T) {
 		cfg.Limits.PerUser.Streams != 64 || cfg.Limits.MaxSpecBytes != 256<<10 {
 		t.Errorf("limits not merged over the defaults: %+v %v", cfg.Limits, err)
 	}
+	cfg, err = LoadConfig(write("qos: {window: 500ms, classes: {batch: {runqueue_p99: 5ms}}}\n"), true)
+	if err != nil || time.Duration(cfg.QoS.Window) != 500*time.Millisecond || cfg.QoS.Classes[api.ClassBatch].RunqueueP99 != api.Duration(5*time.Millisecond) ||
+		cfg.QoS.Classes[api.ClassService].RunqueueP99 != api.Duration(2*time.Millisecond) || cfg.QoS.Shrink != 0.5 {
+		t.Errorf("qos not merged over the defaults: %+v %v", cfg.QoS, err)
+	}
+	if slo := cfg.QoS.SLO(api.JobSpec{Class: api.ClassTraining}); slo != nil {
+		t.Errorf("training job protected by default: %+v", slo)
+	}
+	if slo := cfg.QoS.SLO(api.JobSpec{Class: api.ClassService, QoS: &api.QoS{PSISomeAvg10: 3}}); slo == nil || slo.PSISomeAvg10 != 3 || slo.RunqueueP99 != 0 {
+		t.Errorf("a spec's SLO must replace the class default: %+v", slo)
+	}
 	if _, err := LoadConfig(filepath.Join(dir, "none.yaml"), false); err != nil {
 		t.Errorf("missing default config must mean defaults: %v", err)
 	}
@@ -74,39 +85,45 @@ func TestLoadConfig(t *testing.T) {
 		t.Errorf("empty file: %v", err)
 	}
 	bad := map[string]string{
-		"sokcet: /x\n":                               "sokcet",
-		"log: {level: loud}\n":                       "log.level",
-		"log: {format: xml}\n":                       "log.format",
-		"log: {colour: red}\n":                       "log.colour",
-		"socket_mode: \"0999\"\n":                    "socket_mode",
-		"cancel_grace: soon\n":                       "cancel_grace",
-		"cancel_grace: -1s\n":                        "cancel_grace",
-		"tiers: {gaming: guaranteed}\n":              "tiers.gaming",
-		"tiers: {batch: gold}\n":                     "tiers.batch",
-		"retention: {max_finished_jobs: -1}\n":       "retention.max_finished_jobs",
-		"max_request_bytes: 10\n":                    "max_request_bytes",
-		"socket: " + strings.Repeat("x", 120) + "\n": "socket",
-		"state_dir: [1]\n":                           "state_dir",
-		"simulate: dgxz900\n":                        "simulate",
-		"max_bitstream_bytes: 1\n":                   "max_bitstream_bytes",
-		"cgroup_parent: /system.slice\n":             "cgroup_parent",
-		"cgroup_parent: ../escape\n":                 "cgroup_parent",
-		"allow_unisolated_jobs: maybe\n":             "allow_unisolated_jobs",
-		"- not a map\n":                              "",
-		"limits: {per_user: {pending_jobs: -1}}\n":   "limits.per_user.pending_jobs",
-		"limits: {per_user: {streams: -2}}\n":        "limits.per_user.streams",
-		"limits: {per_user: {log_bytes: -1Gi}}\n":    "limits.per_user.log_bytes",
-		"limits: {max_spec_bytes: 10}\n":             "limits.max_spec_bytes",
-		"limits: {log_budget: lots}\n":               "limits.log_budget",
-		"limits: {stream_idle_timeout: -1m}\n":       "limits.stream_idle_timeout",
-		"limits: {per_user: {pending: 1}}\n":         "limits.per_user.pending",
-		"metrics: {listen: \"0.0.0.0:9464\"}\n":      "metrics.listen",
-		"metrics: {listen: \":9464\"}\n":             "metrics.listen",
-		"metrics: {listen: \"10.1.2.3:9464\"}\n":     "metrics.listen",
-		"metrics: {listen: \"127.0.0.1\"}\n":         "metrics.listen",
-		"metrics: {listen: \"127.0.0.1:http\"}\n":    "metrics.listen",
-		"metrics: {listen: \"unix:\"}\n":             "metrics.listen",
-		"metrics: {port: 9464}\n":                    "metrics.port",
+		"sokcet: /x\n":                                     "sokcet",
+		"log: {level: loud}\n":                             "log.level",
+		"log: {format: xml}\n":                             "log.format",
+		"log: {colour: red}\n":                             "log.colour",
+		"socket_mode: \"0999\"\n":                          "socket_mode",
+		"cancel_grace: soon\n":                             "cancel_grace",
+		"cancel_grace: -1s\n":                              "cancel_grace",
+		"tiers: {gaming: guaranteed}\n":                    "tiers.gaming",
+		"tiers: {batch: gold}\n":                           "tiers.batch",
+		"retention: {max_finished_jobs: -1}\n":             "retention.max_finished_jobs",
+		"max_request_bytes: 10\n":                          "max_request_bytes",
+		"socket: " + strings.Repeat("x", 120) + "\n":       "socket",
+		"state_dir: [1]\n":                                 "state_dir",
+		"simulate: dgxz900\n":                              "simulate",
+		"max_bitstream_bytes: 1\n":                         "max_bitstream_bytes",
+		"cgroup_parent: /system.slice\n":                   "cgroup_parent",
+		"cgroup_parent: ../escape\n":                       "cgroup_parent",
+		"allow_unisolated_jobs: maybe\n":                   "allow_unisolated_jobs",
+		"qos: {window: 1ms}\n":                             "qos.window",
+		"qos: {shrink: 1.5}\n":                             "qos.shrink",
+		"qos: {restore_step: 0}\n":                         "qos.restore_step",
+		"qos: {classes: {gaming: {runqueue_p99: 2ms}}}\n":  "qos.classes.gaming",
+		"qos: {classes: {service: {runqueue_p99: 1us}}}\n": "qos.classes.service.runqueue_p99",
+		"qos: {classes: {service: {p99: 2ms}}}\n":          "qos.classes.service.p99",
+		"- not a map\n":                                    "",
+		"limits: {per_user: {pending_jobs: -1}}\n":         "limits.per_user.pending_jobs",
+		"limits: {per_user: {streams: -2}}\n":              "limits.per_user.streams",
+		"limits: {per_user: {log_bytes: -1Gi}}\n":          "limits.per_user.log_bytes",
+		"limits: {max_spec_bytes: 10}\n":                   "limits.max_spec_bytes",
+		"limits: {log_budget: lots}\n":                     "limits.log_budget",
+		"limits: {stream_idle_timeout: -1m}\n":             "limits.stream_idle_timeout",
+		"limits: {per_user: {pending: 1}}\n":               "limits.per_user.pending",
+		"metrics: {listen: \"0.0.0.0:9464\"}\n":            "metrics.listen",
+		"metrics: {listen: \":9464\"}\n":                   "metrics.listen",
+		"metrics: {listen: \"10.1.2.3:9464\"}\n":           "metrics.listen",
+		"metrics: {listen: \"127.0.0.1\"}\n":               "metrics.listen",
+		"metrics: {listen: \"127.0.0.1:http\"}\n":          "metrics.listen",
+		"metrics: {listen: \"unix:\"}\n":                   "metrics.listen",
+		"metrics: {port: 9464}\n":                          "metrics.port",
 	}
 	for body, key := range bad {
 		p := write(body)

@@ -27,6 +27,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
+	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 	"github.com/fusiond/fusiond/devices"
 )
@@ -73,9 +74,11 @@ type Daemon struct {
 
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
-	stopPower  context.CancelFunc
-	powerDone  chan struct{}
-	closeOnce  sync.Once
+	// stopQoS stops the QoS loop and detaches the latency probes.
+	stopQoS   func()
+	stopPower context.CancelFunc
+	powerDone chan struct{}
+	closeOnce sync.Once
 }
 
 // New builds the daemon: it opens the store and the host's hardware,
@@ -186,6 +189,8 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
 		return nil, err
 	}
+	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, d.mgr, log)
+	d.stopQoS = stopQoS
 	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
 	powerCtx, stopPower := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopPower, d.powerDone = stopPower, make(chan struct{})
@@ -206,7 +211,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep}, log); err != nil {
 		return nil, err
 	}
-	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC()}
+	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -234,6 +239,9 @@ func (d *Daemon) Close() error {
 		}
 		if d.unsubscribeMetrics != nil {
 			d.unsubscribeMetrics()
+		}
+		if d.stopQoS != nil {
+			d.stopQoS()
 		}
 		if d.stopPower != nil {
 			d.stopPower()
@@ -447,6 +455,9 @@ type service struct {
 	hw      *hardware.Host
 	version string
 	started time.Time
+	// qos is the QoS loop, nil when it does not run (qosOff says why).
+	qos    *qos.Loop
+	qosOff api.QoSStatus
 }
 
 var _ apiserver.Backend = (*service)(nil)
@@ -467,6 +478,7 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Devices:   s.hw.Devices(ctx),
 		Isolation: s.runner.Isolation(),
 		Notes:     s.notes(),
+		QoS:       s.qosStatus(),
 	}, nil
 }
 
@@ -478,4 +490,22 @@ func (s *service) notes() []string {
 		notes = append(notes, "not ready: "+err.Error())
 	}
 	return notes
+}
+
+func (s *service) qosStatus() *api.QoSStatus {
+	if s.qos == nil {
+		st := s.qosOff
+		return &st
+	}
+	st := s.qos.Status()
+	return &st
+}
+
+// Get adds a running job's run-queue latency and SLO state.
+func (s *service) Get(ctx context.Context, c api.Caller, id string) (api.Job, error) {
+	j, err := s.Manager.Get(ctx, c, id)
+	if err == nil && s.qos != nil && j.State == api.StateRunning {
+		j.Latency = s.qos.JobLatency(id)
+	}
+	return j, err
 }

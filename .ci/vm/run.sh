@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Boots Debian 12's own cloud kernel under qemu (software emulation) with a
 # pure cgroup v2 hierarchy and runs the privileged real-kernel tests there:
-# tier limits, the eBPF device filter, cgroup.kill. Exits non-zero when a
+# tier limits, the eBPF device filter, cgroup.kill, the run-queue latency
+# probe and the QoS loop. Exits non-zero when a
 # test fails, the result line is missing, or the VM runs past the timeout.
 #
 # Needs root-free qemu and: apt-get install -y qemu-system-x86 busybox-static cpio

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // MilliCPU is an amount of CPU in thousandths of a core. It decodes from a
@@ -188,4 +189,28 @@ func (b Bytes) Human() string {
 		v /= 1024
 	}
 	return b.String()
+}
+
+// Duration is a time span written as a Go duration string ("2ms",
+// "500us", "1.5s").
+type Duration time.Duration
+
+// String formats the duration.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes the duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON parses a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"2ms\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
 }

@@ -96,6 +96,10 @@ type JobSpec struct {
 	// (absolute path); the command is looked up inside it and Workdir
 	// (default /) is inside it too.
 	Rootfs string `json:"rootfs,omitempty"`
+
+	// QoS is the job's latency SLO; unset, the class default of the
+	// daemon's config applies (service and inference are protected).
+	QoS *QoS `json:"qos,omitempty"`
 }
 
 // Resources is a job's resource request.
@@ -214,6 +218,9 @@ type Job struct {
 	// leaves the list when it is back in service. Kept on a finished job
 	// as a record of what it ran on; cleared when the job is queued again.
 	Degraded []string `json:"degraded,omitempty"`
+	// Latency is the running job's run-queue latency and SLO state, where
+	// the daemon has probes.
+	Latency *Latency `json:"latency,omitempty"`
 }
 
 // Allocation is what the placement engine reserved for a job.
@@ -345,6 +352,8 @@ type NodeStatus struct {
 	// Isolation says whether jobs get cgroups (limits, device isolation,
 	// accounting) on this node.
 	Isolation Isolation `json:"isolation"`
+	// QoS is the latency probes' and the QoS loop's state.
+	QoS *QoSStatus `json:"qos,omitempty"`
 	// Notes are facts an operator should know (e.g. "no NVIDIA driver").
 	Notes []string `json:"notes,omitempty"`
 }
@@ -451,3 +460,65 @@ type BatchRequest struct {
 type BatchResponse struct {
 	Jobs []Job `json:"jobs"`
 }
+
+// QoS is a job's latency SLO. A job with an SLO is protected: when its
+// run-queue latency (or memory pressure) breaks the SLO, the daemon's QoS
+// loop takes CPU (or memory) from the best-effort tier.
+type QoS struct {
+	// RunqueueP99 is the most the 99th percentile of the time the job's
+	// runnable tasks wait for a CPU may be, per window (10us..10s).
+	RunqueueP99 Duration `json:"runqueue_p99,omitempty"`
+	// PSISomeAvg10 is the most memory pressure ("some" stall share over
+	// 10 s, percent, 0..100] the job may see; cgroup v2 only.
+	PSISomeAvg10 float64 `json:"psi_some_avg10,omitempty"`
+}
+
+// Latency is a running job's measured run-queue latency and SLO state, as
+// `fusionctl show` prints it.
+type Latency struct {
+	// SLO is the job's effective SLO (spec or class default); nil when
+	// the job is not protected.
+	SLO *QoS `json:"slo,omitempty"`
+	// State is ok, breach, no-data or unprotected.
+	State string `json:"state"`
+	// P50 and P99 of the last window, Count its events.
+	P50   Duration `json:"p50"`
+	P99   Duration `json:"p99"`
+	Count uint64   `json:"count"`
+	// Histogram counts every event since the job was registered: bucket i
+	// holds waits in [2^i, 2^(i+1)) ns (bucket 0: [0, 2) ns).
+	Histogram []uint64 `json:"histogram"`
+	// Preemptions counts involuntary switches in favour of another tier.
+	Preemptions uint64 `json:"preemptions,omitempty"`
+	// MemoryPressure is the job's memory PSI some avg10, where measured.
+	MemoryPressure *float64 `json:"memory_pressure,omitempty"`
+}
+
+// QoSStatus is the QoS loop's state in node status.
+type QoSStatus struct {
+	// Probes is "attached" or why there are none.
+	Probes string `json:"probes"`
+	// Enabled is false when the loop does not run (no probes, no cgroups,
+	// or switched off in the config).
+	Enabled bool     `json:"enabled"`
+	Window  Duration `json:"window"`
+	// BestEffortQuota is the best-effort tier's CPU cap now (0: none).
+	BestEffortQuota MilliCPU `json:"besteffort_quota"`
+	// BestEffortMemoryHigh is its memory.high now (0: none).
+	BestEffortMemoryHigh Bytes `json:"besteffort_memory_high,omitempty"`
+	// Protected counts the running jobs with an SLO, Breaching those
+	// over it in the last window.
+	Protected int `json:"protected"`
+	Breaching int `json:"breaching"`
+	// ProbeEvents and ProbeNsPerEvent are the kernel's accounting of the
+	// probe's programs (runs, and mean run time in ns), present only while
+	// the kernel counts (sysctl kernel.bpf_stats_enabled=1).
+	ProbeEvents     uint64  `json:"probe_events,omitempty"`
+	ProbeNsPerEvent float64 `json:"probe_ns_per_event,omitempty"`
+	// LastAction says what the loop did last, and when.
+	LastAction   string     `json:"last_action,omitempty"`
+	LastActionAt *time.Time `json:"last_action_at,omitempty"`
+}
+
+// EventQoS is the kind of a QoS loop action event.
+const EventQoS = "qos"

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Limits on a job spec; exported so docs and tests quote the same numbers.
@@ -119,6 +120,11 @@ func (s *JobSpec) Validate() error {
 	}
 	if err := s.Resources.validate(); err != nil {
 		return err
+	}
+	if s.QoS != nil {
+		if err := s.QoS.Validate("qos"); err != nil {
+			return err
+		}
 	}
 	if s.Topology != "" && !oneOf(s.Topology, TopologyPolicies) {
 		return FieldError("topology", "unknown policy %q (want one of: %s)", s.Topology, list(TopologyPolicies))
@@ -265,4 +271,24 @@ func DecodeBatch(data []byte) ([]JobSpec, error) {
 		specs[i] = s
 	}
 	return specs, nil
+}
+
+// Bounds of a QoS SLO.
+const (
+	MinRunqueueP99 = Duration(10 * time.Microsecond)
+	MaxRunqueueP99 = Duration(10 * time.Second)
+)
+
+// Validate checks a QoS SLO; prefix names its field ("qos").
+func (q *QoS) Validate(prefix string) error {
+	if q.RunqueueP99 != 0 && (q.RunqueueP99 < MinRunqueueP99 || q.RunqueueP99 > MaxRunqueueP99) {
+		return FieldError(prefix+".runqueue_p99", "must be between %v and %v, got %v", MinRunqueueP99, MaxRunqueueP99, q.RunqueueP99)
+	}
+	if q.PSISomeAvg10 < 0 || q.PSISomeAvg10 > 100 {
+		return FieldError(prefix+".psi_some_avg10", "must be a percentage in (0, 100], got %g", q.PSISomeAvg10)
+	}
+	if q.RunqueueP99 == 0 && q.PSISomeAvg10 == 0 {
+		return FieldError(prefix, "set runqueue_p99 or psi_some_avg10 (or leave qos out for the class default)")
+	}
+	return nil
 }

@@ -788,6 +788,21 @@ func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions
 	return ids, next, nil
 }
 
+// Running returns a copy of every running job, oldest first (the QoS
+// loop's view of what to protect and what to squeeze).
+func (m *Manager) Running() []api.Job {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []api.Job
+	for _, j := range m.jobs {
+		if j.State == api.StateRunning {
+			out = append(out, cloneJob(j))
+		}
+	}
+	slices.SortFunc(out, func(a, b api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
+	return out
+}
+
 func idNum(id string) uint64 {
 	n, _ := strconv.ParseUint(id, 10, 64)
 	return n
@@ -899,7 +914,7 @@ func (m *Manager) logPath(id string) string { return filepath.Join(m.cfg.LogDir,
 // Subscribe streams events of the jobs c may see (optionally one job).
 func (m *Manager) Subscribe(c api.Caller, jobID string) (<-chan api.Event, func()) {
 	return m.events.subscribe(func(ev api.Event) bool {
-		if ev.Kind == api.EventDevice {
+		if ev.Kind == api.EventDevice || ev.Kind == api.EventQoS && ev.JobID == "" {
 			return jobID == ""
 		}
 		if jobID != "" && ev.JobID != jobID {
@@ -1099,4 +1114,12 @@ func (m *Manager) HeldDevices() map[string]bool {
 		}
 	}
 	return held
+}
+
+// PublishQoS sends a QoS loop action to the event stream: to every
+// subscriber of the whole stream and to those of the protected job it
+// names (when it names one).
+func (m *Manager) PublishQoS(ev api.Event) {
+	ev.Kind, ev.From, ev.To = api.EventQoS, "", ""
+	m.events.publish(ev)
 }

@@ -450,6 +450,9 @@ func showJob(w io.Writer, j api.Job) error {
 	if u := j.Usage; u != nil {
 		p("Usage", "%s", describeUsage(*u))
 	}
+	if l := j.Latency; l != nil {
+		p("Latency", "%s", describeLatency(*l))
+	}
 	p("Created", "%s", j.CreatedAt.Local().Format(time.RFC3339))
 	if j.StartedAt != nil {
 		p("Started", "%s", j.StartedAt.Local().Format(time.RFC3339))
@@ -459,6 +462,9 @@ func showJob(w io.Writer, j api.Job) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if l := j.Latency; l != nil {
+		printHistogram(w, l.Histogram)
 	}
 	fmt.Fprintln(w, "\nEvents:")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -596,10 +602,66 @@ func printEvent(o *options, tw *tabwriter.Writer, e api.Event) error {
 	if o.output != "table" {
 		return o.print(e, nil)
 	}
+	if e.Kind == api.EventQoS {
+		fmt.Fprintf(tw, "%s\t%s\tqos\t%s\n", e.Time.Local().Format("15:04:05.000"), cmp.Or(e.JobID, "-"), e.Reason)
+		return tw.Flush()
+	}
 	if e.Kind == api.EventDevice {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.Device, deviceHealth(e), e.Reason)
 		return tw.Flush()
 	}
 	fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
 	return tw.Flush()
+}
+
+// describeLatency is a job's run-queue latency and SLO state on one line.
+func describeLatency(l api.Latency) string {
+	slo := "no SLO"
+	if l.SLO != nil {
+		var parts []string
+		if l.SLO.RunqueueP99 > 0 {
+			parts = append(parts, "run-queue p99 ≤ "+l.SLO.RunqueueP99.String())
+		}
+		if l.SLO.PSISomeAvg10 > 0 {
+			parts = append(parts, fmt.Sprintf("memory PSI ≤ %g%%", l.SLO.PSISomeAvg10))
+		}
+		slo = "SLO " + strings.Join(parts, ", ")
+	}
+	s := fmt.Sprintf("%s: run-queue p50 %v, p99 %v over %d events (last window); %s", l.State, l.P50, l.P99, l.Count, slo)
+	if l.Preemptions > 0 {
+		s += fmt.Sprintf("; preempted %d times by other tiers", l.Preemptions)
+	}
+	if l.MemoryPressure != nil {
+		s += fmt.Sprintf("; memory PSI %.2f%%", *l.MemoryPressure)
+	}
+	return s
+}
+
+// printHistogram prints the non-empty log2 buckets of a run-queue latency
+// histogram (bucket i: [2^i, 2^(i+1)) ns) with bars.
+func printHistogram(w io.Writer, buckets []uint64) {
+	var peak uint64
+	lo, hi := -1, -1
+	for i, n := range buckets {
+		if n > 0 {
+			if lo < 0 {
+				lo = i
+			}
+			hi = i
+			peak = max(peak, n)
+		}
+	}
+	if lo < 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nRun-queue latency (since the job started):")
+	for i := lo; i <= hi; i++ {
+		from := time.Duration(0)
+		if i > 0 {
+			from = time.Duration(uint64(1) << i)
+		}
+		to := time.Duration(uint64(1) << (i + 1))
+		bar := strings.Repeat("@", int(40*buckets[i]/peak))
+		fmt.Fprintf(w, "  [%9v, %9v) %8d |%-40s|\n", from, to, buckets[i], bar)
+	}
 }

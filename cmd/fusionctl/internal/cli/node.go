@@ -57,6 +57,9 @@ func nodeTable(w io.Writer, n api.NodeStatus) error {
 		counts = []string{"none"}
 	}
 	fmt.Fprintf(tw, "Jobs:\t%s\n", strings.Join(counts, ", "))
+	if q := n.QoS; q != nil {
+		fmt.Fprintf(tw, "QoS loop:\t%s\n", describeQoS(*q))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -155,4 +158,26 @@ func isolation(i api.Isolation) string {
 	default:
 		return fmt.Sprintf("NONE (%s): jobs run WITHOUT limits or device isolation (allow_unisolated_jobs)", i.Reason)
 	}
+}
+
+// describeQoS is the QoS loop's state on one line.
+func describeQoS(q api.QoSStatus) string {
+	if !q.Enabled {
+		return "not running (latency probes " + q.Probes + ")"
+	}
+	be := "no best-effort CPU quota"
+	if q.BestEffortQuota > 0 {
+		be = "best-effort CPU held at " + q.BestEffortQuota.String()
+	}
+	if q.BestEffortMemoryHigh > 0 {
+		be += ", memory high " + q.BestEffortMemoryHigh.Human()
+	}
+	s := fmt.Sprintf("running every %v, probes %s; %d protected jobs, %d over SLO; %s", q.Window, q.Probes, q.Protected, q.Breaching, be)
+	if q.ProbeEvents > 0 {
+		s += fmt.Sprintf("; probe cost %.0f ns/event over %d events", q.ProbeNsPerEvent, q.ProbeEvents)
+	}
+	if q.LastAction != "" && q.LastActionAt != nil {
+		s += fmt.Sprintf("; last: %s (%s)", q.LastAction, q.LastActionAt.Local().Format("15:04:05"))
+	}
+	return s
 }

@@ -1,0 +1,61 @@
+package cgroups
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestKernelTierKnobs(t *testing.T) {
+	m := newKernelManager(t)
+	cg := mustCreate(t, m, "hog", Placement{Tier: BestEffort, SharedCPUs: onlineCPUs(t), MemoryLimit: 256 * mib})
+	startHelper(t, cg, "hog")
+	if err := m.SetTierCPUQuota(BestEffort, 100); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	capped, _ := cpuShare(t, cg, 2*time.Second)
+	t.Logf("tier quota 100m: job used %.3f of a core", capped)
+	if capped > 0.15 {
+		t.Errorf("best-effort job under a 100m tier quota used %.1f%% of a core", capped*100)
+	}
+	ts, err := m.TierStats(BestEffort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.NrThrottled == 0 {
+		t.Errorf("tier never throttled: %+v", ts)
+	}
+	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The host is shared with other work: the hog need not get a whole
+	// core, but clearly more than under the cap.
+	share, _ := cpuShare(t, cg, time.Second)
+	t.Logf("no tier quota: job used %.3f of a core", share)
+	if share < max(2*capped, 0.2) {
+		t.Errorf("after removing the tier quota the hog used %.1f%% of a core (%.1f%% under the cap)", share*100, capped*100)
+	}
+
+	if err := m.SetTierMemoryHigh(BestEffort, 64*mib); err != nil {
+		t.Fatal(err)
+	}
+	file := m.opts.root + "/" + m.tierRel(BestEffort) + "/memory.high"
+	if m.Mode() == ModeV1 {
+		file = m.opts.root + "/memory/" + m.tierRel(BestEffort) + "/memory.soft_limit_in_bytes"
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != "67108864" {
+		t.Errorf("%s = %s, want 67108864", file, got)
+	}
+	if err := m.SetTierMemoryHigh(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cg.CPUDir() + "/cgroup.procs"); err != nil {
+		t.Errorf("CPUDir %s: %v", cg.CPUDir(), err)
+	}
+}

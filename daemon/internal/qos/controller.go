@@ -1,0 +1,189 @@
+// Package qos is the daemon's QoS loop: every window it reads each
+// protected job's run-queue latency histogram (from the eBPF probe) and
+// memory pressure, and moves the best-effort tier's CPU quota and memory
+// high with an AIMD controller — a multiplicative shrink when a protected
+// job's p99 breaks its SLO, an additive restore after a healthy period.
+package qos
+
+import (
+	"fmt"
+	"time"
+)
+
+// Params tune the controller.
+type Params struct {
+	// PoolMilli is the best-effort tier's CPU when unrestricted (the shared
+	// pool); a quota reaching it is removed.
+	PoolMilli int64
+	// MinMilli is the floor of the best-effort quota.
+	MinMilli int64
+	// Shrink multiplies the quota on a breach (0 < Shrink < 1).
+	Shrink float64
+	// RestoreStep is added to the quota once per RestoreAfter of health.
+	RestoreStep int64
+	// RestoreAfter is how long every protected job must be within its SLO
+	// before (and between) restore steps.
+	RestoreAfter time.Duration
+	// MinEvents is how many run-queue events a window needs before its p99
+	// counts as a measurement.
+	MinEvents uint64
+	// MinMemory is the floor of the best-effort memory high, in bytes.
+	MinMemory int64
+}
+
+// Validate checks the parameters.
+func (p Params) Validate() error {
+	switch {
+	case p.PoolMilli <= 0:
+		return fmt.Errorf("qos: pool must be positive, got %dm", p.PoolMilli)
+	case p.MinMilli <= 0 || p.MinMilli > p.PoolMilli:
+		return fmt.Errorf("qos: min best-effort quota must be in (0, %dm], got %dm", p.PoolMilli, p.MinMilli)
+	case p.Shrink <= 0 || p.Shrink >= 1:
+		return fmt.Errorf("qos: shrink factor must be in (0, 1), got %g", p.Shrink)
+	case p.RestoreStep <= 0:
+		return fmt.Errorf("qos: restore step must be positive")
+	case p.RestoreAfter <= 0:
+		return fmt.Errorf("qos: restore period must be positive")
+	}
+	return nil
+}
+
+// Sample is one protected job's measurement over the last window.
+type Sample struct {
+	JobID string
+	// SLO: the most the p99 may be (0: no latency SLO), and the most
+	// memory pressure (PSI some avg10, percent; 0: none).
+	RunqueueP99  time.Duration
+	PSISomeAvg10 float64
+	// P99 and Events of the window; MemoryPSI nil where not measured.
+	P99       time.Duration
+	Events    uint64
+	MemoryPSI *float64
+}
+
+// Breach reports what in s breaks its SLO ("" when nothing does).
+func (s Sample) breach(minEvents uint64) string {
+	if s.RunqueueP99 > 0 && s.Events >= minEvents && s.P99 > s.RunqueueP99 {
+		return fmt.Sprintf("run-queue p99 %v > SLO %v (%d events)", s.P99.Round(time.Microsecond), s.RunqueueP99, s.Events)
+	}
+	if s.PSISomeAvg10 > 0 && s.MemoryPSI != nil && *s.MemoryPSI > s.PSISomeAvg10 {
+		return fmt.Sprintf("memory pressure %.2f%% > SLO %.2f%%", *s.MemoryPSI, s.PSISomeAvg10)
+	}
+	return ""
+}
+
+// Action is one change the controller asks for.
+type Action struct {
+	// Kind is "cpu" or "memory".
+	Kind string
+	// CPUMilli is the new best-effort quota (0: no quota); MemoryHigh the
+	// new best-effort memory high (0: none).
+	CPUMilli   int64
+	MemoryHigh int64
+	// JobID and Reason name the protected job and the measurement behind
+	// the action (empty JobID for a restore).
+	JobID  string
+	Reason string
+}
+
+// Controller is the pure AIMD controller. It is not safe for concurrent
+// use; the loop serialises it.
+type Controller struct {
+	p          Params
+	quota      int64 // PoolMilli means unrestricted
+	memHigh    int64 // 0: none
+	lastBreach time.Time
+	lastChange time.Time
+}
+
+// NewController starts unrestricted.
+func NewController(p Params) (*Controller, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &Controller{p: p, quota: p.PoolMilli}, nil
+}
+
+// Quota is the best-effort quota now (0: none).
+func (c *Controller) Quota() int64 {
+	if c.quota >= c.p.PoolMilli {
+		return 0
+	}
+	return c.quota
+}
+
+// MemoryHigh is the best-effort memory high now (0: none).
+func (c *Controller) MemoryHigh() int64 { return c.memHigh }
+
+// Breaching lists the samples over their SLO, with why.
+func (c *Controller) Breaching(samples []Sample) map[string]string {
+	out := map[string]string{}
+	for _, s := range samples {
+		if r := s.breach(c.p.MinEvents); r != "" {
+			out[s.JobID] = r
+		}
+	}
+	return out
+}
+
+// Step takes one window's samples at time now and the best-effort tier's
+// memory use (bytes), and returns the actions to apply (none most windows).
+func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory int64) []Action {
+	var acts []Action
+	cpuBreach, memBreach := -1, -1
+	var cpuWhy, memWhy string
+	for i, s := range samples {
+		r := s.breach(c.p.MinEvents)
+		if r == "" {
+			continue
+		}
+		if s.RunqueueP99 > 0 && s.Events >= c.p.MinEvents && s.P99 > s.RunqueueP99 {
+			if cpuBreach < 0 {
+				cpuBreach, cpuWhy = i, r
+			}
+		} else if memBreach < 0 {
+			memBreach, memWhy = i, r
+		}
+	}
+	if cpuBreach >= 0 || memBreach >= 0 {
+		c.lastBreach = now
+	}
+	if cpuBreach >= 0 && c.quota > c.p.MinMilli {
+		c.quota = max(c.p.MinMilli, int64(float64(c.quota)*c.p.Shrink))
+		c.lastChange = now
+		acts = append(acts, Action{Kind: "cpu", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[cpuBreach].JobID,
+			Reason: fmt.Sprintf("shrink best-effort CPU to %dm: %s", c.quota, cpuWhy)})
+	}
+	if memBreach >= 0 && bestEffortMemory > c.p.MinMemory {
+		target := max(c.p.MinMemory, int64(float64(bestEffortMemory)*c.p.Shrink)) &^ 4095
+		if c.memHigh == 0 || target < c.memHigh {
+			c.memHigh = target
+			c.lastChange = now
+			acts = append(acts, Action{Kind: "memory", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[memBreach].JobID,
+				Reason: fmt.Sprintf("lower best-effort memory high to %d MiB: %s", c.memHigh>>20, memWhy)})
+		}
+	}
+	if len(acts) > 0 || cpuBreach >= 0 || memBreach >= 0 {
+		return acts
+	}
+	// Healthy: restore one step per RestoreAfter since the last breach and
+	// the last change.
+	if now.Sub(c.lastBreach) < c.p.RestoreAfter || now.Sub(c.lastChange) < c.p.RestoreAfter {
+		return nil
+	}
+	if c.quota < c.p.PoolMilli {
+		c.quota = min(c.p.PoolMilli, c.quota+c.p.RestoreStep)
+		c.lastChange = now
+		reason := fmt.Sprintf("restore best-effort CPU to %dm after %v within SLO", c.quota, c.p.RestoreAfter)
+		if c.Quota() == 0 {
+			reason = fmt.Sprintf("remove the best-effort CPU quota after %v within SLO", c.p.RestoreAfter)
+		}
+		acts = append(acts, Action{Kind: "cpu", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, Reason: reason})
+	}
+	if c.memHigh != 0 {
+		c.memHigh = 0
+		c.lastChange = now
+		acts = append(acts, Action{Kind: "memory", CPUMilli: c.Quota(), Reason: fmt.Sprintf("remove the best-effort memory high after %v within SLO", c.p.RestoreAfter)})
+	}
+	return acts
+}

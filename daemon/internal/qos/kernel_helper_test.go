@@ -1,0 +1,260 @@
+package qos
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// The test binary doubles as the workloads: with FUSIOND_QOSHELPER set,
+// TestMain runs one instead of the tests, after a line on stdin.
+const helperEnv = "FUSIOND_QOSHELPER"
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEnv); mode != "" {
+		os.Exit(runHelper(mode))
+	}
+	os.Exit(m.Run())
+}
+
+func runHelper(mode string) int {
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return 2
+	}
+	switch mode {
+	case "wake": // a latency-sensitive loop: wake every millisecond
+		for {
+			time.Sleep(time.Millisecond)
+		}
+	case "hog": // a best-effort CPU hog; reports its work on SIGTERM-less kill via a file
+		var n uint64
+		out := os.Getenv("FUSIOND_QOSHELPER_OUT")
+		go func() {
+			for {
+				time.Sleep(100 * time.Millisecond)
+				_ = os.WriteFile(out+".tmp", fmt.Appendf(nil, "%d", atomic.LoadUint64(&n)), 0o644)
+				_ = os.Rename(out+".tmp", out)
+			}
+		}()
+		for {
+			for range 1 << 16 {
+				atomic.AddUint64(&n, 1)
+			}
+		}
+	}
+	return 2
+}
+
+type proc struct {
+	cmd *exec.Cmd
+	out string
+}
+
+// work is how many loop iterations a hog reported so far.
+func (p *proc) work() uint64 {
+	b, err := os.ReadFile(p.out)
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	fmt.Sscanf(string(b), "%d", &n)
+	return n
+}
+
+func startProc(t testing.TB, cg *cgroups.Cgroup, mode string) *proc {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "work")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "FUSIOND_QOSHELPER_OUT="+out)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if err := cg.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatalf("move helper: %v", err)
+	}
+	if _, err := in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	return &proc{cmd: cmd, out: out}
+}
+
+// kernelEnv is a cgroup hierarchy of the test's own, the real probe and a
+// Host over them with one protected and one best-effort job.
+type kernelEnv struct {
+	m     *cgroups.Manager
+	probe *ebpf.Probe
+	host  *cgHost
+	svc   *cgroups.Cgroup
+	be    *cgroups.Cgroup
+	pool  int64
+}
+
+type cgHost struct {
+	m    *cgroups.Manager
+	jobs atomic.Pointer[[]Job]
+}
+
+func (h *cgHost) Running() []Job { return *h.jobs.Load() }
+func (h *cgHost) CgroupID(id string) (uint64, error) {
+	c, err := h.m.Load(id)
+	if err != nil {
+		return 0, err
+	}
+	return ebpf.CgroupID(c.CPUDir())
+}
+func (h *cgHost) MemoryPSI(string) (*float64, error) { return nil, nil }
+func (h *cgHost) BestEffortMemory() (int64, error)   { return 0, nil }
+func (h *cgHost) SetBestEffortCPU(milli int64) error {
+	return h.m.SetTierCPUQuota(cgroups.BestEffort, milli)
+}
+func (h *cgHost) SetBestEffortMemoryHigh(b int64) error {
+	return h.m.SetTierMemoryHigh(cgroups.BestEffort, b)
+}
+
+func newKernelEnv(t testing.TB, slo time.Duration) *kernelEnv {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("real-kernel QoS tests need root")
+	}
+	parent := fmt.Sprintf("fusiond-qostest-%d", os.Getpid())
+	m, err := cgroups.NewManager(cgroups.WithParent(parent), cgroups.WithKillTimeout(5*time.Second))
+	if err != nil {
+		t.Fatalf("cgroups unusable: %v", err)
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for i := range 1024 {
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	if err := m.SetSharedCPUs(cpus); err != nil {
+		t.Fatal(err)
+	}
+	probe, err := ebpf.Load(ebpf.WithCgroupV1(m.Mode() == cgroups.ModeV1))
+	if err != nil {
+		t.Fatalf("the kernel cannot run the probe: %v", err)
+	}
+	e := &kernelEnv{m: m, probe: probe, host: &cgHost{m: m}, pool: int64(len(cpus)) * 1000}
+	mk := func(id string, tier cgroups.Tier) *cgroups.Cgroup {
+		l, err := cgroups.Plan(cgroups.Placement{Tier: tier, SharedCPUs: cpus, MemoryLimit: 256 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cg, err := m.Create(id, tier, l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cg
+	}
+	e.svc, e.be = mk("svc", cgroups.Burstable), mk("hogs", cgroups.BestEffort)
+	e.setSLO(slo)
+	t.Cleanup(func() {
+		for _, cg := range []*cgroups.Cgroup{e.svc, e.be} {
+			_ = cg.Kill()
+			if err := cg.Delete(); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+		_ = m.SetTierCPUQuota(cgroups.BestEffort, 0)
+		if err := m.RemoveHierarchy(); err != nil {
+			t.Errorf("cleanup hierarchy: %v", err)
+		}
+		removeParent(t, m.Mode(), parent)
+		if err := probe.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return e
+}
+
+func (e *kernelEnv) setSLO(d time.Duration) {
+	jobs := []Job{{ID: "svc", Tier: api.TierBurstable, SLO: &api.QoS{RunqueueP99: api.Duration(d)}}, {ID: "hogs", Tier: api.TierBestEffort}}
+	e.host.jobs.Store(&jobs)
+}
+
+func removeParent(t testing.TB, mode cgroups.Mode, parent string) {
+	dirs := []string{filepath.Join(cgroups.DefaultRoot, parent)}
+	if mode == cgroups.ModeV1 {
+		dirs = nil
+		for _, c := range []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "devices", "freezer"} {
+			dirs = append(dirs, filepath.Join(cgroups.DefaultRoot, c, parent))
+		}
+	}
+	for _, d := range dirs {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cleanup %s: %v", d, err)
+		}
+	}
+}
+
+// tierQuotaFile reads the best-effort tier's CPU cap as the kernel has it:
+// millicores, 0 for none.
+func (e *kernelEnv) tierQuota(t testing.TB) int64 {
+	t.Helper()
+	rel := filepath.Join(fmt.Sprintf("fusiond-qostest-%d", os.Getpid()), "fusiond", string(cgroups.BestEffort))
+	if e.m.Mode() == cgroups.ModeV2 {
+		b, err := os.ReadFile(filepath.Join(cgroups.DefaultRoot, rel, "cpu.max"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var q, p int64
+		f := strings.Fields(string(b))
+		if f[0] == "max" {
+			return 0
+		}
+		fmt.Sscanf(f[0], "%d", &q)
+		fmt.Sscanf(f[1], "%d", &p)
+		return q * 1000 / p
+	}
+	read := func(name string) int64 {
+		b, err := os.ReadFile(filepath.Join(cgroups.DefaultRoot, "cpu", rel, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v int64
+		fmt.Sscanf(string(b), "%d", &v)
+		return v
+	}
+	q := read("cpu.cfs_quota_us")
+	if q < 0 {
+		return 0
+	}
+	return q * 1000 / read("cpu.cfs_period_us")
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tlog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tlog struct{ t testing.TB }
+
+func (w tlog) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,96 @@
+package qos
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// On the real kernel (v1 here, v2 in make test-vm): a protected job that
+// wakes every millisecond beside best-effort CPU hogs, with an SLO it
+// cannot meet, makes the loop shrink the best-effort tier's quota to its
+// floor — the kernel's cpu.cfs_quota_us / cpu.max says so, and the hogs'
+// work rate falls; with a generous SLO the loop restores the quota step by
+// step until it is gone.
+func TestKernelLoopShrinksAndRestores(t *testing.T) {
+	e := newKernelEnv(t, 10*time.Microsecond)
+	startProc(t, e.svc, "wake")
+	var hogs []*proc
+	for range 2 * int(e.pool/1000) {
+		hogs = append(hogs, startProc(t, e.be, "hog"))
+	}
+	work := func() uint64 {
+		var n uint64
+		for _, h := range hogs {
+			n += h.work()
+		}
+		return n
+	}
+	rate := func(d time.Duration) float64 {
+		w0, t0 := work(), time.Now()
+		time.Sleep(d)
+		return float64(work()-w0) / time.Since(t0).Seconds()
+	}
+	time.Sleep(300 * time.Millisecond)
+	free := rate(time.Second)
+
+	var mu sync.Mutex
+	var events []api.Event
+	p := Params{PoolMilli: e.pool, MinMilli: 100, Shrink: 0.5, RestoreStep: e.pool / 2, RestoreAfter: 600 * time.Millisecond, MinEvents: 20}
+	l, err := New(Config{Window: 200 * time.Millisecond, Params: p, Publish: func(ev api.Event) {
+		mu.Lock()
+		events = append(events, ev)
+		mu.Unlock()
+	}}, e.probe, e.host, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	deadline := time.Now().Add(15 * time.Second)
+	for e.tierQuota(t) != 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("best-effort quota %dm after 15 s, want the 100m floor; status %+v", e.tierQuota(t), l.Status())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	lat := l.JobLatency("svc")
+	t.Logf("shrunk: status %+v; svc %s p99 %v", l.Status(), lat.State, lat.P99)
+	held := rate(time.Second)
+	t.Logf("hog work rate: %.3g/s free, %.3g/s at 100m", free, held)
+	if held > free*0.5 {
+		t.Errorf("hogs at a 100m quota still did %.0f%% of their free work rate", 100*held/free)
+	}
+	mu.Lock()
+	if len(events) == 0 || events[0].Kind != api.EventQoS || events[0].JobID != "svc" || !strings.Contains(events[0].Reason, "p99") {
+		t.Errorf("first event %+v, want a qos event naming svc and its p99", events)
+	}
+	mu.Unlock()
+
+	e.setSLO(time.Second)
+	deadline = time.Now().Add(15 * time.Second)
+	for e.tierQuota(t) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("best-effort quota still %dm 15 s after the SLO was met; status %+v", e.tierQuota(t), l.Status())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Within SLO, or (under emulation, beside hogs at full speed) too few
+	// events to measure — but not in breach.
+	if lat := l.JobLatency("svc"); lat.State == "breach" {
+		t.Errorf("svc after restore: %+v", lat)
+	}
+	mu.Lock()
+	last := events[len(events)-1]
+	mu.Unlock()
+	if !strings.Contains(last.Reason, "remove the best-effort CPU quota") {
+		t.Errorf("last event %+v, want the quota's removal", last)
+	}
+}

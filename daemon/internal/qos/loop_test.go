@@ -1,0 +1,130 @@
+package qos
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/ebpf"
+)
+
+type fakeProbe struct {
+	reg   map[uint64]uint32
+	hists map[uint64]ebpf.Histogram
+}
+
+func (p *fakeProbe) Register(id uint64, tier uint32) error { p.reg[id] = tier; return nil }
+func (p *fakeProbe) Unregister(id uint64) error            { delete(p.reg, id); return nil }
+func (p *fakeProbe) Histogram(id uint64) (ebpf.Histogram, error) {
+	if _, ok := p.reg[id]; !ok {
+		return ebpf.Histogram{}, fmt.Errorf("not registered")
+	}
+	return p.hists[id], nil
+}
+
+// add records n events of about d each in cgroup id's cumulative histogram.
+func (p *fakeProbe) add(id uint64, n uint64, d time.Duration) {
+	h := p.hists[id]
+	b := 0
+	for uint64(1)<<(b+1) <= uint64(d) {
+		b++
+	}
+	h.Buckets[b] += n
+	h.Count += n
+	p.hists[id] = h
+}
+
+// statsProbe is a fakeProbe with the kernel's accounting (what
+// *ebpf.Probe reports while kernel.bpf_stats_enabled is 1).
+type statsProbe struct{ *fakeProbe }
+
+func (statsProbe) Stats() ([]ebpf.ProgramStats, error) {
+	return []ebpf.ProgramStats{{Name: "sched_switch", RunCount: 300, RunTimeNs: 30000}, {Name: "sched_wakeup", RunCount: 100, RunTimeNs: 20000}}, nil
+}
+
+func TestLoopStatusReportsProbeCost(t *testing.T) {
+	probe := statsProbe{&fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}}
+	l, err := New(Config{Window: time.Second, Params: params()}, probe, &fakeHost{}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := l.Status(); st.ProbeEvents != 400 || st.ProbeNsPerEvent != 125 {
+		t.Errorf("status %+v, want 400 events at 125 ns", st)
+	}
+	l2, _ := New(Config{Window: time.Second, Params: params()}, probe.fakeProbe, &fakeHost{}, slog.New(slog.DiscardHandler))
+	if st := l2.Status(); st.ProbeEvents != 0 {
+		t.Errorf("a probe without stats reported %+v", st)
+	}
+}
+
+type fakeHost struct {
+	jobs  []Job
+	quota []int64
+}
+
+func (h *fakeHost) Running() []Job { return h.jobs }
+func (h *fakeHost) CgroupID(id string) (uint64, error) {
+	var n uint64
+	_, err := fmt.Sscanf(id, "job-%d", &n)
+	return n, err
+}
+func (h *fakeHost) MemoryPSI(string) (*float64, error)  { return nil, nil }
+func (h *fakeHost) BestEffortMemory() (int64, error)    { return 0, nil }
+func (h *fakeHost) SetBestEffortCPU(milli int64) error  { h.quota = append(h.quota, milli); return nil }
+func (h *fakeHost) SetBestEffortMemoryHigh(int64) error { return nil }
+
+func TestLoopFollowsJobsAndActs(t *testing.T) {
+	probe := &fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}
+	slo := &api.QoS{RunqueueP99: api.Duration(2 * time.Millisecond)}
+	host := &fakeHost{jobs: []Job{{ID: "job-1", Tier: api.TierGuaranteed, SLO: slo}, {ID: "job-2", Tier: api.TierBestEffort}}}
+	now := time.Unix(0, 0)
+	var events []api.Event
+	p := params()
+	l, err := New(Config{Window: time.Second, Params: p, Now: func() time.Time { return now }, Publish: func(e api.Event) { events = append(events, e) }},
+		probe, host, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Step()
+	if probe.reg[1] != TierNumber(api.TierGuaranteed) || probe.reg[2] != TierNumber(api.TierBestEffort) {
+		t.Fatalf("registered %v", probe.reg)
+	}
+	// A window whose p99 is 8 ms: the loop halves the quota and says why.
+	probe.add(1, 100, 8*time.Millisecond)
+	now = now.Add(time.Second)
+	l.Step()
+	if len(host.quota) != 1 || host.quota[0] != 2000 {
+		t.Fatalf("quota writes %v, want [2000]", host.quota)
+	}
+	if len(events) != 1 || events[0].Kind != api.EventQoS || events[0].JobID != "job-1" || !strings.Contains(events[0].Reason, "p99") {
+		t.Fatalf("events %+v", events)
+	}
+	lat := l.JobLatency("job-1")
+	if lat == nil || lat.State != "breach" || lat.Count != 100 || time.Duration(lat.P99) < 8*time.Millisecond {
+		t.Fatalf("latency %+v", lat)
+	}
+	st := l.Status()
+	if st.BestEffortQuota != 2000 || st.Protected != 1 || st.Breaching != 1 || st.LastAction == "" {
+		t.Fatalf("status %+v", st)
+	}
+	if l.JobLatency("job-2").State != "unprotected" {
+		t.Errorf("best-effort job: %+v", l.JobLatency("job-2"))
+	}
+	// The next window is fast: the histogram is per window, not
+	// cumulative, so the job is ok again.
+	probe.add(1, 100, 100*time.Microsecond)
+	now = now.Add(time.Second)
+	l.Step()
+	if lat := l.JobLatency("job-1"); lat.State != "ok" || lat.Histogram[16] != 100 || lat.Histogram[22] != 100 {
+		t.Fatalf("healthy window: %+v", lat)
+	}
+	// A finished job is unregistered.
+	host.jobs = host.jobs[:1]
+	l.Step()
+	if _, ok := probe.reg[2]; ok || l.JobLatency("job-2") != nil {
+		t.Error("finished job still followed")
+	}
+}

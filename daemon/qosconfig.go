@@ -1,0 +1,101 @@
+package daemon
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/qos"
+)
+
+// QoSConfig is the latency SLO defaults and the QoS loop's tuning.
+type QoSConfig struct {
+	// Enabled runs the QoS loop (when the kernel can run the probes and
+	// jobs have cgroups).
+	Enabled bool `json:"enabled"`
+	// Window is how often the loop reads the histograms.
+	Window Duration `json:"window"`
+	// Classes is the SLO a job of each class gets when its spec sets
+	// none; a class not listed is not protected.
+	Classes map[api.Class]api.QoS `json:"classes"`
+	// MinBestEffortCPU is the floor of the best-effort tier's quota.
+	MinBestEffortCPU api.MilliCPU `json:"min_besteffort_cpu"`
+	// Shrink multiplies the best-effort quota on a breach, in (0, 1).
+	Shrink float64 `json:"shrink"`
+	// RestoreStep is added back per RestoreAfter within SLO.
+	RestoreStep  api.MilliCPU `json:"restore_step"`
+	RestoreAfter Duration     `json:"restore_after"`
+	// MinEvents is how many run-queue events a window needs to count.
+	MinEvents uint64 `json:"min_events"`
+	// MinBestEffortMemory is the floor of the best-effort memory high.
+	MinBestEffortMemory api.Bytes `json:"min_besteffort_memory"`
+}
+
+// DefaultQoSConfig protects service and inference jobs at a 2 ms
+// run-queue p99.
+func DefaultQoSConfig() QoSConfig {
+	return QoSConfig{
+		Enabled: true,
+		Window:  Duration(time.Second),
+		Classes: map[api.Class]api.QoS{
+			api.ClassService:   {RunqueueP99: api.Duration(2 * time.Millisecond)},
+			api.ClassInference: {RunqueueP99: api.Duration(2 * time.Millisecond)},
+		},
+		MinBestEffortCPU:    100,
+		Shrink:              0.5,
+		RestoreStep:         500,
+		RestoreAfter:        Duration(10 * time.Second),
+		MinEvents:           20,
+		MinBestEffortMemory: 256 << 20,
+	}
+}
+
+func (c QoSConfig) validate() (string, error) {
+	if c.Window < Duration(10*time.Millisecond) {
+		return "qos.window", fmt.Errorf("at least 10ms, got %v", time.Duration(c.Window))
+	}
+	for class, q := range c.Classes {
+		if !slices.Contains(api.Classes, class) {
+			return "qos.classes." + string(class), fmt.Errorf("unknown class (want training, inference, batch or service)")
+		}
+		if err := q.Validate("qos.classes." + string(class)); err != nil {
+			return "qos.classes." + string(class), err
+		}
+	}
+	switch {
+	case c.MinBestEffortCPU <= 0:
+		return "qos.min_besteffort_cpu", fmt.Errorf("must be positive")
+	case c.Shrink <= 0 || c.Shrink >= 1:
+		return "qos.shrink", fmt.Errorf("must be between 0 and 1 (exclusive), got %g", c.Shrink)
+	case c.RestoreStep <= 0:
+		return "qos.restore_step", fmt.Errorf("must be positive")
+	case c.RestoreAfter <= 0:
+		return "qos.restore_after", fmt.Errorf("must be positive")
+	case c.MinBestEffortMemory < 0:
+		return "qos.min_besteffort_memory", fmt.Errorf("must not be negative")
+	}
+	return "", nil
+}
+
+// params are the controller's parameters for a shared pool of pool
+// millicores.
+func (c QoSConfig) params(pool int64) qos.Params {
+	return qos.Params{
+		PoolMilli: pool, MinMilli: min(int64(c.MinBestEffortCPU), pool), Shrink: c.Shrink,
+		RestoreStep: int64(c.RestoreStep), RestoreAfter: time.Duration(c.RestoreAfter),
+		MinEvents: c.MinEvents, MinMemory: int64(c.MinBestEffortMemory),
+	}
+}
+
+// SLO is the effective SLO of a job: its spec's, else its class default.
+func (c QoSConfig) SLO(spec api.JobSpec) *api.QoS {
+	if spec.QoS != nil {
+		q := *spec.QoS
+		return &q
+	}
+	if q, ok := c.Classes[spec.Class]; ok {
+		return &q
+	}
+	return nil
+}
