@@ -3,8 +3,9 @@
 // transitions), the placer (decisions, decision latency, queue length and
 // wait), the API server (requests and latency by route), the hardware
 // (GPU, MIG instance and FPGA region health, GPU utilisation, memory, power
-// and temperature from the drivers' telemetry updates) and the cgroup
-// usage of each QoS tier. Everything is registered on a private
+// and temperature from the drivers' telemetry updates), the cgroup usage
+// of each QoS tier and the QoS loop (its state, actions, the protected
+// jobs' run-queue latency per class and the probe's kernel cost). Everything is registered on a private
 // prometheus.Registry that Handler serves; nothing touches the client
 // library's global registry.
 //
