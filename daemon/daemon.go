@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -153,12 +154,16 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if cg != nil {
 		log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(engine.Hardware().Cores))
 	}
+	// The QoS loop starts after the job manager, which needs the metrics:
+	// the scrape reads it through qosLoopRef once it is there.
+	var qosLoopRef atomic.Pointer[qos.Loop]
 	d.metrics = metrics.New(metrics.Options{Version: o.Version.Version, Logger: log, Sources: metrics.Sources{
 		Jobs:      func() jobs.Stats { return d.mgr.Stats() },
 		Capacity:  engine.Capacity,
 		Allocated: engine.Allocated,
 		Devices:   func(ctx context.Context) []devices.Device { return inventories(ctx, d.hw, log) },
 		Tiers:     tierStats(cg),
+		QoS:       qosMetrics(&qosLoopRef),
 	}})
 	d.unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
 	prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
@@ -191,6 +196,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	}
 	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, d.mgr, log)
 	d.stopQoS = stopQoS
+	qosLoopRef.Store(qosLoop)
 	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
 	powerCtx, stopPower := context.WithCancel(context.WithoutCancel(ctx))
 	d.stopPower, d.powerDone = stopPower, make(chan struct{})

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -15,6 +16,8 @@ import (
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/metrics"
+	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/devices"
 )
 
@@ -48,6 +51,29 @@ func tierStats(cg *cgroups.Manager) func() (map[api.Tier]cgroups.Stats, error) {
 			out[t] = st
 		}
 		return out, errors.Join(errs...)
+	}
+}
+
+// qosMetrics reads the QoS loop that loop holds at scrape time (nil until
+// the loop starts, and when it does not run: reported as off).
+func qosMetrics(loop *atomic.Pointer[qos.Loop]) func() metrics.QoS {
+	return func() metrics.QoS {
+		l := loop.Load()
+		if l == nil {
+			return metrics.QoS{}
+		}
+		st, c := l.Status(), l.Counters()
+		out := metrics.QoS{Enabled: st.Enabled, BestEffortCPUMilli: int64(st.BestEffortQuota), BestEffortMemoryHigh: int64(st.BestEffortMemoryHigh),
+			Protected: st.Protected, Breaching: st.Breaching,
+			ProbeStats: c.ProbeStats, ProbeRuns: c.ProbeRuns, ProbeRunNs: c.ProbeRunNs,
+			Latency: make(map[api.Class]metrics.Log2Histogram, len(c.Latency))}
+		for k, n := range c.Actions {
+			out.Actions = append(out.Actions, metrics.QoSAction{Op: k.Op, Resource: k.Resource, Result: k.Result, Count: n})
+		}
+		for class, h := range c.Latency {
+			out.Latency[class] = metrics.Log2Histogram{Buckets: h.Buckets[:], SumNs: h.SumNs}
+		}
+		return out
 	}
 }
 

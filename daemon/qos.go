@@ -28,7 +28,7 @@ func (h *qosHost) Running() []qos.Job {
 	list := h.mgr.Running()
 	out := make([]qos.Job, 0, len(list))
 	for _, j := range list {
-		qj := qos.Job{ID: j.ID, Tier: j.Tier}
+		qj := qos.Job{ID: j.ID, Tier: j.Tier, Class: j.Spec.Class}
 		// A best-effort job is what the loop squeezes: it is never
 		// protected, whatever its spec says.
 		if j.Tier != api.TierBestEffort {

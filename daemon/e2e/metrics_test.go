@@ -52,6 +52,13 @@ var metricFamilies = map[string]string{
 	"fusiond_tier_cpu_throttled_seconds_total":    "counter",
 	"fusiond_tier_memory_bytes":                   "gauge",
 	"fusiond_tier_oom_kills_total":                "counter",
+	"fusiond_qos_loop_enabled":                    "gauge",
+	"fusiond_qos_besteffort_cpu_quota_cores":      "gauge",
+	"fusiond_qos_besteffort_memory_high_bytes":    "gauge",
+	"fusiond_qos_protected_jobs":                  "gauge",
+	"fusiond_qos_breaching_jobs":                  "gauge",
+	"fusiond_qos_actions_total":                   "counter",
+	"fusiond_qos_runqueue_latency_seconds":        "histogram",
 }
 
 func metricsClient(sock string) *http.Client {
@@ -107,7 +114,10 @@ func TestMetrics(t *testing.T) {
 	if err := json.Unmarshal([]byte(ok("status", "-o", "json")), &n); err != nil {
 		t.Fatal(err)
 	}
-	ok("run", "--cpu", fmt.Sprintf("%dm", n.Capacity.CPU-100), "--memory", "16Mi", "--", "sleep", "600")
+	// A service job has an SLO (qos.classes): the QoS loop protects it
+	// and times its run-queue latency.
+	ok("run", "--class", "service", "--tier", "burstable", "--cpu", "100m", "--memory", "16Mi", "--", "sleep", "600")
+	ok("run", "--cpu", fmt.Sprintf("%dm", n.Capacity.CPU-200), "--memory", "16Mi", "--", "sleep", "600")
 	ok("run", "--cpu", "200m", "--memory", "16Mi", "--", "true")
 	ok("gpu", "fault", "7", "--xid", "79")
 
@@ -139,12 +149,15 @@ func TestMetrics(t *testing.T) {
 		`fusiond_queue_length 1`,
 		`fusiond_node_gpus 8`,
 		`fusiond_device_healthy{device="dfl/0000:af:00.0/0",kind="fpga"`,
-		`fusiond_api_requests_total{code="201",route="POST /v1/jobs"} 4`,
+		`fusiond_api_requests_total{code="201",route="POST /v1/jobs"} 5`,
 		`fusiond_api_requests_total{code="200",route="GET /v1/node"} `,
 		`fusiond_api_requests_total{code="200",route="POST /v1/mig/apply"} 1`,
 		`fusiond_job_transitions_total{from="running",to="succeeded"} 2`,
 		`fusiond_placement_decisions_total{result="unplaced"} `,
 		`fusiond_mig_instance_healthy{gpu="`,
+		`fusiond_qos_loop_enabled 1`,
+		`fusiond_qos_protected_jobs 1`,
+		`fusiond_qos_runqueue_latency_seconds_count{class="service"} `,
 		`,health="unhealthy"} 1`,
 	} {
 		if !strings.Contains(text, want) {

@@ -3,8 +3,9 @@
 // transitions), the placer (decisions, decision latency, queue length and
 // wait), the API server (requests and latency by route), the hardware
 // (GPU, MIG instance and FPGA region health, GPU utilisation, memory, power
-// and temperature from the drivers' telemetry updates) and the cgroup
-// usage of each QoS tier. Everything is registered on a private
+// and temperature from the drivers' telemetry updates), the cgroup usage
+// of each QoS tier and the QoS loop (its state, actions, the protected
+// jobs' run-queue latency per class and the probe's kernel cost). Everything is registered on a private
 // prometheus.Registry that Handler serves; nothing touches the client
 // library's global registry.
 //
@@ -43,6 +44,42 @@ type Sources struct {
 	// Tiers reads the cgroup accounting of each QoS tier; nil when jobs
 	// run without cgroups.
 	Tiers func() (map[api.Tier]cgroups.Stats, error)
+	// QoS reads the QoS loop's state; nil leaves the QoS metrics out.
+	QoS func() QoS
+}
+
+// QoS is the QoS loop's state at a scrape. When Enabled is false (the
+// loop does not run) only fusiond_qos_loop_enabled is reported.
+type QoS struct {
+	Enabled bool
+	// BestEffortCPUMilli is the best-effort tier's CPU quota (0: none);
+	// BestEffortMemoryHigh its memory.high in bytes (0: none).
+	BestEffortCPUMilli, BestEffortMemoryHigh int64
+	Protected, Breaching                     int
+	// Actions counts the loop's actions since it started.
+	Actions []QoSAction
+	// Latency is the protected jobs' run-queue latency by job class.
+	Latency map[api.Class]Log2Histogram
+	// ProbeStats is true while the kernel counts the probe's programs
+	// (kernel.bpf_stats_enabled=1): ProbeRuns runs taking ProbeRunNs.
+	ProbeStats            bool
+	ProbeRuns, ProbeRunNs uint64
+}
+
+// QoSAction is one kind of QoS action and how often the loop took it.
+type QoSAction struct {
+	// Op is shrink or restore, Resource cpu or memory, Result applied
+	// or failed.
+	Op, Resource, Result string
+	Count                uint64
+}
+
+// Log2Histogram is the eBPF probe's histogram: Buckets[i] counts
+// latencies in [2^i, 2^(i+1)) ns, the last bucket everything above;
+// SumNs is their sum.
+type Log2Histogram struct {
+	Buckets []uint64
+	SumNs   uint64
 }
 
 // Options configure New.
@@ -269,6 +306,24 @@ var (
 		"Memory the tier's cgroup holds now.", []string{"tier"}, nil)
 	descTierOOM = prometheus.NewDesc("fusiond_tier_oom_kills_total",
 		"Processes the OOM killer ended in the tier's cgroup.", []string{"tier"}, nil)
+	descQoSEnabled = prometheus.NewDesc("fusiond_qos_loop_enabled",
+		"1 while the QoS loop runs (latency probes attached), 0 when it is off.", nil, nil)
+	descQoSQuota = prometheus.NewDesc("fusiond_qos_besteffort_cpu_quota_cores",
+		"The CPU quota the QoS loop set on the best-effort tier, in cores (0: none).", nil, nil)
+	descQoSMemHigh = prometheus.NewDesc("fusiond_qos_besteffort_memory_high_bytes",
+		"The memory.high the QoS loop set on the best-effort tier (0: none).", nil, nil)
+	descQoSProtected = prometheus.NewDesc("fusiond_qos_protected_jobs",
+		"Running jobs with a QoS SLO (guaranteed and burstable jobs the loop protects).", nil, nil)
+	descQoSBreaching = prometheus.NewDesc("fusiond_qos_breaching_jobs",
+		"Protected jobs over their SLO in the loop's last window.", nil, nil)
+	descQoSActions = prometheus.NewDesc("fusiond_qos_actions_total",
+		"Actions the QoS loop took on the best-effort tier, by action (shrink, restore), resource (cpu, memory) and result (applied, failed).", []string{"action", "resource", "result"}, nil)
+	descQoSLatency = prometheus.NewDesc("fusiond_qos_runqueue_latency_seconds",
+		"Run-queue latency (wakeup to running) of the protected jobs' threads, by job class, from the eBPF probe's log2 buckets.", []string{"class"}, nil)
+	descQoSProbeRuns = prometheus.NewDesc("fusiond_qos_probe_events_total",
+		"Runs of the latency probe's eBPF programs, as the kernel counts them (only while kernel.bpf_stats_enabled=1).", nil, nil)
+	descQoSProbeTime = prometheus.NewDesc("fusiond_qos_probe_run_seconds_total",
+		"CPU time the latency probe's eBPF programs took, as the kernel counts it (only while kernel.bpf_stats_enabled=1).", nil, nil)
 	descSourceFailed = prometheus.NewDesc("fusiond_metrics_source_failed",
 		"1 when reading a metrics source failed during this scrape (its metrics may be missing), by source.", []string{"source"}, nil)
 )
@@ -277,7 +332,9 @@ func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descJobs, descQueueLength, descQueueOldest, descCordoned,
 		descCPUCap, descCPUAlloc, descMemCap, descMemAlloc, descGPUCap, descGPUAlloc,
 		descHealthy, descMIG, descRegion, descUtil, descMemUsed, descMemTotal, descPower, descTemp,
-		descTierCPU, descTierThrottled, descTierMem, descTierOOM, descSourceFailed} {
+		descTierCPU, descTierThrottled, descTierMem, descTierOOM,
+		descQoSEnabled, descQoSQuota, descQoSMemHigh, descQoSProtected, descQoSBreaching, descQoSActions,
+		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descSourceFailed} {
 		ch <- d
 	}
 }
@@ -367,4 +424,68 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 			counter(ch, descTierOOM, float64(st.OOMKills), string(t))
 		}
 	}
+	if src.QoS != nil {
+		collectQoS(ch, src.QoS())
+	}
+}
+
+// qosActions are the action label sets reported from zero.
+var qosActions = []QoSAction{{Op: "shrink", Resource: "cpu"}, {Op: "restore", Resource: "cpu"},
+	{Op: "shrink", Resource: "memory"}, {Op: "restore", Resource: "memory"}}
+
+// minLatencyBucket is the smallest log2 bucket bound reported, 2^10 ns
+// (about 1 µs): wakeups are never faster, and fewer bounds keep the
+// series count down.
+const minLatencyBucket = 10
+
+func collectQoS(ch chan<- prometheus.Metric, q QoS) {
+	gauge(ch, descQoSEnabled, b2f(q.Enabled))
+	if !q.Enabled {
+		return
+	}
+	gauge(ch, descQoSQuota, float64(q.BestEffortCPUMilli)/1000)
+	gauge(ch, descQoSMemHigh, float64(q.BestEffortMemoryHigh))
+	gauge(ch, descQoSProtected, float64(q.Protected))
+	gauge(ch, descQoSBreaching, float64(q.Breaching))
+	type key struct{ op, res, result string }
+	counts := map[key]uint64{}
+	for _, a := range qosActions {
+		counts[key{a.Op, a.Resource, "applied"}] = 0
+	}
+	for _, a := range q.Actions {
+		counts[key{a.Op, a.Resource, a.Result}] += a.Count
+	}
+	for k, n := range counts {
+		counter(ch, descQoSActions, float64(n), k.op, k.res, k.result)
+	}
+	for class, h := range q.Latency {
+		ch <- prometheus.MustNewConstHistogram(descQoSLatency, h.count(), float64(h.SumNs)/1e9, h.cumulative(), string(class))
+	}
+	if q.ProbeStats {
+		counter(ch, descQoSProbeRuns, float64(q.ProbeRuns))
+		counter(ch, descQoSProbeTime, float64(q.ProbeRunNs)/1e9)
+	}
+}
+
+func (h Log2Histogram) count() uint64 {
+	var n uint64
+	for _, b := range h.Buckets {
+		n += b
+	}
+	return n
+}
+
+// cumulative converts the log2 buckets to Prometheus's: the count of
+// latencies below each upper bound 2^(i+1) ns, in seconds, from 2^10 ns
+// up; the last log2 bucket (unbounded) is only in the +Inf count.
+func (h Log2Histogram) cumulative() map[float64]uint64 {
+	out := make(map[float64]uint64, len(h.Buckets))
+	var cum uint64
+	for i := 0; i < len(h.Buckets)-1; i++ {
+		cum += h.Buckets[i]
+		if i+1 >= minLatencyBucket {
+			out[float64(uint64(1)<<(i+1))/1e9] = cum
+		}
+	}
+	return out
 }

@@ -41,6 +41,14 @@ func testMetrics(t *testing.T) *Metrics {
 		Tiers: func() (map[api.Tier]cgroups.Stats, error) {
 			return map[api.Tier]cgroups.Stats{api.TierBurstable: {CPUUsage: 12 * time.Second, MemoryCurrent: 1 << 20}}, nil
 		},
+		QoS: func() QoS {
+			lat := make([]uint64, 32)
+			lat[9], lat[16], lat[22], lat[31] = 5, 90, 4, 1 // ~0.5 µs, ~65 µs, ~4 ms, > 2 s
+			return QoS{Enabled: true, BestEffortCPUMilli: 2500, BestEffortMemoryHigh: 1 << 30, Protected: 3, Breaching: 1,
+				Actions:    []QoSAction{{Op: "shrink", Resource: "cpu", Result: "applied", Count: 4}, {Op: "shrink", Resource: "cpu", Result: "failed", Count: 1}},
+				Latency:    map[api.Class]Log2Histogram{api.ClassService: {Buckets: lat, SumNs: 3_000_000_000}},
+				ProbeStats: true, ProbeRuns: 400, ProbeRunNs: 50_000}
+		},
 	}})
 }
 
@@ -104,6 +112,26 @@ func TestValues(t *testing.T) {
 		`fusiond_gpu_temperature_celsius{gpu="GPU-a",model="H200"} 61`,
 		`fusiond_tier_cpu_seconds_total{tier="burstable"} 12`,
 		`fusiond_tier_memory_bytes{tier="burstable"} 1.048576e+06`,
+		`fusiond_qos_loop_enabled 1`,
+		`fusiond_qos_besteffort_cpu_quota_cores 2.5`,
+		`fusiond_qos_besteffort_memory_high_bytes 1.073741824e+09`,
+		`fusiond_qos_protected_jobs 3`,
+		`fusiond_qos_breaching_jobs 1`,
+		`fusiond_qos_actions_total{action="shrink",resource="cpu",result="applied"} 4`,
+		`fusiond_qos_actions_total{action="shrink",resource="cpu",result="failed"} 1`,
+		`fusiond_qos_actions_total{action="restore",resource="memory",result="applied"} 0`,
+		`fusiond_qos_runqueue_latency_seconds_bucket{class="service",le="1.024e-06"} 5`,
+		`fusiond_qos_runqueue_latency_seconds_bucket{class="service",le="6.5536e-05"} 5`,
+		`fusiond_qos_runqueue_latency_seconds_bucket{class="service",le="0.000131072"} 95`,
+		`fusiond_qos_runqueue_latency_seconds_bucket{class="service",le="0.008388608"} 99`,
+		`fusiond_qos_runqueue_latency_seconds_bucket{class="service",le="2.147483648"} 99`,
+		`fusiond_qos_runqueue_latency_seconds_bucket{class="service",le="+Inf"} 100`,
+		`fusiond_qos_runqueue_latency_seconds_sum{class="service"} 3`,
+		`fusiond_qos_runqueue_latency_seconds_count{class="service"} 100`,
+		`fusiond_qos_probe_events_total 400`,
+		`fusiond_qos_probe_run_seconds_total 5e-05`,
+		"# TYPE fusiond_qos_runqueue_latency_seconds histogram",
+		"# TYPE fusiond_qos_actions_total counter",
 		"# TYPE fusiond_api_request_duration_seconds histogram",
 		"# TYPE fusiond_tier_cpu_seconds_total counter",
 		"go_goroutines ",
@@ -173,5 +201,19 @@ func TestSourceFailure(t *testing.T) {
 	}}})
 	if text := scrapeText(t, m); !strings.Contains(text, `fusiond_metrics_source_failed{source="tiers"} 1`) {
 		t.Errorf("a failing source is not reported:\n%s", text)
+	}
+}
+
+// With the loop off only fusiond_qos_loop_enabled is reported, at 0.
+func TestQoSOff(t *testing.T) {
+	m := New(Options{Sources: Sources{QoS: func() QoS { return QoS{} }}})
+	text := scrapeText(t, m)
+	if !strings.Contains(text, "fusiond_qos_loop_enabled 0") {
+		t.Errorf("loop off: no fusiond_qos_loop_enabled 0:\n%s", text)
+	}
+	for _, name := range []string{"fusiond_qos_breaching_jobs", "fusiond_qos_actions_total", "fusiond_qos_runqueue_latency_seconds", "fusiond_qos_probe_events_total"} {
+		if strings.Contains(text, name) {
+			t.Errorf("loop off, yet %s is reported", name)
+		}
 	}
 }

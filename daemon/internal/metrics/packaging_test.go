@@ -209,7 +209,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"FusiondDown", "FusiondGPUUnhealthy", "FusiondQueueWaitHigh"} {
+	for _, want := range []string{"FusiondDown", "FusiondGPUUnhealthy", "FusiondQueueWaitHigh", "FusiondQoSSLOBreached"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no %s alert (have %v)", want, alerts)
 		}

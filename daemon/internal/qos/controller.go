@@ -76,6 +76,9 @@ func (s Sample) breach(minEvents uint64) string {
 type Action struct {
 	// Kind is "cpu" or "memory".
 	Kind string
+	// Op is "shrink" (a tighter limit on the best-effort tier) or
+	// "restore" (a looser one, or none).
+	Op string
 	// CPUMilli is the new best-effort quota (0: no quota); MemoryHigh the
 	// new best-effort memory high (0: none).
 	CPUMilli   int64
@@ -151,7 +154,7 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory int6
 	if cpuBreach >= 0 && c.quota > c.p.MinMilli {
 		c.quota = max(c.p.MinMilli, int64(float64(c.quota)*c.p.Shrink))
 		c.lastChange = now
-		acts = append(acts, Action{Kind: "cpu", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[cpuBreach].JobID,
+		acts = append(acts, Action{Kind: "cpu", Op: "shrink", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[cpuBreach].JobID,
 			Reason: fmt.Sprintf("shrink best-effort CPU to %dm: %s", c.quota, cpuWhy)})
 	}
 	if memBreach >= 0 && bestEffortMemory > c.p.MinMemory {
@@ -159,7 +162,7 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory int6
 		if c.memHigh == 0 || target < c.memHigh {
 			c.memHigh = target
 			c.lastChange = now
-			acts = append(acts, Action{Kind: "memory", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[memBreach].JobID,
+			acts = append(acts, Action{Kind: "memory", Op: "shrink", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[memBreach].JobID,
 				Reason: fmt.Sprintf("lower best-effort memory high to %d MiB: %s", c.memHigh>>20, memWhy)})
 		}
 	}
@@ -178,12 +181,12 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory int6
 		if c.Quota() == 0 {
 			reason = fmt.Sprintf("remove the best-effort CPU quota after %v within SLO", c.p.RestoreAfter)
 		}
-		acts = append(acts, Action{Kind: "cpu", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, Reason: reason})
+		acts = append(acts, Action{Kind: "cpu", Op: "restore", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, Reason: reason})
 	}
 	if c.memHigh != 0 {
 		c.memHigh = 0
 		c.lastChange = now
-		acts = append(acts, Action{Kind: "memory", CPUMilli: c.Quota(), Reason: fmt.Sprintf("remove the best-effort memory high after %v within SLO", c.p.RestoreAfter)})
+		acts = append(acts, Action{Kind: "memory", Op: "restore", CPUMilli: c.Quota(), Reason: fmt.Sprintf("remove the best-effort memory high after %v within SLO", c.p.RestoreAfter)})
 	}
 	return acts
 }

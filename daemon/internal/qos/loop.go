@@ -20,8 +20,9 @@ type Probe interface {
 
 // Job is one running job as the loop sees it.
 type Job struct {
-	ID   string
-	Tier api.Tier
+	ID    string
+	Tier  api.Tier
+	Class api.Class
 	// SLO is the effective SLO; nil for an unprotected job.
 	SLO *api.QoS
 }
@@ -62,10 +63,37 @@ type Loop struct {
 	jobs    map[string]*tracked
 	status  api.QoSStatus
 	applied bool
+	// actions counts the actions the loop took (or tried), by key;
+	// latency sums the protected jobs' run-queue latency by class over
+	// the loop's life (each window's new events added once), so it only
+	// grows, whatever jobs come and go.
+	actions map[ActionKey]uint64
+	latency map[api.Class]*ebpf.Histogram
+}
+
+// ActionKey names a kind of action for counting: Op is shrink or
+// restore, Resource cpu or memory, Result applied or failed.
+type ActionKey struct {
+	Op, Resource, Result string
+}
+
+// Counters are the loop's running totals for metrics.
+type Counters struct {
+	// Actions counts the loop's actions by key since it started.
+	Actions map[ActionKey]uint64
+	// Latency is the run-queue latency of the protected jobs, by job
+	// class, since the loop started.
+	Latency map[api.Class]ebpf.Histogram
+	// ProbeStats is false when the kernel does not count the probe's
+	// programs (kernel.bpf_stats_enabled=0); ProbeRuns and ProbeRunNs
+	// are then 0.
+	ProbeStats            bool
+	ProbeRuns, ProbeRunNs uint64
 }
 
 type tracked struct {
 	cgroup uint64
+	class  api.Class
 	slo    *api.QoS
 	prev   ebpf.Histogram
 	last   ebpf.Histogram // the last window
@@ -103,6 +131,7 @@ func New(cfg Config, probe Probe, host Host, log *slog.Logger) (*Loop, error) {
 		cfg.Publish = func(api.Event) {}
 	}
 	return &Loop{cfg: cfg, probe: probe, host: host, log: log, ctrl: ctrl, jobs: map[string]*tracked{},
+		actions: map[ActionKey]uint64{}, latency: map[api.Class]*ebpf.Histogram{},
 		status: api.QoSStatus{Probes: "attached", Enabled: true, Window: api.Duration(cfg.Window)}}, nil
 }
 
@@ -161,7 +190,7 @@ func (l *Loop) Step() {
 			l.jobs[rj.ID] = j
 			l.log.Info("qos: timing run-queue latency", "job", rj.ID, "cgroup_id", id, "protected", rj.SLO != nil)
 		}
-		j.slo = rj.SLO
+		j.slo, j.class = rj.SLO, rj.Class
 		h, err := l.probe.Histogram(j.cgroup)
 		if err != nil {
 			l.log.Warn("qos: reading the histogram", "job", rj.ID, "err", err)
@@ -173,6 +202,7 @@ func (l *Loop) Step() {
 			continue
 		}
 		protected++
+		l.addLatency(j.class, j.last)
 		s := Sample{JobID: rj.ID, RunqueueP99: time.Duration(j.slo.RunqueueP99), PSISomeAvg10: j.slo.PSISomeAvg10,
 			P99: j.last.Quantile(0.99), Events: j.last.Count}
 		if j.slo.PSISomeAvg10 > 0 {
@@ -216,13 +246,16 @@ func (l *Loop) Step() {
 			err = l.host.SetBestEffortMemoryHigh(a.MemoryHigh)
 		}
 		reason := a.Reason
+		key := ActionKey{Op: a.Op, Resource: a.Kind, Result: "applied"}
 		if err != nil {
+			key.Result = "failed"
 			reason = fmt.Sprintf("%s: failed: %v", a.Reason, err)
 			l.log.Error("qos: applying", "action", a.Reason, "err", err)
 		} else {
 			l.applied = true
 			l.log.Info("qos: "+a.Reason, "job", a.JobID)
 		}
+		l.actions[key]++
 		t := now.UTC()
 		l.status.LastAction, l.status.LastActionAt = reason, &t
 		l.cfg.Publish(api.Event{Time: t, Kind: api.EventQoS, JobID: a.JobID, Reason: reason})
@@ -232,23 +265,61 @@ func (l *Loop) Step() {
 	l.status.Protected, l.status.Breaching = protected, len(breaching)
 }
 
+func (l *Loop) addLatency(c api.Class, d ebpf.Histogram) {
+	h := l.latency[c]
+	if h == nil {
+		h = &ebpf.Histogram{}
+		l.latency[c] = h
+	}
+	for i := range h.Buckets {
+		h.Buckets[i] += d.Buckets[i]
+	}
+	h.Count += d.Count
+	h.SumNs += d.SumNs
+	h.Preemptions += d.Preemptions
+}
+
+// Counters returns copies of the loop's running totals.
+func (l *Loop) Counters() Counters {
+	l.mu.Lock()
+	out := Counters{Actions: make(map[ActionKey]uint64, len(l.actions)), Latency: make(map[api.Class]ebpf.Histogram, len(l.latency))}
+	for k, v := range l.actions {
+		out.Actions[k] = v
+	}
+	for c, h := range l.latency {
+		out.Latency[c] = *h
+	}
+	l.mu.Unlock()
+	out.ProbeRuns, out.ProbeRunNs, out.ProbeStats = l.probeStats()
+	return out
+}
+
+// probeStats sums the kernel's accounting of the probe's programs; ok is
+// false when the probe has none or the kernel does not count.
+func (l *Loop) probeStats() (runs, ns uint64, ok bool) {
+	ps, isStats := l.probe.(interface {
+		Stats() ([]ebpf.ProgramStats, error)
+	})
+	if !isStats {
+		return 0, 0, false
+	}
+	st, err := ps.Stats()
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, p := range st {
+		runs, ns = runs+p.RunCount, ns+p.RunTimeNs
+	}
+	return runs, ns, runs > 0
+}
+
 // Status is the loop's state for node status.
 func (l *Loop) Status() api.QoSStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.status
-	if ps, ok := l.probe.(interface {
-		Stats() ([]ebpf.ProgramStats, error)
-	}); ok {
-		if st, err := ps.Stats(); err == nil {
-			var runs, ns uint64
-			for _, p := range st {
-				runs, ns = runs+p.RunCount, ns+p.RunTimeNs
-			}
-			if runs > 0 {
-				s.ProbeEvents, s.ProbeNsPerEvent = runs, float64(ns)/float64(runs)
-			}
-		}
+	if runs, ns, ok := l.probeStats(); ok {
+		s.ProbeEvents, s.ProbeNsPerEvent = runs, float64(ns)/float64(runs)
 	}
 	return s
 }

@@ -128,3 +128,68 @@ func TestLoopFollowsJobsAndActs(t *testing.T) {
 		t.Error("finished job still followed")
 	}
 }
+
+type failingHost struct{ fakeHost }
+
+func (h *failingHost) SetBestEffortCPU(int64) error { return fmt.Errorf("read-only cgroup") }
+
+// The loop's counters: actions by op, resource and result; the protected
+// jobs' latency summed per class, each window's events once, kept after
+// the job ends; an unprotected job's latency left out.
+func TestLoopCounters(t *testing.T) {
+	probe := &fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}
+	slo := &api.QoS{RunqueueP99: api.Duration(2 * time.Millisecond)}
+	host := &fakeHost{jobs: []Job{
+		{ID: "job-1", Tier: api.TierGuaranteed, Class: api.Class("service"), SLO: slo},
+		{ID: "job-2", Tier: api.TierBestEffort, Class: api.Class("batch")},
+		{ID: "job-3", Tier: api.TierBurstable, Class: api.Class("service"), SLO: slo},
+	}}
+	now := time.Unix(0, 0)
+	l, err := New(Config{Window: time.Second, Params: params(), Now: func() time.Time { return now }}, probe, host, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Step()
+	probe.add(1, 100, 8*time.Millisecond)
+	probe.add(2, 1000, time.Millisecond)
+	probe.add(3, 50, 100*time.Microsecond)
+	now = now.Add(time.Second)
+	l.Step() // breach: shrink the CPU
+	probe.add(1, 10, 100*time.Microsecond)
+	for range 4 { // healthy past RestoreAfter: one restore step
+		now = now.Add(time.Second)
+		l.Step()
+	}
+	host.jobs = host.jobs[:1] // job-3 ends; its events stay counted
+	now = now.Add(time.Second)
+	l.Step()
+	c := l.Counters()
+	if c.Actions[ActionKey{"shrink", "cpu", "applied"}] != 1 || c.Actions[ActionKey{"restore", "cpu", "applied"}] != 1 || len(c.Actions) != 2 {
+		t.Errorf("actions %v, want one applied shrink and one applied restore of the CPU", c.Actions)
+	}
+	svc, ok := c.Latency["service"]
+	if !ok || len(c.Latency) != 1 {
+		t.Fatalf("latency classes %v, want service only (batch is unprotected)", c.Latency)
+	}
+	if svc.Count != 160 || svc.Buckets[22] != 100 || svc.Buckets[16] != 60 {
+		t.Errorf("service latency count %d, bucket 22 %d, bucket 16 %d; want 160, 100, 60", svc.Count, svc.Buckets[22], svc.Buckets[16])
+	}
+	if c.ProbeStats {
+		t.Error("a probe without kernel stats reported them")
+	}
+
+	// An action the host refuses is counted as failed.
+	fh := &failingHost{fakeHost{jobs: host.jobs[:1]}}
+	probe2 := statsProbe{&fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}}
+	l2, _ := New(Config{Window: time.Second, Params: params(), Now: func() time.Time { return now }}, probe2, fh, slog.New(slog.DiscardHandler))
+	l2.Step()
+	probe2.add(1, 100, 8*time.Millisecond)
+	l2.Step()
+	c2 := l2.Counters()
+	if c2.Actions[ActionKey{"shrink", "cpu", "failed"}] != 1 || c2.Actions[ActionKey{"shrink", "cpu", "applied"}] != 0 {
+		t.Errorf("refused action counted %v", c2.Actions)
+	}
+	if !c2.ProbeStats || c2.ProbeRuns != 400 || c2.ProbeRunNs != 50000 {
+		t.Errorf("probe stats %v %d %d, want 400 runs over 50000 ns", c2.ProbeStats, c2.ProbeRuns, c2.ProbeRunNs)
+	}
+}
