@@ -66,6 +66,10 @@ type Node struct {
 	Socket SocketID `json:"socket"`
 	// CPUs are the node's online CPUs.
 	CPUs CPUSet `json:"cpus"`
+	// Initiators, for a CPU-less node, are the online CPUs of the nodes
+	// listed in its access0/initiators (the CPUs with the best access to
+	// this memory); empty when the kernel does not say.
+	Initiators CPUSet `json:"initiators,omitzero"`
 	// MemoryBytes is MemTotal from the node's own meminfo
 	// (/sys/devices/system/node/nodeN/meminfo): the memory the kernel can
 	// allocate on this node, which is what a cpuset.mems placement gets.
