@@ -323,14 +323,14 @@ func (d *discovery) pci() {
 		return
 	}
 	names := d.pciNames()
-	var unknownNode []string
+	var unknownNode, noPath []string
 	for _, e := range ents {
 		addr, err := ParsePCIAddr(e.Name())
 		if err != nil {
 			d.warn("%s/%s: %v; skipped", sysPCI, e.Name(), err)
 			continue
 		}
-		dev, ok := d.pciDevice(addr, names)
+		dev, ok := d.pciDevice(addr, names, &noPath)
 		if !ok {
 			continue
 		}
@@ -340,34 +340,50 @@ func (d *discovery) pci() {
 		d.host.Devices = append(d.host.Devices, dev)
 	}
 	slices.SortFunc(d.host.Devices, func(a, b PCIDevice) int { return cmp.Compare(a.Addr, b.Addr) })
+	if len(noPath) > 0 {
+		d.warn("%s: %d entries are not symlinks to a /sys/devices/pciDDDD:BB/... path (%s); kept with unknown host bridge and upstream bridges", sysPCI, len(noPath), abbreviate(noPath, 6))
+	}
 	if len(unknownNode) > 0 {
 		d.warn("%s/*/numa_node is -1 and local_cpulist names no single node for %d devices (%s); their NUMA node is unknown", sysPCI, len(unknownNode), abbreviate(unknownNode, 6))
 	}
 }
 
 // pciDevice reads one device; ok is false when it must be skipped.
-func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB) (PCIDevice, bool) {
+func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath *[]string) (PCIDevice, bool) {
 	dir := sysPCI + "/" + string(addr)
 	dev := PCIDevice{Addr: addr, Node: NoNode}
-	target, err := filepath.EvalSymlinks(d.fs.path(dir))
+	// A /sys/bus/pci/devices entry is normally a symlink into
+	// /sys/devices/pciDDDD:BB/...; some trees (and some platforms) have a
+	// plain directory or an unparsable target: the device is kept with an
+	// unknown host bridge and upstream path.
+	st, err := os.Lstat(d.fs.path(dir))
 	if err != nil {
 		d.warn("%s: %v; device skipped", dir, err)
 		return dev, false
 	}
-	rel, err := filepath.Rel(d.fs.path("/"), target)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)
-		return dev, false
-	}
-	hb, chain, err := parseDevicePath("/" + rel)
-	if err != nil || chain[len(chain)-1] != addr {
-		d.warn("%s resolves to %s, not a /sys/devices/pciDDDD:BB/... path ending in the device; device skipped", dir, "/"+rel)
-		return dev, false
-	}
-	dev.HostBridge = hb
-	dev.Upstream = chain[:len(chain)-1]
-	if len(dev.Upstream) == 0 {
-		dev.Upstream = nil
+	if st.Mode()&fs.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(d.fs.path(dir))
+		if err != nil {
+			d.warn("%s: %v; device skipped", dir, err)
+			return dev, false
+		}
+		rel, err := filepath.Rel(d.fs.path("/"), target)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)
+			return dev, false
+		}
+		hb, chain, err := parseDevicePath("/" + rel)
+		if err != nil || chain[len(chain)-1] != addr {
+			*noPath = append(*noPath, string(addr))
+		} else {
+			dev.HostBridge = hb
+			dev.Upstream = chain[:len(chain)-1]
+			if len(dev.Upstream) == 0 {
+				dev.Upstream = nil
+			}
+		}
+	} else {
+		*noPath = append(*noPath, string(addr))
 	}
 	class, err := d.fs.readHex(dir+"/class", 32)
 	if err != nil {
@@ -384,10 +400,12 @@ func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB) (PCIDevice, bool
 	dev.Class, dev.VendorID, dev.DeviceID = uint32(class), uint16(vendor), uint16(device)
 	dev.Kind = classify(dev.Class, dev.VendorID)
 	d.nameDevice(&dev, names)
-	if c, err := d.fs.readCPUList(dir + "/local_cpulist"); err == nil {
-		dev.LocalCPUs = c
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	// local_cpulist, else the local_cpus mask (the only file on older
+	// kernels and what hwloc reads).
+	if c, file, err := d.readCPUSetFile(dir, "local_cpulist", "local_cpus"); err != nil {
 		d.warn("%v", err)
+	} else if file != "" {
+		dev.LocalCPUs = c
 	}
 	dev.Node = d.deviceNode(dir, dev.LocalCPUs)
 	if s, err := d.fs.read(dir + "/current_link_speed"); err == nil && !strings.HasPrefix(s, "Unknown") {
