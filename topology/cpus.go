@@ -113,7 +113,7 @@ func (d *discovery) cores() {
 			}
 		}
 		// L3: the unified or data cache of level 3 this CPU sits in.
-		if g, ok := d.l3Of(c); ok && !slices.ContainsFunc(l3, func(x CacheGroup) bool { return x.CPUs.Equal(g.CPUs) }) {
+		if g, ok := d.l3Of(c, sib); ok && !slices.ContainsFunc(l3, func(x CacheGroup) bool { return x.CPUs.Equal(g.CPUs) }) {
 			l3 = append(l3, g)
 		}
 	}
@@ -172,7 +172,9 @@ func (d *discovery) cores() {
 
 // l3Of returns the level-3 data/unified cache CPU c shares, from
 // cpuN/cache/indexM/{level,type,shared_cpu_list|shared_cpu_map,size}.
-func (d *discovery) l3Of(c int) (CacheGroup, bool) {
+// An empty shared_cpu_map (ia64 kernels write all zeros) means a
+// core-wide cache, as hwloc assumes: the group is the CPU's core.
+func (d *discovery) l3Of(c int, core CPUSet) (CacheGroup, bool) {
 	base := fmt.Sprintf("%s/cpu%d/cache", sysCPU, c)
 	ents, err := os.ReadDir(d.fs.path(base))
 	if err != nil {
@@ -190,8 +192,8 @@ func (d *discovery) l3Of(c int) (CacheGroup, bool) {
 			continue
 		}
 		cpus, file, err := d.readCPUSetFile(dir, "shared_cpu_map", "shared_cpu_list")
-		if err != nil || file == "" {
-			cpus = NewCPUSet(c)
+		if err != nil || file == "" || cpus.IsEmpty() {
+			cpus = core
 		}
 		cpus = cpus.Intersection(d.host.OnlineCPUs)
 		if !cpus.Contains(c) {

@@ -236,8 +236,12 @@ func (d *discovery) nodes() {
 			continue
 		}
 		cpuless = append(cpuless, fmt.Sprintf("node%d", n.ID))
-		// access0/initiators/nodeM: the nodes with the best access.
-		ents, err := os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID)))
+		// access1/initiators/nodeM: the CPU nodes with the best access
+		// (what hwloc reads); else access0 (best initiator of any kind).
+		ents, err := os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access1/initiators", sysNode, n.ID)))
+		if err != nil {
+			ents, err = os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID)))
+		}
 		if err != nil {
 			continue
 		}

@@ -122,3 +122,26 @@ func TestDiscoverPackageIDMinusOne(t *testing.T) {
 		t.Fatalf("warnings %q", h.Warnings)
 	}
 }
+
+// Item 22: a CPU-less memory node takes its locality from
+// access1/initiators (else access0), not the whole machine.
+func TestDiscoverCPULessNodeInitiators(t *testing.T) {
+	root := writeSimhost(t)
+	n2 := "/sys/devices/system/node/node2"
+	writeFile(t, root, n2+"/cpulist", "\n")
+	writeFile(t, root, n2+"/cpumap", "00000000\n")
+	writeFile(t, root, n2+"/meminfo", "Node 2 MemTotal: 1048576 kB\n")
+	writeFile(t, root, n2+"/distance", "20 20 10\n")
+	writeFile(t, root, "/sys/devices/system/node/node0/distance", "10 21 20\n")
+	writeFile(t, root, "/sys/devices/system/node/node1/distance", "21 10 20\n")
+	if err := os.MkdirAll(filepath.Join(root, n2, "access0/initiators"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../../../node1", filepath.Join(root, n2, "access0/initiators/node1")); err != nil {
+		t.Fatal(err)
+	}
+	h := discoverAt(t, root, WithoutNames())
+	if len(h.Nodes) != 3 || !h.Nodes[2].CPUs.IsEmpty() || !h.Nodes[2].Initiators.Equal(h.Nodes[1].CPUs) || h.Nodes[2].Socket != NoSocket {
+		t.Fatalf("nodes %+v", h.Nodes)
+	}
+}
