@@ -85,7 +85,7 @@ func (d *discovery) cores() {
 		}
 		if !seenCore[sib.String()] {
 			seenCore[sib.String()] = true
-			cores = append(cores, Core{ID: coreID, CPUs: sib, Node: d.host.nodeOfCPU(c), L3: -1})
+			cores = append(cores, d.splitByCoreID(sib, c, coreID)...)
 		}
 		// Package: package_cpus / core_siblings; else physical_package_id.
 		pid, err := d.fs.readInt(dir + "/physical_package_id")
@@ -168,6 +168,37 @@ func (d *discovery) cores() {
 			}
 		}
 	}
+}
+
+// splitByCoreID returns the cores of one sibling set. Siblings normally
+// share a core_id; where they do not (AMD Bulldozer compute units list
+// both integer cores in thread_siblings, each with its own core_id) the
+// set is split by core_id, as hwloc does. core_id is only compared
+// within one sibling set, never across packages or dies.
+func (d *discovery) splitByCoreID(sib CPUSet, first, firstID int) []Core {
+	byID := map[int][]int{}
+	var order []int
+	for _, m := range sib.List() {
+		id := firstID
+		if m != first {
+			v, err := d.fs.readInt(fmt.Sprintf("%s/cpu%d/topology/core_id", sysCPU, m))
+			if err != nil {
+				id = firstID // unknown: keep it with the first
+			} else {
+				id = v
+			}
+		}
+		if _, ok := byID[id]; !ok {
+			order = append(order, id)
+		}
+		byID[id] = append(byID[id], m)
+	}
+	var out []Core
+	for _, id := range order {
+		cpus := NewCPUSet(byID[id]...)
+		out = append(out, Core{ID: id, CPUs: cpus, Node: d.host.nodeOfCPU(cpus.List()[0]), L3: -1})
+	}
+	return out
 }
 
 // l3Of returns the level-3 data/unified cache CPU c shares, from

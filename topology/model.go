@@ -67,8 +67,9 @@ type Node struct {
 	// CPUs are the node's online CPUs.
 	CPUs CPUSet `json:"cpus"`
 	// Initiators, for a CPU-less node, are the online CPUs of the nodes
-	// listed in its access0/initiators (the CPUs with the best access to
-	// this memory); empty when the kernel does not say.
+	// listed as its initiators (the CPUs with the best access to
+	// this memory; access1/initiators, else access0); empty when the
+	// kernel does not say.
 	Initiators CPUSet `json:"initiators,omitzero"`
 	// MemoryBytes is MemTotal from the node's own meminfo
 	// (/sys/devices/system/node/nodeN/meminfo): the memory the kernel can
@@ -92,7 +93,8 @@ type Node struct {
 type Core struct {
 	Socket SocketID `json:"socket"`
 	Node   NodeID   `json:"node"`
-	// ID is topology/core_id, unique only within a socket.
+	// ID is topology/core_id, informational: it can repeat within a
+	// socket (per die); cores are identified by their CPUs.
 	ID int `json:"id"`
 	// CPUs are the online hardware threads of the core.
 	CPUs CPUSet `json:"cpus"`
