@@ -15,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jaypipes/ghw"
-	ghwtopology "github.com/jaypipes/ghw/pkg/topology"
 	"github.com/jaypipes/pcidb"
 
 	"github.com/fusiond/fusiond/devices"
@@ -189,13 +187,24 @@ func (d *discovery) nodes() {
 		return
 	}
 	var covered CPUSet
+	var overlaps []string
 	for _, id := range ids {
 		dir := fmt.Sprintf("%s/node%d", sysNode, id)
 		n := Node{ID: NodeID(id), Socket: NoSocket}
-		if c, err := d.fs.readCPUList(dir + "/cpulist"); err != nil {
-			d.warn("%v; node%d has no CPUs in the model", err, id)
-		} else {
+		// The cpumap mask (as hwloc; the only file on older kernels,
+		// ia64, POWER), else cpulist.
+		if m, err := d.fs.readCPUMask(dir + "/cpumap"); err == nil {
+			n.CPUs = m.Intersection(d.host.OnlineCPUs)
+		} else if c, err2 := d.fs.readCPUList(dir + "/cpulist"); err2 == nil {
 			n.CPUs = c.Intersection(d.host.OnlineCPUs)
+		} else {
+			d.warn("%v; %v; node%d has no CPUs in the model", err, err2, id)
+		}
+		// Overlapping node CPU lists (buggy firmware): the first node
+		// keeps them, later nodes lose the overlap.
+		if ov := n.CPUs.Intersection(covered); !ov.IsEmpty() {
+			overlaps = append(overlaps, fmt.Sprintf("node%d", id))
+			n.CPUs = n.CPUs.Difference(covered)
 		}
 		covered = covered.Union(n.CPUs)
 		if s, err := d.fs.read(dir + "/meminfo"); err != nil {
@@ -215,10 +224,37 @@ func (d *discovery) nodes() {
 		} else {
 			n.Distances = row
 		}
-		if n.CPUs.IsEmpty() {
-			d.warn("node%d has no online CPU (memory-only node, or all its CPUs offline)", id)
-		}
 		d.host.Nodes = append(d.host.Nodes, n)
+	}
+	if len(overlaps) > 0 {
+		d.warn("%s/nodeN/cpulist: %s list CPUs of an earlier node; the earlier node keeps them", sysNode, strings.Join(overlaps, ", "))
+	}
+	var cpuless []string
+	for i := range d.host.Nodes {
+		n := &d.host.Nodes[i]
+		if !n.CPUs.IsEmpty() {
+			continue
+		}
+		cpuless = append(cpuless, fmt.Sprintf("node%d", n.ID))
+		// access1/initiators/nodeM: the CPU nodes with the best access
+		// (what hwloc reads); else access0 (best initiator of any kind).
+		ents, err := os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access1/initiators", sysNode, n.ID)))
+		if err != nil {
+			ents, err = os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID)))
+		}
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			if m, ok := numberedEntry(e.Name(), "node"); ok {
+				if in := d.host.Node(NodeID(m)); in != nil {
+					n.Initiators = n.Initiators.Union(in.CPUs)
+				}
+			}
+		}
+	}
+	if len(cpuless) > 0 {
+		d.warn("%s: nodes without an online CPU (memory-only, or all their CPUs offline): %s", sysNode, strings.Join(cpuless, ", "))
 	}
 	if rest := d.host.OnlineCPUs.Difference(covered); !rest.IsEmpty() {
 		d.warn("online CPUs %s belong to no NUMA node", rest)
@@ -264,109 +300,18 @@ func (h *Host) nodeOfCPU(cpu int) NodeID {
 	return NoNode
 }
 
-func (d *discovery) ghwOpts() []any {
-	return []any{ghw.WithChroot(d.o.root), ghw.WithLogger(d.log)}
-}
-
-// cores takes sockets, cores and SMT siblings from ghw's CPU view and L3
-// groups from ghw's topology view.
-func (d *discovery) cores() {
-	info, err := ghw.CPU(d.ghwOpts()...)
-	if err != nil {
-		d.warn("ghw CPU discovery: %v; no cores in the model", err)
-		return
-	}
-	var seen CPUSet
-	for _, p := range info.Processors {
-		for _, c := range p.Cores {
-			cpus := NewCPUSet(c.LogicalProcessors...).Intersection(d.host.OnlineCPUs)
-			if cpus.IsEmpty() {
-				continue
-			}
-			seen = seen.Union(cpus)
-			d.host.Cores = append(d.host.Cores, Core{
-				Socket: SocketID(p.ID), ID: c.ID, CPUs: cpus,
-				Node: d.host.nodeOfCPU(cpus.List()[0]), L3: -1,
-			})
-		}
-	}
-	if rest := d.host.OnlineCPUs.Difference(seen); !rest.IsEmpty() {
-		d.warn("online CPUs %s have no core (missing /proc/cpuinfo entry or cpuN/topology files)", rest)
-	}
-	slices.SortFunc(d.host.Cores, func(a, b Core) int {
-		return cmp.Or(cmp.Compare(a.Socket, b.Socket), cmp.Compare(a.ID, b.ID), cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]))
-	})
-	d.l3(d.ghwTopology())
-}
-
-func (d *discovery) ghwTopology() *ghwtopology.Info {
-	t, err := ghw.Topology(d.ghwOpts()...)
-	if err != nil {
-		d.warn("ghw topology discovery: %v; no L3 groups in the model", err)
-		return nil
-	}
-	return t
-}
-
-// l3 records each distinct last-level (L3) cache and points cores at it.
-func (d *discovery) l3(t *ghwtopology.Info) {
-	if t == nil {
-		return
-	}
-	if len(t.Nodes) < len(d.host.Nodes) {
-		d.warn("ghw topology returned %d of %d NUMA nodes (it stops at the first unreadable node file, e.g. a /proc/meminfo without Hugepagesize); L3 groups may be incomplete", len(t.Nodes), len(d.host.Nodes))
-	}
-	for _, n := range t.Nodes {
-		for _, c := range n.Caches {
-			if c.Level != 3 {
-				continue
-			}
-			ids := make([]int, len(c.LogicalProcessors))
-			for i, p := range c.LogicalProcessors {
-				ids[i] = int(p)
-			}
-			cpus := NewCPUSet(ids...).Intersection(d.host.OnlineCPUs)
-			if cpus.IsEmpty() || slices.ContainsFunc(d.host.L3, func(g CacheGroup) bool { return g.CPUs.Equal(cpus) }) {
-				continue
-			}
-			d.host.L3 = append(d.host.L3, CacheGroup{Level: 3, SizeBytes: c.SizeBytes, CPUs: cpus})
-		}
-	}
-	if len(d.host.L3) == 0 {
-		d.warn("no L3 cache groups under %s/cpuN/cache (ghw found none); cores have l3 -1", sysCPU)
-		return
-	}
-	slices.SortFunc(d.host.L3, func(a, b CacheGroup) int { return cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]) })
-	for i := range d.host.L3 {
-		d.host.L3[i].ID = CacheID(i)
-	}
-	for i := range d.host.Cores {
-		for _, g := range d.host.L3 {
-			if d.host.Cores[i].CPUs.IsSubsetOf(g.CPUs) {
-				d.host.Cores[i].L3 = g.ID
-			}
-		}
-	}
-}
-
-// sockets groups cores into sockets and ties nodes to their socket.
+// sockets ties nodes to the sockets their CPUs sit in; a node spanning
+// two packages is listed under each (Node.Socket is the first).
 func (d *discovery) sockets() {
-	bySocket := map[SocketID]CPUSet{}
-	for _, c := range d.host.Cores {
-		bySocket[c.Socket] = bySocket[c.Socket].Union(c.CPUs)
-	}
-	for id, cpus := range bySocket {
-		d.host.Sockets = append(d.host.Sockets, Socket{ID: id, CPUs: cpus})
-	}
-	slices.SortFunc(d.host.Sockets, func(a, b Socket) int { return cmp.Compare(a.ID, b.ID) })
 	for i := range d.host.Nodes {
 		n := &d.host.Nodes[i]
 		for j := range d.host.Sockets {
 			s := &d.host.Sockets[j]
 			if n.CPUs.Intersects(s.CPUs) {
-				n.Socket = s.ID
+				if n.Socket == NoSocket {
+					n.Socket = s.ID
+				}
 				s.Nodes = append(s.Nodes, n.ID)
-				break
 			}
 		}
 	}
@@ -382,14 +327,14 @@ func (d *discovery) pci() {
 		return
 	}
 	names := d.pciNames()
-	var unknownNode []string
+	var unknownNode, noPath []string
 	for _, e := range ents {
 		addr, err := ParsePCIAddr(e.Name())
 		if err != nil {
 			d.warn("%s/%s: %v; skipped", sysPCI, e.Name(), err)
 			continue
 		}
-		dev, ok := d.pciDevice(addr, names)
+		dev, ok := d.pciDevice(addr, names, &noPath)
 		if !ok {
 			continue
 		}
@@ -399,34 +344,50 @@ func (d *discovery) pci() {
 		d.host.Devices = append(d.host.Devices, dev)
 	}
 	slices.SortFunc(d.host.Devices, func(a, b PCIDevice) int { return cmp.Compare(a.Addr, b.Addr) })
+	if len(noPath) > 0 {
+		d.warn("%s: %d entries are not symlinks to a /sys/devices/pciDDDD:BB/... path (%s); kept with unknown host bridge and upstream bridges", sysPCI, len(noPath), abbreviate(noPath, 6))
+	}
 	if len(unknownNode) > 0 {
-		d.warn("numa_node is -1 and local_cpulist names no single node for %s; their NUMA node is unknown", strings.Join(unknownNode, ", "))
+		d.warn("%s/*/numa_node is -1 and local_cpulist names no single node for %d devices (%s); their NUMA node is unknown", sysPCI, len(unknownNode), abbreviate(unknownNode, 6))
 	}
 }
 
 // pciDevice reads one device; ok is false when it must be skipped.
-func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB) (PCIDevice, bool) {
+func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath *[]string) (PCIDevice, bool) {
 	dir := sysPCI + "/" + string(addr)
 	dev := PCIDevice{Addr: addr, Node: NoNode}
-	target, err := filepath.EvalSymlinks(d.fs.path(dir))
+	// A /sys/bus/pci/devices entry is normally a symlink into
+	// /sys/devices/pciDDDD:BB/...; some trees (and some platforms) have a
+	// plain directory or an unparsable target: the device is kept with an
+	// unknown host bridge and upstream path.
+	st, err := os.Lstat(d.fs.path(dir))
 	if err != nil {
 		d.warn("%s: %v; device skipped", dir, err)
 		return dev, false
 	}
-	rel, err := filepath.Rel(d.fs.path("/"), target)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)
-		return dev, false
-	}
-	hb, chain, err := parseDevicePath("/" + rel)
-	if err != nil || chain[len(chain)-1] != addr {
-		d.warn("%s resolves to %s, not a /sys/devices/pciDDDD:BB/... path ending in the device; device skipped", dir, "/"+rel)
-		return dev, false
-	}
-	dev.HostBridge = hb
-	dev.Upstream = chain[:len(chain)-1]
-	if len(dev.Upstream) == 0 {
-		dev.Upstream = nil
+	if st.Mode()&fs.ModeSymlink != 0 {
+		target, err := filepath.EvalSymlinks(d.fs.path(dir))
+		if err != nil {
+			d.warn("%s: %v; device skipped", dir, err)
+			return dev, false
+		}
+		rel, err := filepath.Rel(d.fs.path("/"), target)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+			d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)
+			return dev, false
+		}
+		hb, chain, err := parseDevicePath("/" + rel)
+		if err != nil || chain[len(chain)-1] != addr {
+			*noPath = append(*noPath, string(addr))
+		} else {
+			dev.HostBridge = hb
+			dev.Upstream = chain[:len(chain)-1]
+			if len(dev.Upstream) == 0 {
+				dev.Upstream = nil
+			}
+		}
+	} else {
+		*noPath = append(*noPath, string(addr))
 	}
 	class, err := d.fs.readHex(dir+"/class", 32)
 	if err != nil {
@@ -443,10 +404,12 @@ func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB) (PCIDevice, bool
 	dev.Class, dev.VendorID, dev.DeviceID = uint32(class), uint16(vendor), uint16(device)
 	dev.Kind = classify(dev.Class, dev.VendorID)
 	d.nameDevice(&dev, names)
-	if c, err := d.fs.readCPUList(dir + "/local_cpulist"); err == nil {
-		dev.LocalCPUs = c
-	} else if !errors.Is(err, fs.ErrNotExist) {
+	// local_cpulist, else the local_cpus mask (the only file on older
+	// kernels and what hwloc reads).
+	if c, file, err := d.readCPUSetFile(dir, "local_cpulist", "local_cpus"); err != nil {
 		d.warn("%v", err)
+	} else if file != "" {
+		dev.LocalCPUs = c
 	}
 	dev.Node = d.deviceNode(dir, dev.LocalCPUs)
 	if s, err := d.fs.read(dir + "/current_link_speed"); err == nil && !strings.HasPrefix(s, "Unknown") {
@@ -585,4 +548,13 @@ func (d *discovery) deviceLinks() {
 		l.A, l.B = string(a), string(b)
 		d.host.Links = append(d.host.Links, l)
 	}
+}
+
+// abbreviate joins the first n items and says how many more there are,
+// so that a warning stays one readable line.
+func abbreviate(items []string, n int) string {
+	if len(items) <= n {
+		return strings.Join(items, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(items[:n], ", "), len(items)-n)
 }

@@ -125,10 +125,13 @@ func TestDiscoverDamagedTrees(t *testing.T) {
 			check:  func(h *Host) error { return expect(h.Nodes[0].Distances == nil, "distances kept") },
 		},
 		{
-			name:   "node cpulist malformed",
-			damage: write("/sys/devices/system/node/node1/cpulist", "4-x\n"),
-			warn:   "/sys/devices/system/node/node1/cpulist",
-			check:  func(h *Host) error { return expect(h.Nodes[1].CPUs.IsEmpty() && !h.Nodes[0].CPUs.IsEmpty(), "cpus") },
+			name: "node cpumap and cpulist malformed",
+			damage: func(t *testing.T, root string) {
+				write("/sys/devices/system/node/node1/cpulist", "4-x\n")(t, root)
+				write("/sys/devices/system/node/node1/cpumap", "zz\n")(t, root)
+			},
+			warn:  "/sys/devices/system/node/node1/cpulist",
+			check: func(h *Host) error { return expect(h.Nodes[1].CPUs.IsEmpty() && !h.Nodes[0].CPUs.IsEmpty(), "cpus") },
 		},
 		{
 			name:   "numa_node malformed falls back to local_cpulist",
@@ -198,10 +201,19 @@ func TestDiscoverDamagedTrees(t *testing.T) {
 			check:  func(h *Host) error { return expect(h.OnlineCPUs.Len() == 2*simhost.Sockets*simCores, "online") },
 		},
 		{
-			name:   "cpuinfo missing: ghw finds no cores",
-			damage: remove("/proc/cpuinfo"),
-			warn:   "have no core",
-			check:  func(h *Host) error { return expect(len(h.Cores) == 0 && len(h.Nodes) == 2, "cores") },
+			// Cores come from sysfs, not from /proc/cpuinfo (s390 has no
+			// "processor : N" lines); the warning is the missing L3.
+			name: "cpuinfo missing and no caches: cores still found",
+			damage: func(t *testing.T, root string) {
+				remove("/proc/cpuinfo")(t, root)
+				for c := range simhost.ThreadsPerCore * simhost.Sockets * simCores {
+					remove(fmt.Sprintf("/sys/devices/system/cpu/cpu%d/cache", c))(t, root)
+				}
+			},
+			warn: "no L3 cache under /sys/devices/system/cpu/cpuN/cache",
+			check: func(h *Host) error {
+				return expect(len(h.Cores) == simhost.Sockets*simCores && len(h.Sockets) == simhost.Sockets && len(h.L3) == 0, "cores")
+			},
 		},
 	}
 	for _, tt := range tests {
@@ -299,7 +311,7 @@ func TestDiscoverMemoryOnlyNode(t *testing.T) {
 		n.BlockMemoryBytes != 2*0x80000000 || h.Nodes[0].BlockMemoryBytes != 0 {
 		t.Fatalf("memory-only node %+v, distance %d", n, h.NodeDistance(0, 2))
 	}
-	if !hasWarning(h, "node2 has no online CPU") {
+	if !hasWarning(h, "without an online CPU (memory-only, or all their CPUs offline): node2") {
 		t.Fatalf("warnings %q", h.Warnings)
 	}
 }

@@ -2,15 +2,17 @@
 // (CPU sets, memory, the kernel's distance matrix), cores with their SMT
 // siblings, L3 cache groups and the PCIe tree with accelerators and NICs
 // marked. Discover builds a Host from a sysfs/procfs tree (the live host or
-// a fixture, see WithRoot) using github.com/jaypipes/ghw for CPU topology
-// and direct sysfs reads for what ghw lacks; Locality answers "how far
-// apart are these two devices" in nvidia-smi topo -m vocabulary (NV#, PIX,
-// PXB, PHB, NODE, SYS); Diff and Watcher publish changes; WriteTree and
-// WriteMatrix render a Host for the CLI.
+// a fixture, see WithRoot) with its own sysfs reader (CPUs, cores,
+// packages, caches, NUMA nodes, PCI functions; hwloc's choices are the
+// reference) and pci.ids names through github.com/jaypipes/pcidb;
+// Locality answers "how far apart are these two devices" in nvidia-smi topo
+// -m vocabulary (NV#, PIX, PXB, PHB, NODE, SYS); Diff and Watcher publish
+// changes; WriteTree and WriteMatrix render a Host for the CLI.
 //
 // Everything but discovery is a pure function of a Host value.
 //
 // It owns reading the host's CPU, memory and PCIe layout and may import
-// devices (links reported by drivers), ghw and the standard library;
-// nothing of the daemon.
+// devices (links reported by drivers), pcidb and the standard library
+// (ghw only in tests, for its real-machine snapshots); nothing of the
+// daemon.
 package topology

@@ -66,6 +66,11 @@ type Node struct {
 	Socket SocketID `json:"socket"`
 	// CPUs are the node's online CPUs.
 	CPUs CPUSet `json:"cpus"`
+	// Initiators, for a CPU-less node, are the online CPUs of the nodes
+	// listed as its initiators (the CPUs with the best access to
+	// this memory; access1/initiators, else access0); empty when the
+	// kernel does not say.
+	Initiators CPUSet `json:"initiators,omitzero"`
 	// MemoryBytes is MemTotal from the node's own meminfo
 	// (/sys/devices/system/node/nodeN/meminfo): the memory the kernel can
 	// allocate on this node, which is what a cpuset.mems placement gets.
@@ -88,7 +93,8 @@ type Node struct {
 type Core struct {
 	Socket SocketID `json:"socket"`
 	Node   NodeID   `json:"node"`
-	// ID is topology/core_id, unique only within a socket.
+	// ID is topology/core_id, informational: it can repeat within a
+	// socket (per die); cores are identified by their CPUs.
 	ID int `json:"id"`
 	// CPUs are the online hardware threads of the core.
 	CPUs CPUSet `json:"cpus"`

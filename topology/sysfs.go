@@ -29,7 +29,8 @@ func (r fsRoot) read(p string) (string, error) {
 		}
 		return "", fmt.Errorf("%s: %w", p, err)
 	}
-	return strings.TrimSpace(string(b)), nil
+	// Some arm64 firmware leaves NUL bytes after the value ("0-31\n\x00").
+	return strings.Trim(string(b), " \t\r\n\x00"), nil
 }
 
 func (r fsRoot) readInt(p string) (int, error) {
@@ -63,6 +64,18 @@ func (r fsRoot) readCPUList(p string) (CPUSet, error) {
 		return CPUSet{}, err
 	}
 	c, err := ParseCPUList(s)
+	if err != nil {
+		return CPUSet{}, fmt.Errorf("%s: %w", p, err)
+	}
+	return c, nil
+}
+
+func (r fsRoot) readCPUMask(p string) (CPUSet, error) {
+	s, err := r.read(p)
+	if err != nil {
+		return CPUSet{}, err
+	}
+	c, err := ParseCPUMask(s)
 	if err != nil {
 		return CPUSet{}, fmt.Errorf("%s: %w", p, err)
 	}
