@@ -65,6 +65,7 @@ func (d *discovery) cores() {
 	var cores []Core
 	var pkgs []pkg
 	var l3 []CacheGroup
+	var dies []dieInfo
 	seenCore := map[string]bool{}
 	for _, c := range online.List() {
 		dir := fmt.Sprintf("%s/cpu%d/topology", sysCPU, c)
@@ -112,12 +113,12 @@ func (d *discovery) cores() {
 				pkgs = append(pkgs, pkg{id: pid, cpus: pc.Union(NewCPUSet(c))})
 			}
 		}
+		dies = append(dies, d.dieOf(c, dir))
 		// L3: the unified or data cache of level 3 this CPU sits in.
 		if g, ok := d.l3Of(c, sib); ok && !slices.ContainsFunc(l3, func(x CacheGroup) bool { return x.CPUs.Equal(g.CPUs) }) {
 			l3 = append(l3, g)
 		}
 	}
-	d.flush(probs)
 	slices.SortFunc(cores, func(a, b Core) int { return cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]) })
 	// Sockets: IDs are physical_package_id where valid and unique, else
 	// the package's position.
@@ -153,6 +154,8 @@ func (d *discovery) cores() {
 		return cmp.Or(cmp.Compare(a.Socket, b.Socket), cmp.Compare(a.ID, b.ID), cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]))
 	})
 	d.host.Cores = cores
+	d.host.Dies = d.buildDies(dies, probs)
+	d.flush(probs)
 	slices.SortFunc(l3, func(a, b CacheGroup) int { return cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]) })
 	for i := range l3 {
 		l3[i].ID = CacheID(i)
@@ -168,6 +171,110 @@ func (d *discovery) cores() {
 			}
 		}
 	}
+}
+
+// dieInfo is what one CPU's topology directory says about its die.
+type dieInfo struct {
+	cpu  int
+	id   int    // die_id, -1 when absent or malformed
+	cpus CPUSet // die_cpus / die_cpus_list (online, holding cpu); empty when absent
+	file string // the die_cpus file read, "" when none
+	none bool   // die_id is -1: the kernel says the CPU has no die
+}
+
+// dieOf reads cpuN/topology/{die_cpus,die_cpus_list,die_id}: the mask
+// first, as hwloc reads it.
+func (d *discovery) dieOf(c int, dir string) dieInfo {
+	di := dieInfo{cpu: c, id: -1}
+	if v, err := d.fs.readInt(dir + "/die_id"); err == nil {
+		if v < 0 {
+			// arm64 and other architectures without dies write die_id -1
+			// and a die_cpus of the CPU alone: no die (hwloc ignores it too).
+			di.none = true
+			return di
+		}
+		di.id = v
+	}
+	set, file, err := d.readCPUSetFile(dir, "die_cpus", "die_cpus_list")
+	if err == nil && file != "" {
+		set = set.Intersection(d.host.OnlineCPUs)
+		if set.Contains(c) {
+			di.cpus, di.file = set, file
+		}
+	}
+	return di
+}
+
+// buildDies groups CPUs into dies: CPUs whose die_cpus sets overlap share
+// a die; CPUs with only a die_id are grouped by (package, die_id); a CPU
+// whose die_id is -1 is in no die. A die
+// is cut to its package's CPUs (a die never spans packages). No file at
+// all on any CPU: no dies (older kernels). A CPU without die files that
+// no other CPU's die_cpus names is in no die; such CPUs are listed in one
+// warning.
+func (d *discovery) buildDies(infos []dieInfo, probs cpuProblems) []Die {
+	socketOf := func(c int) (SocketID, CPUSet) {
+		for _, s := range d.host.Sockets {
+			if s.CPUs.Contains(c) {
+				return s.ID, s.CPUs
+			}
+		}
+		return NoSocket, CPUSet{}
+	}
+	have := false
+	for _, di := range infos {
+		if di.file != "" || di.id >= 0 {
+			have = true
+		}
+	}
+	if !have {
+		return nil
+	}
+	var dies []Die
+	var missing []int
+	for _, di := range infos {
+		sid, scpus := socketOf(di.cpu)
+		if sid == NoSocket {
+			continue // the CPU is in no package (warned already)
+		}
+		own := NewCPUSet(di.cpu)
+		set := di.cpus.Intersection(scpus)
+		if di.none {
+			continue
+		}
+		if di.file == "" && di.id < 0 {
+			missing = append(missing, di.cpu)
+			continue
+		}
+		found := false
+		for i := range dies {
+			x := &dies[i]
+			if x.Socket != sid {
+				continue
+			}
+			if !set.IsEmpty() && x.CPUs.Intersects(set) || set.IsEmpty() && x.ID == di.id {
+				x.CPUs = x.CPUs.Union(set).Union(own)
+				if x.ID < 0 {
+					x.ID = di.id
+				}
+				found = true
+				break
+			}
+		}
+		if !found {
+			dies = append(dies, Die{Socket: sid, ID: di.id, CPUs: set.Union(own)})
+		}
+	}
+	for _, c := range missing {
+		// Another CPU's die_cpus may name it: then it is in that die.
+		if !slices.ContainsFunc(dies, func(x Die) bool { return x.CPUs.Contains(c) }) {
+			probs.add(fmt.Sprintf("%s/cpuN/topology/{die_cpus,die_cpus_list,die_id} missing; CPU in no die", sysCPU), c)
+		}
+	}
+	slices.SortFunc(dies, func(a, b Die) int {
+		return cmp.Or(cmp.Compare(a.Socket, b.Socket), cmp.Compare(a.ID, b.ID), cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]))
+	})
+	return dies
 }
 
 // splitByCoreID returns the cores of one sibling set. Siblings normally

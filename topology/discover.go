@@ -242,15 +242,19 @@ func (d *discovery) nodes() {
 		if err != nil {
 			ents, err = os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID)))
 		}
-		if err != nil {
-			continue
-		}
-		for _, e := range ents {
-			if m, ok := numberedEntry(e.Name(), "node"); ok {
-				if in := d.host.Node(NodeID(m)); in != nil {
-					n.Initiators = n.Initiators.Union(in.CPUs)
+		if err == nil {
+			for _, e := range ents {
+				if m, ok := numberedEntry(e.Name(), "node"); ok {
+					if in := d.host.Node(NodeID(m)); in != nil {
+						n.Initiators = n.Initiators.Union(in.CPUs)
+					}
 				}
 			}
+		}
+		if n.Initiators.IsEmpty() {
+			// No initiators (older kernels, KNL's MCDRAM nodes): the
+			// CPUs of the strictly nearest nodes by SLIT distance.
+			n.Initiators = d.host.nearestCPUs(i)
 		}
 	}
 	if len(cpuless) > 0 {
@@ -288,6 +292,39 @@ func (d *discovery) blockMemory(nodeDir string) uint64 {
 		return 0
 	}
 	return blocks * size
+}
+
+// nearestCPUs returns the CPUs (or, for a CPU-less node, the initiators
+// found so far) of the nodes nearest to h.Nodes[i] by SLIT distance, as
+// hwloc places a CPU-less node without initiators: the nearest distance
+// must be larger than the node's own, and not every other node may be at
+// that distance (then no node is nearer than another). Empty when the
+// distances are unknown or say nothing.
+func (h *Host) nearestCPUs(i int) CPUSet {
+	row := h.Nodes[i].Distances
+	if len(row) != len(h.Nodes) || len(h.Nodes) < 2 {
+		return CPUSet{}
+	}
+	best, nb := -1, 0
+	for j, dist := range row {
+		switch {
+		case j == i:
+		case best < 0 || dist < best:
+			best, nb = dist, 1
+		case dist == best:
+			nb++
+		}
+	}
+	if best <= row[i] || nb == len(h.Nodes)-1 {
+		return CPUSet{}
+	}
+	var out CPUSet
+	for j, dist := range row {
+		if j != i && dist == best {
+			out = out.Union(h.Nodes[j].CPUs).Union(h.Nodes[j].Initiators)
+		}
+	}
+	return out
 }
 
 // nodeOfCPU returns the node holding cpu, or NoNode.

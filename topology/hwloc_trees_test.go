@@ -128,6 +128,7 @@ func parseHwlocXML(b []byte) (*hwObj, error) {
 type treeFacts struct {
 	nodes    map[int]string // NUMA node id → CPUs (hwloc: its parent's PUs)
 	packages []string
+	dies     []string
 	cores    []string
 	l3       []string
 	devices  map[string]int // PCI function → NUMA node (-1: none single)
@@ -174,6 +175,8 @@ func factsOfHwloc(root *hwObj) treeFacts {
 			f.nodes[o.OS] = pus[ancestors[len(ancestors)-1]].String()
 		case o.Type == "Package":
 			f.packages = append(f.packages, pus[o].String())
+		case o.Type == "Die":
+			f.dies = append(f.dies, pus[o].String())
 		case o.Type == "Core":
 			f.cores = append(f.cores, pus[o].String())
 		case o.Type == "L3Cache":
@@ -200,13 +203,16 @@ func factsOfHwloc(root *hwObj) treeFacts {
 	}
 	walk(root, nil)
 	slices.Sort(f.packages)
+	slices.Sort(f.dies)
 	slices.Sort(f.cores)
 	slices.Sort(f.l3)
 	return f
 }
 
 // factsOfModel reduces our Host to treeFacts. A CPU-less node is compared
-// by the CPUs it is local to (Node.Initiators: access0/initiators).
+// by the CPUs it is local to (Node.Initiators: access0/initiators). A die
+// holding all of its package's CPUs is left out: hwloc makes no Die object
+// where die_cpus equals package_cpus (single-die packages).
 func factsOfModel(h *Host) treeFacts {
 	f := treeFacts{nodes: map[int]string{}, devices: map[string]int{}}
 	for _, n := range h.Nodes {
@@ -219,6 +225,12 @@ func factsOfModel(h *Host) treeFacts {
 	for _, s := range h.Sockets {
 		f.packages = append(f.packages, s.CPUs.String())
 	}
+	for _, d := range h.Dies {
+		if i := slices.IndexFunc(h.Sockets, func(s Socket) bool { return s.ID == d.Socket }); i >= 0 && h.Sockets[i].CPUs.Equal(d.CPUs) {
+			continue
+		}
+		f.dies = append(f.dies, d.CPUs.String())
+	}
 	for _, c := range h.Cores {
 		f.cores = append(f.cores, c.CPUs.String())
 	}
@@ -229,6 +241,7 @@ func factsOfModel(h *Host) treeFacts {
 		f.devices[string(d.Addr)] = int(d.Node)
 	}
 	slices.Sort(f.packages)
+	slices.Sort(f.dies)
 	slices.Sort(f.cores)
 	slices.Sort(f.l3)
 	return f
@@ -277,6 +290,7 @@ func compareFacts(ours, theirs treeFacts, h *Host, skip map[string]bool, subsetP
 	}
 	add("nodes", fmtNodes(ours.nodes), fmtNodes(theirs.nodes))
 	add("packages", fmt.Sprint(ours.packages), fmt.Sprint(theirs.packages))
+	add("dies", fmt.Sprint(ours.dies), fmt.Sprint(theirs.dies))
 	add("cores", fmt.Sprint(ours.cores), fmt.Sprint(theirs.cores))
 	add("l3", fmt.Sprint(ours.l3), fmt.Sprint(theirs.l3))
 	// Cores spanning two nodes: a model error unless hwloc has that core.
@@ -588,7 +602,7 @@ func TestHwlocTrees(t *testing.T) {
 // agreementTable renders the results as the markdown table in
 // docs/topology.md (HWLOC_TREES_TABLE=1 go test ./topology -run TestHwlocTrees -v).
 func agreementTable(results []treeResult, live bool) string {
-	fields := []string{"nodes", "packages", "cores", "l3", "core-nodes", "pci"}
+	fields := []string{"nodes", "packages", "dies", "cores", "l3", "core-nodes", "pci"}
 	var sb strings.Builder
 	sb.WriteString("| tree | " + strings.Join(fields, " | ") + " | discovery (median of 3) |\n|---|")
 	sb.WriteString(strings.Repeat("---|", len(fields)+1) + "\n")
@@ -615,4 +629,33 @@ func agreementTable(results []treeResult, live bool) string {
 		fmt.Fprintf(&sb, " %.1f ms |\n", float64(r.median.Microseconds())/1000)
 	}
 	return sb.String()
+}
+
+// The die comparison is not vacuous: on hwloc's 2-package, 4-dies-per-package
+// tree both sides have 8 dies and agree, and a model missing a die's CPUs
+// is a "dies" disagreement.
+func TestHwlocTreeDiesCompared(t *testing.T) {
+	const name = "fakecpuid1f-64intel64-2p4d2n2c2t"
+	root := unpackBz2Tree(t, name)
+	h, err := Discover(context.Background(), WithRoot(root), WithoutNames())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(hwlocTreeDir, name+".output"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp, err := parseHwlocText(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, ours := factsOfHwloc(exp), factsOfModel(h)
+	if len(theirs.dies) != 8 || len(h.Dies) != 8 || fmt.Sprint(ours.dies) != fmt.Sprint(theirs.dies) {
+		t.Fatalf("dies: fusiond %v (model %+v), hwloc %v", ours.dies, h.Dies, theirs.dies)
+	}
+	h.Dies = h.Dies[1:]
+	diffs := compareFacts(factsOfModel(h), theirs, h, nil, true)
+	if len(diffs) != 1 || diffs[0].field != "dies" {
+		t.Fatalf("a missing die gives %+v, want one dies disagreement", diffs)
+	}
 }

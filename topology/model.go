@@ -34,6 +34,10 @@ type Host struct {
 	Sockets []Socket `json:"sockets"`
 	// Nodes in ascending ID order, including memory-only nodes.
 	Nodes []Node `json:"nodes"`
+	// Dies in (socket, die id) order: one per die of a package, from
+	// topology/die_cpus (die_id); empty when the kernel has no die files
+	// (before Linux 5.3, and on architectures without dies).
+	Dies []Die `json:"dies,omitempty"`
 	// Cores in (socket, core id) order; offline CPUs are not in any core.
 	Cores []Core `json:"cores"`
 	// L3 holds the last-level cache groups; Core.L3 indexes it.
@@ -56,6 +60,18 @@ type Socket struct {
 	ID    SocketID `json:"id"`
 	CPUs  CPUSet   `json:"cpus"`
 	Nodes []NodeID `json:"nodes"`
+}
+
+// Die is one die of a multi-die package (Intel Cascade Lake-AP and
+// later, AMD chiplets where the kernel reports them). A package with a
+// single die has one Die with the package's CPUs.
+type Die struct {
+	Socket SocketID `json:"socket"`
+	// ID is topology/die_id (unique within its socket); -1 when the kernel
+	// lists die_cpus but no die_id.
+	ID int `json:"id"`
+	// CPUs are the die's online CPUs.
+	CPUs CPUSet `json:"cpus"`
 }
 
 // Node is one NUMA node.

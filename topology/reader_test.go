@@ -145,3 +145,117 @@ func TestDiscoverCPULessNodeInitiators(t *testing.T) {
 		t.Fatalf("nodes %+v", h.Nodes)
 	}
 }
+
+// Dies from cpuN/topology/die_cpus (die_id): each socket split into two
+// dies of half its cores; die_id -1 (arm64) or no die files: no dies; die
+// files on some CPUs only: the others are in no die, in one warning.
+func TestDiscoverDies(t *testing.T) {
+	root := writeSimhost(t, simhost.WithCoresPerSocket(4))
+	h0 := discoverAt(t, root, WithoutNames())
+	if len(h0.Dies) != simhost.Sockets || !h0.Dies[1].CPUs.Equal(h0.Sockets[1].CPUs) || h0.Dies[1].Socket != h0.Sockets[1].ID {
+		t.Fatalf("simhost (one die per package): dies %+v, sockets %+v", h0.Dies, h0.Sockets)
+	}
+	type want struct {
+		socket SocketID
+		id     int
+		cpus   CPUSet
+	}
+	var wants []want
+	for _, s := range h0.Sockets {
+		var cores []Core
+		for _, c := range h0.Cores {
+			if c.Socket == s.ID {
+				cores = append(cores, c)
+			}
+		}
+		for die, part := range [][]Core{cores[:len(cores)/2], cores[len(cores)/2:]} {
+			var cpus CPUSet
+			for _, c := range part {
+				cpus = cpus.Union(c.CPUs)
+			}
+			wants = append(wants, want{s.ID, die, cpus})
+			for _, c := range cpus.List() {
+				dir := "/sys/devices/system/cpu/cpu" + itoa(c) + "/topology/"
+				writeFile(t, root, dir+"die_id", itoa(die)+"\n")
+				writeFile(t, root, dir+"die_cpus", cpuMaskString(cpus)+"\n")
+				writeFile(t, root, dir+"die_cpus_list", cpus.String()+"\n")
+			}
+		}
+	}
+	h := discoverAt(t, root, WithoutNames())
+	if len(h.Dies) != len(wants) {
+		t.Fatalf("dies %+v, want %+v", h.Dies, wants)
+	}
+	for i, w := range wants {
+		if d := h.Dies[i]; d.Socket != w.socket || d.ID != w.id || !d.CPUs.Equal(w.cpus) {
+			t.Errorf("die %d = %+v, want %+v", i, d, w)
+		}
+	}
+	// Only die_cpus_list (no mask, no die_id): same dies, ID -1.
+	for _, c := range h0.OnlineCPUs.List() {
+		dir := filepath.Join(root, "/sys/devices/system/cpu/cpu"+itoa(c)+"/topology/")
+		for _, f := range []string{"die_id", "die_cpus"} {
+			if err := os.Remove(filepath.Join(dir, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h = discoverAt(t, root, WithoutNames())
+	if len(h.Dies) != len(wants) || h.Dies[1].ID != -1 || !h.Dies[1].CPUs.Equal(wants[1].cpus) && !h.Dies[1].CPUs.Equal(wants[0].cpus) {
+		t.Fatalf("die_cpus_list only: dies %+v", h.Dies)
+	}
+	// The CPUs of one die without die files: in no die, one warning
+	// naming them (a single such CPU stays in the die its siblings name).
+	for _, c := range wants[0].cpus.List() {
+		if err := os.Remove(filepath.Join(root, "/sys/devices/system/cpu/cpu"+itoa(c)+"/topology/die_cpus_list")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h = discoverAt(t, root, WithoutNames())
+	if len(h.Dies) != len(wants)-1 || h.Dies[0].CPUs.Intersects(wants[0].cpus) || !hasWarning(h, "die_id} missing; CPU in no die: CPUs "+wants[0].cpus.String()) {
+		t.Fatalf("dies %+v, warnings %q", h.Dies, h.Warnings)
+	}
+	// die_id -1 everywhere (arm64 writes die_cpus = the CPU alone): no dies.
+	for _, c := range h0.OnlineCPUs.List() {
+		dir := "/sys/devices/system/cpu/cpu" + itoa(c) + "/topology/"
+		writeFile(t, root, dir+"die_id", "-1\n")
+		writeFile(t, root, dir+"die_cpus_list", itoa(c)+"\n")
+	}
+	if h = discoverAt(t, root, WithoutNames()); len(h.Dies) != 0 || hasWarning(h, "no die") {
+		t.Fatalf("die_id -1: dies %+v, warnings %q", h.Dies, h.Warnings)
+	}
+	// No die files at all (kernels before 5.3): no dies, no warning.
+	for _, c := range h0.OnlineCPUs.List() {
+		dir := filepath.Join(root, "/sys/devices/system/cpu/cpu"+itoa(c)+"/topology/")
+		for _, f := range []string{"die_id", "die_cpus_list"} {
+			if err := os.Remove(filepath.Join(dir, f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if h = discoverAt(t, root, WithoutNames()); len(h.Dies) != 0 || hasWarning(h, "no die") {
+		t.Fatalf("no die files: dies %+v, warnings %q", h.Dies, h.Warnings)
+	}
+}
+
+// A CPU-less node without initiators is local to the strictly nearest
+// node by SLIT distance (as hwloc places KNL's MCDRAM nodes); with every
+// other node equally near it stays unplaced.
+func TestDiscoverCPULessNodeByDistance(t *testing.T) {
+	root := writeSimhost(t, simhost.WithCoresPerSocket(4))
+	n2 := "/sys/devices/system/node/node2"
+	writeFile(t, root, n2+"/cpulist", "\n")
+	writeFile(t, root, n2+"/cpumap", "00000000\n")
+	writeFile(t, root, n2+"/meminfo", "Node 2 MemTotal: 1048576 kB\n")
+	writeFile(t, root, n2+"/distance", "31 21 10\n")
+	writeFile(t, root, "/sys/devices/system/node/node0/distance", "10 21 31\n")
+	writeFile(t, root, "/sys/devices/system/node/node1/distance", "21 10 21\n")
+	h := discoverAt(t, root, WithoutNames())
+	if len(h.Nodes) != 3 || !h.Nodes[2].Initiators.Equal(h.Nodes[1].CPUs) {
+		t.Fatalf("nodes %+v", h.Nodes)
+	}
+	writeFile(t, root, n2+"/distance", "21 21 10\n")
+	if h = discoverAt(t, root, WithoutNames()); !h.Nodes[2].Initiators.IsEmpty() {
+		t.Fatalf("equidistant: node 2 initiators %s, want none", h.Nodes[2].Initiators)
+	}
+}

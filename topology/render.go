@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 )
 
-// WriteTree writes a readable tree of h: sockets → NUMA nodes → L3 groups
-// → cores, then the PCIe tree per host bridge with accelerators and NICs
+// WriteTree writes a readable tree of h: sockets (with their dies, where
+// the kernel reports dies) → NUMA nodes → L3 groups → cores, then the PCIe tree per host bridge with accelerators and NICs
 // marked, then the discovery warnings.
 func WriteTree(w io.Writer, h *Host) error {
 	ew := &errWriter{w: w}
@@ -23,6 +23,11 @@ func WriteTree(w io.Writer, h *Host) error {
 	ew.printf("\n")
 	for _, s := range h.Sockets {
 		ew.printf("Socket %d  cpus %s\n", s.ID, s.CPUs)
+		for _, d := range h.Dies {
+			if d.Socket == s.ID {
+				ew.printf("  Die %d  cpus %s\n", d.ID, d.CPUs)
+			}
+		}
 		for _, id := range s.Nodes {
 			writeNode(ew, h, h.Node(id), "  ")
 		}

@@ -54,7 +54,7 @@ func TestWriteTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"Socket 0", "Socket 1", "NUMA node 0", "NUMA node 1", "offline 5", "Memory-only", "NUMA node 2", "1.0 GiB", "L3 #0", "Warnings"} {
+	for _, want := range []string{"Socket 0", "Socket 1", "  Die 0  cpus ", "NUMA node 0", "NUMA node 1", "offline 5", "Memory-only", "NUMA node 2", "1.0 GiB", "L3 #0", "Warnings"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("tree lacks %q", want)
 		}
