@@ -84,8 +84,9 @@ type Node struct {
 	CPUs CPUSet `json:"cpus"`
 	// Initiators, for a CPU-less node, are the online CPUs of the nodes
 	// listed as its initiators (the CPUs with the best access to
-	// this memory; access1/initiators, else access0); empty when the
-	// kernel does not say.
+	// this memory; access1/initiators, else access0), else those of the
+	// nodes strictly nearest by SLIT distance (as hwloc); empty when
+	// neither says.
 	Initiators CPUSet `json:"initiators,omitzero"`
 	// MemoryBytes is MemTotal from the node's own meminfo
 	// (/sys/devices/system/node/nodeN/meminfo): the memory the kernel can
