@@ -316,7 +316,9 @@ func waitReady(t *testing.T, c *api.Client, ready bool, within time.Duration) {
 func TestChaosStateDirFull(t *testing.T) {
 	dir := publicTempDir(t)
 	state := tmpfsStateDir(t, dir, "48m")
-	d := newDaemon(t, dir, "")
+	// The first job's record must be larger than a full store's free
+	// pages (400 KB of env), past the default per-spec cap.
+	d := newDaemon(t, dir, "limits: {max_spec_bytes: 1Mi}\n")
 	d.start()
 	c := d.client()
 	gate := filepath.Join(dir, "gate")
