@@ -407,21 +407,27 @@ func lookupGroup(name string) (uint32, error) {
 	return uint32(gid), nil
 }
 
-// listen opens the API socket: it refuses to take over a socket another
-// daemon is serving, removes a stale one, and sets the socket's group and
-// mode before anyone can connect to it.
+// listen opens the API socket (see listenUnix).
 func listen(cfg Config) (net.Listener, error) {
+	return listenUnix(cfg, cfg.Socket)
+}
+
+// listenUnix opens a Unix socket at path the way the API's is made: it
+// refuses to take over a socket another process is serving, removes a
+// stale one, and sets the socket's group (socket_group) and mode
+// (socket_mode) before anyone can connect to it.
+func listenUnix(cfg Config, path string) (net.Listener, error) {
 	mode, _ := cfg.Mode()
-	if err := os.MkdirAll(filepath.Dir(cfg.Socket), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("socket directory: %w", err)
 	}
-	if _, err := os.Lstat(cfg.Socket); err == nil {
-		if c, err := net.DialTimeout("unix", cfg.Socket, time.Second); err == nil {
+	if _, err := os.Lstat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 			c.Close()
-			return nil, fmt.Errorf("another fusiond is already serving %s", cfg.Socket)
+			return nil, fmt.Errorf("another fusiond is already serving %s", path)
 		}
-		if err := os.Remove(cfg.Socket); err != nil {
-			return nil, fmt.Errorf("removing stale socket: %w", err)
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
 		}
 	}
 	gid := -1
@@ -435,20 +441,20 @@ func listen(cfg Config) (net.Listener, error) {
 	// Create the socket with no access for anyone but its owner, then
 	// widen it once the group is right.
 	old := unix.Umask(0o177)
-	ln, err := net.Listen("unix", cfg.Socket)
+	ln, err := net.Listen("unix", path)
 	unix.Umask(old)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", cfg.Socket, err)
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	if gid >= 0 {
-		if err := os.Chown(cfg.Socket, -1, gid); err != nil {
+		if err := os.Chown(path, -1, gid); err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("socket group: %w", err)
+			return nil, fmt.Errorf("socket group of %s: %w", path, err)
 		}
 	}
-	if err := os.Chmod(cfg.Socket, mode); err != nil {
+	if err := os.Chmod(path, mode); err != nil {
 		ln.Close()
-		return nil, fmt.Errorf("socket mode: %w", err)
+		return nil, fmt.Errorf("socket mode of %s: %w", path, err)
 	}
 	return ln, nil
 }

@@ -70,19 +70,20 @@ func jobCgroups(cfg Config, log *slog.Logger) (*cgroups.Manager, error) {
 // when the devices are simulated (their topology is the simulated host's,
 // but jobs run on this machine's CPUs) or the hardware has none.
 func hostCores(ctx context.Context, h *hardware.Host) (func() []cgroups.Core, error) {
-	if t := h.Topology(); t != nil && h.Simulated() == "" {
-		if len(cgroups.CoresOf(t)) == 0 {
-			return nil, fmt.Errorf("host cores: the topology model has no cores")
+	t := h.Topology()
+	live := t != nil && h.Simulated() == ""
+	if !live {
+		var err error
+		if t, err = topology.Discover(ctx); err != nil {
+			return nil, fmt.Errorf("host cores: %w", err)
 		}
-		return func() []cgroups.Core { return cgroups.CoresOf(h.Topology()) }, nil
-	}
-	t, err := topology.Discover(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("host cores: %w", err)
 	}
 	cores := cgroups.CoresOf(t)
 	if len(cores) == 0 {
 		return nil, fmt.Errorf("host cores: the topology model has no cores")
+	}
+	if live {
+		return func() []cgroups.Core { return cgroups.CoresOf(h.Topology()) }, nil
 	}
 	return func() []cgroups.Core { return cores }, nil
 }

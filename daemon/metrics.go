@@ -6,12 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"sync/atomic"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
@@ -77,9 +72,8 @@ func qosMetrics(loop *atomic.Pointer[qos.Loop]) func() metrics.QoS {
 	}
 }
 
-// listenMetrics opens the metrics listener. A Unix socket is made like
-// the API's: a live one is not taken over, a stale one is removed, and it
-// is created owner-only, then given the API socket's group and mode.
+// listenMetrics opens the metrics listener: a TCP address, or a Unix
+// socket made like the API's (listenUnix).
 func listenMetrics(cfg Config, network, addr string) (net.Listener, error) {
 	if network == "tcp" {
 		ln, err := net.Listen("tcp", addr)
@@ -88,39 +82,9 @@ func listenMetrics(cfg Config, network, addr string) (net.Listener, error) {
 		}
 		return ln, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(addr), 0o755); err != nil {
-		return nil, fmt.Errorf("metrics socket directory: %w", err)
-	}
-	if _, err := os.Lstat(addr); err == nil {
-		if c, err := net.DialTimeout("unix", addr, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("metrics.listen: another process is already serving %s", addr)
-		}
-		if err := os.Remove(addr); err != nil {
-			return nil, fmt.Errorf("metrics.listen: removing stale socket: %w", err)
-		}
-	}
-	old := unix.Umask(0o177)
-	ln, err := net.Listen("unix", addr)
-	unix.Umask(old)
+	ln, err := listenUnix(cfg, addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics.listen: %w", err)
-	}
-	if cfg.SocketGroup != "" {
-		gid, err := lookupGroup(cfg.SocketGroup)
-		if err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("socket_group: %w", err)
-		}
-		if err := os.Chown(addr, -1, int(gid)); err != nil {
-			ln.Close()
-			return nil, fmt.Errorf("metrics socket group: %w", err)
-		}
-	}
-	mode, _ := cfg.Mode()
-	if err := os.Chmod(addr, mode); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("metrics socket mode: %w", err)
 	}
 	return ln, nil
 }
