@@ -61,16 +61,18 @@ func lookPath(name string, env []string) (string, error) {
 	return "", fmt.Errorf("command %q not found in the job's PATH (%s)", name, pathVar)
 }
 
-// reapByEnv kills the processes that carry the job's FUSIOND_JOB_ID in
-// their environment and, when the leader's pid was recorded, belong to its
-// process group (pgid = pid), so a recycled pid never gets an unrelated
-// process killed.
-func reapByEnv(procRoot, jobID string, pid int) (int, error) {
+// reapByEnv kills the processes that carry the job's FUSIOND_JOB_ID and
+// the runner's marker (its jobs directory) in their environment and, when
+// the leader's pid was recorded, belong to its process group (pgid = pid),
+// so neither a recycled pid nor another daemon's job of the same ID gets
+// an unrelated process killed.
+func reapByEnv(procRoot, jobID, marker string, pid int) (int, error) {
 	entries, err := os.ReadDir(procRoot)
 	if err != nil {
 		return 0, fmt.Errorf("scan processes: %w", err)
 	}
-	marker := []byte("\x00FUSIOND_JOB_ID=" + jobID + "\x00")
+	idEntry := []byte("\x00FUSIOND_JOB_ID=" + jobID + "\x00")
+	markerEntry := []byte("\x00" + marker + "\x00")
 	killed := 0
 	for _, e := range entries {
 		p, err := strconv.Atoi(e.Name())
@@ -83,7 +85,8 @@ func reapByEnv(procRoot, jobID string, pid int) (int, error) {
 			}
 		}
 		environ, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "environ"))
-		if err != nil || !bytes.Contains(append(append([]byte{0}, environ...), 0), marker) {
+		environ = append(append([]byte{0}, environ...), 0)
+		if err != nil || !bytes.Contains(environ, idEntry) || !bytes.Contains(environ, markerEntry) {
 			continue
 		}
 		if err := syscall.Kill(p, syscall.SIGKILL); err == nil {

@@ -171,7 +171,7 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 	// would tell a user which files exist in directories they cannot
 	// search.
 	path := req.Command[0]
-	env := slices.Clone(req.Env)
+	env := append(slices.Clone(req.Env), r.jobsDirMarker())
 	for _, k := range slices.Sorted(maps.Keys(req.DeviceEnv)) {
 		env = append(env, k+"="+req.DeviceEnv[k])
 	}
@@ -397,12 +397,12 @@ func monitorAlive(dir string) (bool, error) {
 func (r *MonitorRunner) Reap(jobID string, pid int) (int, error) {
 	killed := r.killMonitors(jobID)
 	if r.cfg.Cgroups == nil {
-		n, err := reapByEnv(r.cfg.ProcRoot, jobID, pid)
+		n, err := reapByEnv(r.cfg.ProcRoot, jobID, r.jobsDirMarker(), pid)
 		return killed + n, err
 	}
 	cg, err := r.cfg.Cgroups.Load(jobID)
 	if errors.Is(err, cgroups.ErrNotFound) {
-		n, err := reapByEnv(r.cfg.ProcRoot, jobID, pid)
+		n, err := reapByEnv(r.cfg.ProcRoot, jobID, r.jobsDirMarker(), pid)
 		return killed + n, err
 	}
 	if err != nil {
@@ -413,6 +413,14 @@ func (r *MonitorRunner) Reap(jobID string, pid int) (int, error) {
 		return killed, err
 	}
 	return killed + len(pids), cg.Delete()
+}
+
+// jobsDirMarker is the environment entry every job this runner starts
+// carries besides FUSIOND_JOB_ID: job IDs repeat across daemons (on one
+// host in tests, or after a state directory is replaced), and a reap by
+// environment must never kill another daemon's job of the same ID.
+func (r *MonitorRunner) jobsDirMarker() string {
+	return "FUSIOND_JOBS_DIR=" + r.cfg.JobsDir
 }
 
 // killMonitors SIGKILLs the live monitors of a job's attempts and says how
