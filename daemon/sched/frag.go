@@ -2,9 +2,29 @@ package sched
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strings"
 )
+
+// fragmentation is the Weighted policy's fragmentation dimension s_d for
+// req on n (in [0,1], higher is better) and the GPU it chose for a shared
+// request (-1: none chosen). With a shape model it is lexicographic: FGD's
+// measure on its coarse 0..100 scale first, then, among options within one
+// step, the multi-copy (capacity) measure; without one, how much of the
+// node's GPU share (CPU for CPU-only nodes) the request leaves free.
+func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
+	switch {
+	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0):
+		e := p.fs.gain(req, n, idx)
+		c := p.fsCap.gain(req, n, idx)
+		return (math.Trunc(e.sig*maxScore) + c.sig) / (maxScore + 1), e.gpu
+	case len(n.GPUs) > 0:
+		return 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU), -1
+	default:
+		return 1 - float64(n.CPUFreeMilli-req.CPUMilli)/float64(max(n.CPUMilli, 1)), -1
+	}
+}
 
 // Shape is a typical request shape and its popularity P (the shapes of a
 // FragModel sum to 1).

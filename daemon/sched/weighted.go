@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"math"
 	"math/rand/v2"
 )
 
@@ -71,19 +70,9 @@ func (*Weighted) Name() string { return "fusiond" }
 // shared GPU chosen.
 func (p *Weighted) Dimensions(req *Request, n *Node, idx int) ([NumDims]float64, int) {
 	var s [NumDims]float64
-	gpu := -1
 	// Fragmentation first: it also chooses the shared GPU.
-	switch {
-	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0):
-		e := p.fs.gain(req, n, idx)
-		c := p.fsCap.gain(req, n, idx)
-		gpu = e.gpu
-		s[DimFragmentation] = (math.Trunc(e.sig*maxScore) + c.sig) / (maxScore + 1)
-	case len(n.GPUs) > 0:
-		s[DimFragmentation] = 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU)
-	default:
-		s[DimFragmentation] = 1 - float64(n.CPUFreeMilli-req.CPUMilli)/float64(max(n.CPUMilli, 1))
-	}
+	var gpu int
+	s[DimFragmentation], gpu = p.fragmentation(req, n, idx)
 	var gpus []int
 	var mig *MIGPick
 	loc := 1.0
