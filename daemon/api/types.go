@@ -154,7 +154,9 @@ type Restart struct {
 // State is a job's lifecycle state.
 type State string
 
-// Job states. Terminal states are succeeded, failed, cancelled and lost.
+// Job states. Terminal states are succeeded, failed, cancelled, lost and
+// preempted (evicted for a job of a higher tier, with restart policy
+// never; with on-failure a preempted job is queued again instead).
 const (
 	StatePending   State = "pending"
 	StatePlaced    State = "placed"
@@ -164,15 +166,16 @@ const (
 	StateFailed    State = "failed"
 	StateCancelled State = "cancelled"
 	StateLost      State = "lost"
+	StatePreempted State = "preempted"
 )
 
 // States lists every state in lifecycle order.
-var States = []State{StatePending, StatePlaced, StateStarting, StateRunning, StateSucceeded, StateFailed, StateCancelled, StateLost}
+var States = []State{StatePending, StatePlaced, StateStarting, StateRunning, StateSucceeded, StateFailed, StateCancelled, StateLost, StatePreempted}
 
 // Terminal reports whether no transition leaves s.
 func (s State) Terminal() bool {
 	switch s {
-	case StateSucceeded, StateFailed, StateCancelled, StateLost:
+	case StateSucceeded, StateFailed, StateCancelled, StateLost, StatePreempted:
 		return true
 	}
 	return false
@@ -197,14 +200,19 @@ type Job struct {
 	State  State  `json:"state"`
 	Reason string `json:"reason,omitempty"`
 	// Attempt counts starts (1 for the first run).
-	Attempt    int         `json:"attempt,omitempty"`
-	Allocation *Allocation `json:"allocation,omitempty"`
-	Exit       *ExitStatus `json:"exit,omitempty"`
-	PID        int         `json:"pid,omitempty"`
-	Events     []Event     `json:"events"`
-	CreatedAt  time.Time   `json:"created_at"`
-	StartedAt  *time.Time  `json:"started_at,omitempty"`
-	FinishedAt *time.Time  `json:"finished_at,omitempty"`
+	Attempt int `json:"attempt,omitempty"`
+	// PreemptedBy is the job that last preempted this one (evicted it to
+	// make room); Preemptions counts how often it was preempted. Starts
+	// after a preemption do not count as on-failure retries.
+	PreemptedBy string      `json:"preempted_by,omitempty"`
+	Preemptions int         `json:"preemptions,omitempty"`
+	Allocation  *Allocation `json:"allocation,omitempty"`
+	Exit        *ExitStatus `json:"exit,omitempty"`
+	PID         int         `json:"pid,omitempty"`
+	Events      []Event     `json:"events"`
+	CreatedAt   time.Time   `json:"created_at"`
+	StartedAt   *time.Time  `json:"started_at,omitempty"`
+	FinishedAt  *time.Time  `json:"finished_at,omitempty"`
 	// Version increases with every change to the record.
 	Version uint64 `json:"version"`
 

@@ -41,55 +41,6 @@ func TestPropertyGangAllOrNothing(t *testing.T) {
 	}
 }
 
-func TestReservations(t *testing.T) {
-	nodes := []*Node{NewNode("a", 8000, 8192, 2, "T4")}
-	e := NewEngine(Options{Seed: 1})
-	var rs Reservations
-	gang := []Request{{ID: "w0", CPUMilli: 1000, GPUs: 1, GPUMilli: 1000}, {ID: "w1", CPUMilli: 1000, GPUs: 1, GPUMilli: 1000}}
-	if err := rs.Reserve("g1", gang, 10, 5, e, nodes); err != nil {
-		t.Fatal(err)
-	}
-	if nodes[0].FullyFreeGPUs() != 0 {
-		t.Fatal("reservation does not hold the GPUs")
-	}
-	// A second gang cannot get a partial hold.
-	if err := rs.Reserve("g2", gang[:1], 11, 5, e, nodes); err == nil {
-		t.Fatal("second gang reserved on a full node")
-	}
-	if _, err := rs.Commit("g1", 16, e, nodes); !errors.Is(err, ErrReservationExpired) {
-		t.Fatalf("late commit: %v", err)
-	}
-	if nodes[0].FullyFreeGPUs() != 2 {
-		t.Fatal("expired reservation not released")
-	}
-	if err := rs.Reserve("g3", gang, 20, 5, e, nodes); err != nil {
-		t.Fatal(err)
-	}
-	a, err := rs.Commit("g3", 25, e, nodes)
-	if err != nil || len(a) != 2 {
-		t.Fatalf("commit in time: %v %v", a, err)
-	}
-	if _, err := rs.Commit("g3", 25, e, nodes); !errors.Is(err, ErrUnknownReservation) {
-		t.Fatalf("double commit: %v", err)
-	}
-	if err := rs.Reserve("g4", gang[:1], 30, 1, nil, nil); err == nil {
-		t.Fatal("reserve without nodes succeeded")
-	}
-}
-
-func TestReservationExpire(t *testing.T) {
-	nodes := []*Node{NewNode("a", 8000, 8192, 2, "T4")}
-	e := NewEngine(Options{Seed: 1})
-	var rs Reservations
-	_ = rs.Reserve("x", []Request{{ID: "x0", GPUs: 2, GPUMilli: 1000}}, 0, 3, e, nodes)
-	if ids := rs.Expire(3, e, nodes); len(ids) != 0 {
-		t.Fatalf("expired early: %v", ids)
-	}
-	if ids := rs.Expire(4, e, nodes); !slices.Equal(ids, []string{"x"}) || nodes[0].FullyFreeGPUs() != 2 {
-		t.Fatalf("expire: %v, free %d", ids, nodes[0].FullyFreeGPUs())
-	}
-}
-
 // Property: with aging, a low-priority large job is eventually placed even
 // under a steady stream of higher-priority small jobs.
 func TestPropertyNoStarvation(t *testing.T) {

@@ -17,10 +17,6 @@ var (
 	ErrInvalidRequest = errors.New("sched: invalid request")
 	// ErrDoesNotFit means an assignment no longer fits the node it targets.
 	ErrDoesNotFit = errors.New("sched: assignment does not fit node")
-	// ErrReservationExpired means a gang reservation timed out before commit.
-	ErrReservationExpired = errors.New("sched: reservation expired")
-	// ErrUnknownReservation means a commit or release named no live reservation.
-	ErrUnknownReservation = errors.New("sched: unknown reservation")
 )
 
 // Class is the kind of work a job is; it selects the default QoS tier and

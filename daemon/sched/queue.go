@@ -7,9 +7,11 @@ import (
 	"slices"
 )
 
-// Queue holds jobs waiting for placement. Order is effective priority
-// (priority plus Aging per unit of logical time waited, so nothing
-// starves), then arrival, then ID. Schedule places in that order; when the
+// Queue holds jobs waiting for placement, in the order CompareQueued
+// defines (effective priority: priority plus Aging per unit of logical
+// time waited, so nothing starves; then arrival; then ID). The daemon's
+// queue orders its pending jobs with the same CompareQueued. Schedule
+// places in that order; when the
 // head job does not fit it gets a reservation (EASY backfill): the node
 // that could hold it and has the most free GPU share is kept from later
 // jobs, which are placed elsewhere if they fit now (backfill), so they
@@ -51,25 +53,40 @@ func (q *Queue) Push(req Request, now int64) {
 // Len is the number of waiting jobs.
 func (q *Queue) Len() int { return len(q.jobs) }
 
-// Remove drops a waiting job by ID and reports whether it was queued.
-func (q *Queue) Remove(id string) bool {
-	for i, j := range q.jobs {
-		if j.req.ID == id {
-			q.jobs = slices.Delete(q.jobs, i, i+1)
-			return true
-		}
-	}
-	return false
+// Queued is what ordering a waiting job needs: its priority, when it was
+// queued (logical time) and a tie-breaker (its ID, or any key that sorts
+// the way IDs should).
+type Queued struct {
+	Priority int
+	Enqueued int64
+	Tie      string
 }
 
-// Effective is a job's priority at time now.
-func (q *Queue) effective(j *waitingJob, now int64) float64 {
-	return float64(j.req.Priority) + q.Aging*float64(max(0, now-j.enqueued))
+// Effective is a waiting job's priority at time now: its priority plus
+// aging per unit of time waited.
+func Effective(q Queued, now int64, aging float64) float64 {
+	return float64(q.Priority) + aging*float64(max(0, now-q.Enqueued))
+}
+
+// CompareQueued orders two waiting jobs at time now: higher effective
+// priority first, then earlier arrival, then Tie. It is the one ordering
+// rule of every queue (the simulator's Queue, the daemon's). With one
+// aging rate for all, two jobs that both wait age alike, so their order
+// never changes while they wait: it is the order of Priority −
+// aging·Enqueued. A job therefore stays behind only the jobs that were
+// queued before it or arrived less than (their priority − its
+// priority)/aging after it, a finite set when aging > 0.
+func CompareQueued(a, b Queued, now int64, aging float64) int {
+	return cmp.Or(cmp.Compare(Effective(b, now, aging), Effective(a, now, aging)), cmp.Compare(a.Enqueued, b.Enqueued), cmp.Compare(a.Tie, b.Tie))
+}
+
+func (j *waitingJob) queued() Queued {
+	return Queued{Priority: j.req.Priority, Enqueued: j.enqueued, Tie: j.req.ID}
 }
 
 func (q *Queue) order(now int64) {
 	slices.SortStableFunc(q.jobs, func(a, b *waitingJob) int {
-		return cmp.Or(cmp.Compare(q.effective(b, now), q.effective(a, now)), cmp.Compare(a.enqueued, b.enqueued), cmp.Compare(a.req.ID, b.req.ID))
+		return CompareQueued(a.queued(), b.queued(), now, q.Aging)
 	})
 }
 
@@ -123,7 +140,8 @@ func reasonText(err error, d *Decision, req *Request) string {
 	return d.WaitReason()
 }
 
-// String renders the wait for `fusionctl show JOB`, e.g.
+// String renders the wait for `fusionctl show JOB` (the daemon's queue
+// writes every waiting job's reason with it), e.g.
 // "waiting: no GPU with a free 1g.18gb; 3 jobs ahead".
 func (w Waiting) String() string {
 	s := "waiting: " + w.Reason
@@ -155,4 +173,54 @@ func reserveFor(req *Request, nodes []*Node) int {
 		}
 	}
 	return best
+}
+
+// BackfillAllowed is the daemon's EASY-backfill rule on one node, where
+// the head job's reservation is resources, not a node: a job behind the
+// head may start (after is the node with it applied) only if, in every
+// resource it takes, what the head needs of that resource still fits on
+// after. The resources are CPU (shared and exclusive cores), memory, GPUs
+// (whole, shares and MIG, with the head's GPU model and topology rule)
+// and FPGA regions. Resources a backfilled job does not take are as they
+// would be without it, and in those it does take the head's need stays
+// free whatever ends when, so without runtimes backfill never delays the
+// head: it starts as soon as it would have with no backfill. (The one
+// exception is a rule across resources — exclusive cores on the NUMA
+// node of the GPUs — which each resource alone does not see.)
+func BackfillAllowed(head, cand *Request, after *Node) bool {
+	for _, d := range dimensions {
+		if d.uses(cand) && d.uses(head) && Filter(d.project(head), after) != Fits {
+			return false
+		}
+	}
+	return true
+}
+
+type dimension struct {
+	uses    func(*Request) bool
+	project func(*Request) *Request
+}
+
+var dimensions = [...]dimension{
+	{ // CPU: shared millicores and exclusive cores both draw on it
+		uses: func(r *Request) bool { return r.CPUMilli > 0 || r.ExclusiveCores > 0 },
+		project: func(r *Request) *Request {
+			return &Request{ID: r.ID, CPUMilli: r.CPUMilli, ExclusiveCores: r.ExclusiveCores}
+		},
+	},
+	{
+		uses:    func(r *Request) bool { return r.MemMiB > 0 },
+		project: func(r *Request) *Request { return &Request{ID: r.ID, MemMiB: r.MemMiB} },
+	},
+	{ // GPUs: whole, shared, MIG
+		uses: func(r *Request) bool { return r.GPUs > 0 || r.MIGProfile != "" },
+		project: func(r *Request) *Request {
+			return &Request{ID: r.ID, GPUs: r.GPUs, GPUMilli: r.GPUMilli, GPUMemMiB: r.GPUMemMiB, MIGProfile: r.MIGProfile,
+				MIGSlices: r.MIGSlices, GPUModels: r.GPUModels, Topology: r.Topology}
+		},
+	},
+	{
+		uses:    func(r *Request) bool { return r.Bitstream != "" },
+		project: func(r *Request) *Request { return &Request{ID: r.ID, Bitstream: r.Bitstream} },
+	},
 }

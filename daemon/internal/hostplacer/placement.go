@@ -585,6 +585,14 @@ func unsatisfiable(field, format string, args ...any) *api.Error {
 func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.place(group, nil)
+}
+
+// place is Place with a guard (nil: none) that may still refuse the
+// engine's assignments once they are committed to the node; refused, they
+// are released again and the guard's reason returned. The caller holds
+// p.mu.
+func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string) ([]api.Allocation, string, bool) {
 	reqs := make([]sched.Request, len(group))
 	for i, j := range group {
 		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
@@ -612,6 +620,14 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 		assigns = as
 		for range as {
 			explain = append(explain, fmt.Sprintf("gang of %d placed together", len(as)))
+		}
+	}
+	if guard != nil {
+		if why := guard(reqs); why != "" {
+			for k := range reqs {
+				p.eng.Release(&reqs[k], &assigns[k], nodes)
+			}
+			return nil, why, false
 		}
 	}
 	// The engine chose how many exclusive cores on which NUMA node; take

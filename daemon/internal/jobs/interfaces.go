@@ -107,3 +107,25 @@ type Preparer interface {
 	Prepare(ctx context.Context, j *api.Job) (devices.Grant, error)
 	Release(j *api.Job)
 }
+
+// Backfiller is a Placer that can keep room for the head of the queue
+// (EASY backfill on one host, see queue.go). The daemon's placer is one;
+// with a Placer that is not, every job is simply tried in order.
+type Backfiller interface {
+	// PlaceBehind is Place for a group behind head, the first waiting job
+	// (or gang), which holds a reservation: it places group only where
+	// that leaves what head needs, and otherwise says why not.
+	PlaceBehind(group, head []*api.Job) ([]api.Allocation, string, bool)
+	// FitsEmpty reports whether group would fit on the host with nothing
+	// else placed.
+	FitsEmpty(group []*api.Job) bool
+}
+
+// Preempter is a Placer that can plan preemptions (see preempt.go).
+type Preempter interface {
+	// PlanPreemption names the jobs to evict, among those in costs (the
+	// allowed victims, with what evicting each loses), so that j fits: at
+	// most budget, only of tiers below j's, fewest then cheapest. It
+	// changes nothing.
+	PlanPreemption(j *api.Job, costs map[string]float64, budget int) ([]string, error)
+}

@@ -53,6 +53,8 @@ type Config struct {
 	// Observer is told of submissions, transitions and placement
 	// decisions (optional).
 	Observer Observer
+	// Queue tunes the queue's aging, gangs and preemption.
+	Queue QueueConfig
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -92,6 +94,9 @@ type Manager struct {
 	// finished: retention by age measures from it, never from the
 	// recorded (wall-clock) FinishedAt.
 	finished map[string]time.Time
+
+	// queue is the queue's and preemption's memory (queue.go).
+	queue queueState
 
 	kick     chan struct{}
 	wg       sync.WaitGroup

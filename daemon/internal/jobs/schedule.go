@@ -1,119 +1,20 @@
 package jobs
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices"
 )
-
-// schedule runs one pass over the queue: pending jobs in priority order
-// (then oldest first); gangs wait until all members are pending and are
-// placed all-or-nothing.
-func (m *Manager) schedule() {
-	m.mu.Lock()
-	if m.cordoned {
-		m.mu.Unlock()
-		return
-	}
-	var pending []*api.Job
-	active := map[uint32]int{}
-	for _, j := range m.jobs {
-		switch j.State {
-		case api.StatePending:
-			pending = append(pending, j)
-		case api.StatePlaced, api.StateStarting, api.StateRunning:
-			active[j.Owner.UID]++
-		}
-	}
-	var blocked string
-	for _, id := range slices.Sorted(maps.Keys(m.unreserved)) {
-		blocked = fmt.Sprintf("waiting: re-attached job %s holds resources that could not be reserved again (%s); nothing is placed until it ends", id, m.unreserved[id])
-		break
-	}
-	m.mu.Unlock()
-	if blocked != "" {
-		m.setWaiting(pending, blocked)
-		return
-	}
-	slices.SortFunc(pending, func(a, b *api.Job) int {
-		if c := cmp.Compare(b.Spec.Priority, a.Spec.Priority); c != 0 {
-			return c
-		}
-		return cmp.Compare(idNum(a.ID), idNum(b.ID))
-	})
-
-	gangs := map[string][]*api.Job{}
-	for _, j := range pending {
-		if g := j.Spec.Gang; g != nil {
-			key := gangKey(j)
-			gangs[key] = append(gangs[key], j)
-		}
-	}
-	done := map[string]bool{}
-	ahead := 0
-	for _, j := range pending {
-		group := []*api.Job{j}
-		if g := j.Spec.Gang; g != nil {
-			key := gangKey(j)
-			if done[key] {
-				continue
-			}
-			done[key] = true
-			group = gangs[key]
-			if len(group) < g.Size {
-				m.setWaiting(group, fmt.Sprintf("waiting for gang %q: %d of %d members submitted", g.Name, len(group), g.Size))
-				continue
-			}
-			group = group[:g.Size]
-		}
-		if uid := j.Owner.UID; m.overRunningLimit(active, uid, len(group)) {
-			m.setWaiting(group, fmt.Sprintf("waiting: %s has %d jobs placed or running, the most allowed (limit %s)",
-				cmp.Or(j.Owner.User, "uid "+strconv.FormatUint(uint64(uid), 10)), active[uid], LimitRunningJobs))
-			continue
-		}
-		decided := time.Now()
-		allocs, why, ok := m.placer.Place(group)
-		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
-		if !ok {
-			switch {
-			case ahead == 1:
-				why += "; 1 job ahead"
-			case ahead > 1:
-				why = fmt.Sprintf("%s; %d jobs ahead", why, ahead)
-			}
-			m.setWaiting(group, "waiting: "+why)
-			ahead += len(group)
-			continue
-		}
-		for i, member := range group {
-			alloc := allocs[i]
-			summary, _, _ := strings.Cut(cmp.Or(alloc.Explain, "resources reserved"), "\n")
-			if err := m.transition(member, api.StatePlaced, "placed: "+summary, func(j *api.Job) {
-				j.Allocation = &alloc
-			}); err != nil {
-				m.release(member)
-				m.log.Error("recording placement", "job", member.ID, "err", err)
-				continue
-			}
-			active[member.Owner.UID]++
-			m.wg.Add(1)
-			go m.launch(member)
-		}
-	}
-}
 
 // gangKey scopes gang names to their owner, so users cannot join each
 // other's gangs.
@@ -283,6 +184,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	cancelled = m.cancels[j.ID]
 	delete(m.cancels, j.ID)
 	m.mu.Unlock()
+	preemptedBy := m.preemptedBy(j.ID)
 	// The end is recorded now or, if the store cannot take it (a full
 	// state filesystem), by the loop once it can: the monitor's result is
 	// not turned into a lost job for want of disk space.
@@ -295,7 +197,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 				return err
 			}
 		}
-		return m.finish(j, exit, usage, werr, cancelled, attempt)
+		return m.finish(j, exit, usage, werr, cancelled, preemptedBy, attempt)
 	}
 	if err := record(); errors.Is(err, errStore) {
 		m.log.Warn("job ended but its end could not be stored; retrying", "job", j.ID, "err", err)
@@ -351,7 +253,7 @@ func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
 	}
 }
 
-func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, attempt int) error {
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, preemptedBy string, attempt int) error {
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
@@ -365,10 +267,14 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		return m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
 	case cancelled:
 		return m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
+	case preemptedBy != "":
+		// Told to stop for a preemption: preempted however it exited.
+		return m.finishPreempted(j, preemptedBy, desc, record)
 	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled:
 		return m.transition(j, api.StateSucceeded, desc, record)
-	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt <= j.Spec.Restart.MaxRetries:
-		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt, j.Spec.Restart.MaxRetries), func(j *api.Job) {
+	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt-j.Preemptions <= j.Spec.Restart.MaxRetries:
+		// Starts after a preemption are not retries.
+		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt-j.Preemptions, j.Spec.Restart.MaxRetries), func(j *api.Job) {
 			e := exit
 			j.Exit = &e
 			j.Usage = usage

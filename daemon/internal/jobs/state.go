@@ -3,7 +3,8 @@
 // and the event stream. Every state change is written to the store before
 // the manager acts on it.
 //
-// It owns the job lifecycle and may import daemon/api, daemon/internal/store,
+// It owns the job lifecycle and may import daemon/api, daemon/sched (the
+// queue's ordering and backfill rule), daemon/internal/store,
 // devices (grants) and the standard library; it talks to placement,
 // device preparation and execution only through the interfaces it defines
 // (Placer, Preparer, Runner).
@@ -20,12 +21,12 @@ import (
 //	pending  → placed | cancelled | failed
 //	placed   → starting | pending (placement dropped) | cancelled
 //	starting → running | failed | cancelled | lost | pending (not started: shutdown)
-//	running  → succeeded | failed | cancelled | lost | pending (restart)
+//	running  → succeeded | failed | cancelled | lost | preempted | pending (restart, or preempted with restart on-failure)
 var transitions = map[api.State][]api.State{
 	api.StatePending:  {api.StatePlaced, api.StateCancelled, api.StateFailed},
 	api.StatePlaced:   {api.StateStarting, api.StatePending, api.StateCancelled},
 	api.StateStarting: {api.StateRunning, api.StateFailed, api.StateCancelled, api.StateLost, api.StatePending},
-	api.StateRunning:  {api.StateSucceeded, api.StateFailed, api.StateCancelled, api.StateLost, api.StatePending},
+	api.StateRunning:  {api.StateSucceeded, api.StateFailed, api.StateCancelled, api.StateLost, api.StatePending, api.StatePreempted},
 }
 
 // CanTransition reports whether the state machine allows from → to.

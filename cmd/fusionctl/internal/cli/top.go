@@ -56,7 +56,7 @@ func fetchFrame(ctx context.Context, c *api.Client) (topFrame, error) {
 	if err != nil {
 		return f, fmt.Errorf("jobs: %w", err)
 	}
-	recent, err := c.List(ctx, api.ListOptions{State: []api.State{api.StateSucceeded, api.StateFailed, api.StateCancelled, api.StateLost}, Limit: topFinished})
+	recent, err := c.List(ctx, api.ListOptions{State: []api.State{api.StateSucceeded, api.StateFailed, api.StateCancelled, api.StateLost, api.StatePreempted}, Limit: topFinished})
 	if err != nil {
 		return f, fmt.Errorf("jobs: %w", err)
 	}

@@ -1,0 +1,235 @@
+package jobs
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/sched"
+)
+
+// QueueConfig tunes the queue and preemption: the daemon's `scheduling`
+// config section (docs/scheduling.md, "Queue" and "Preemption").
+type QueueConfig struct {
+	// AgingPerMinute is the priority a pending job gains per minute it
+	// waits (0: none). Pending jobs are ordered by sched.CompareQueued.
+	AgingPerMinute float64
+	// GangTimeout is how long the members of a gang wait for the rest of
+	// it to be submitted before they fail (0: forever).
+	GangTimeout time.Duration
+	// NoPreemption turns preemption off.
+	NoPreemption bool
+	// MaxEvictions bounds the jobs preempted per PreemptionWindow (8 and
+	// 10 minutes when zero).
+	MaxEvictions     int
+	PreemptionWindow time.Duration
+}
+
+// queueState is the queue's memory between passes; guarded by m.mu.
+type queueState struct {
+	// epoch is when the first pass ran: queue times are milliseconds
+	// since (monotonic).
+	epoch time.Time
+	// queuedAt is when a pass first saw each pending job pending
+	// (monotonic; a restarted daemon starts every job's wait anew).
+	queuedAt map[string]time.Time
+	// preempting maps each job told to stop for a preemption to the job
+	// it makes room for; preemptor is the job the last preemption was
+	// for, tried first while it is pending so what was freed goes to it.
+	preempting map[string]string
+	preemptor  string
+	// evictions are when the jobs of the current window were preempted.
+	evictions []time.Time
+}
+
+// queued is one pending job or a whole gang, in queue order.
+type queued struct {
+	group []*api.Job
+	// gang is set for a gang; complete when every member is pending.
+	gang     *api.Gang
+	members  int
+	queuedAt time.Time
+}
+
+// schedule runs one pass over the queue. Pending jobs are ordered by
+// sched.CompareQueued (priority plus aging, then time queued, then ID);
+// the job the last preemption made room for goes first while it waits.
+// Each job (a gang: all its members, placed all-or-nothing once all are
+// pending) is tried in that order. The first one that does not fit is the
+// head: it holds a reservation (EASY backfill: every job behind it is
+// placed only where it leaves what the head needs, Backfiller.PlaceBehind)
+// and, if it is a single job and preemption is on, may preempt lower-tier
+// jobs (preempt.go).
+func (m *Manager) schedule() {
+	m.mu.Lock()
+	if m.cordoned {
+		m.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	q := &m.queue
+	if q.queuedAt == nil {
+		q.epoch, q.queuedAt, q.preempting = now, map[string]time.Time{}, map[string]string{}
+	}
+	var pending []*api.Job
+	active := map[uint32]int{}
+	for _, j := range m.jobs {
+		switch j.State {
+		case api.StatePending:
+			pending = append(pending, j)
+			if _, ok := q.queuedAt[j.ID]; !ok {
+				q.queuedAt[j.ID] = now
+			}
+		case api.StatePlaced, api.StateStarting, api.StateRunning:
+			active[j.Owner.UID]++
+		}
+	}
+	for id := range q.queuedAt {
+		if j := m.jobs[id]; j == nil || j.State != api.StatePending {
+			delete(q.queuedAt, id)
+		}
+	}
+	if j := m.jobs[q.preemptor]; j == nil || j.State != api.StatePending {
+		q.preemptor = ""
+	}
+	keys := make(map[*api.Job]sched.Queued, len(pending))
+	for _, j := range pending {
+		keys[j] = sched.Queued{Priority: j.Spec.Priority, Enqueued: q.queuedAt[j.ID].Sub(q.epoch).Milliseconds(), Tie: fmt.Sprintf("%020d", idNum(j.ID))}
+	}
+	queuedAt := maps.Clone(q.queuedAt)
+	first := q.preemptor
+	var blocked string
+	for _, id := range slices.Sorted(maps.Keys(m.unreserved)) {
+		blocked = fmt.Sprintf("waiting: re-attached job %s holds resources that could not be reserved again (%s); nothing is placed until it ends", id, m.unreserved[id])
+		break
+	}
+	m.mu.Unlock()
+	if blocked != "" {
+		m.setWaiting(pending, blocked)
+		return
+	}
+	nowMs, rate := now.Sub(m.queue.epoch).Milliseconds(), m.cfg.Queue.AgingPerMinute/60000
+	slices.SortFunc(pending, func(a, b *api.Job) int {
+		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), sched.CompareQueued(keys[a], keys[b], nowMs, rate))
+	})
+
+	backfill, _ := m.placer.(Backfiller)
+	var head []*api.Job
+	ahead := 0
+	for _, e := range groupQueue(pending, queuedAt) {
+		group, j := e.group, e.group[0]
+		if e.gang != nil && len(group) < e.members {
+			if t := m.cfg.Queue.GangTimeout; t > 0 && now.Sub(e.queuedAt) > t {
+				m.failPending(group, fmt.Sprintf("gang %q incomplete: %d of %d members submitted within %s (scheduling.gang_timeout)", e.gang.Name, len(group), e.members, t))
+				continue
+			}
+			m.setWaiting(group, fmt.Sprintf("waiting for gang %q: %d of %d members submitted", e.gang.Name, len(group), e.members))
+			continue
+		}
+		if uid := j.Owner.UID; m.overRunningLimit(active, uid, len(group)) {
+			m.setWaiting(group, fmt.Sprintf("waiting: %s has %d jobs placed or running, the most allowed (limit %s)",
+				cmp.Or(j.Owner.User, "uid "+strconv.FormatUint(uint64(uid), 10)), active[uid], LimitRunningJobs))
+			continue
+		}
+		decided := time.Now()
+		var allocs []api.Allocation
+		var why string
+		var ok bool
+		if head != nil && backfill != nil {
+			allocs, why, ok = backfill.PlaceBehind(group, head)
+		} else {
+			allocs, why, ok = m.placer.Place(group)
+		}
+		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
+		if !ok {
+			w := sched.Waiting{Reason: why, Ahead: ahead}
+			if head == nil && backfill != nil {
+				if len(group) > 1 && !backfill.FitsEmpty(group) {
+					m.failPending(group, fmt.Sprintf("gang %q of %d can never fit on this host together: %s", e.gang.Name, len(group), why))
+					continue
+				}
+				head = group
+				w.Reserved = "room on this host"
+				if len(group) == 1 {
+					if s := m.preempt(j); s != "" {
+						w.Reason += "; " + s
+					}
+				}
+			}
+			m.setWaiting(group, w.String())
+			ahead += len(group)
+			continue
+		}
+		m.mu.Lock()
+		if q.preemptor == j.ID {
+			q.preemptor = ""
+		}
+		m.mu.Unlock()
+		for i, member := range group {
+			alloc := allocs[i]
+			summary, _, _ := strings.Cut(cmp.Or(alloc.Explain, "resources reserved"), "\n")
+			if err := m.transition(member, api.StatePlaced, "placed: "+summary, func(j *api.Job) {
+				j.Allocation = &alloc
+			}); err != nil {
+				m.release(member)
+				m.log.Error("recording placement", "job", member.ID, "err", err)
+				continue
+			}
+			active[member.Owner.UID]++
+			m.wg.Add(1)
+			go m.launch(member)
+		}
+	}
+}
+
+func b32(b bool) int {
+	if b {
+		return 0
+	}
+	return 1
+}
+
+// groupQueue turns ordered pending jobs into the queue's entries: each
+// job alone, or a gang at its first member's place with its members in
+// order (at most its size).
+func groupQueue(pending []*api.Job, queuedAt map[string]time.Time) []queued {
+	var out []queued
+	at := map[string]int{}
+	for _, j := range pending {
+		g := j.Spec.Gang
+		if g == nil {
+			out = append(out, queued{group: []*api.Job{j}, queuedAt: queuedAt[j.ID]})
+			continue
+		}
+		key := gangKey(j)
+		i, ok := at[key]
+		if !ok {
+			at[key] = len(out)
+			out = append(out, queued{gang: g, members: g.Size, queuedAt: queuedAt[j.ID]})
+			i = len(out) - 1
+		}
+		e := &out[i]
+		if len(e.group) < e.members {
+			e.group = append(e.group, j)
+		}
+		if t := queuedAt[j.ID]; t.Before(e.queuedAt) {
+			e.queuedAt = t
+		}
+	}
+	return out
+}
+
+// failPending records queued jobs that can never be placed as failed.
+func (m *Manager) failPending(group []*api.Job, reason string) {
+	for _, j := range group {
+		_ = m.transitionFrom(j, api.StatePending, api.StateFailed, reason, func(j *api.Job) {
+			t := m.now()
+			j.FinishedAt = &t
+		})
+	}
+}
