@@ -186,6 +186,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 			ExemptRoot:   cfg.Limits.ExemptRoot,
 		},
 		Observer: d.metrics,
+		Queue:    cfg.Scheduling.queue(),
 	}, d.store, runner, engine, log)
 	prep.holders = d.mgr
 	if err := d.mgr.Recover(); err != nil {

@@ -29,7 +29,7 @@ func TestTransitions(t *testing.T) {
 		{api.StateStarting, api.StateRunning}: true, {api.StateStarting, api.StateFailed}: true, {api.StateStarting, api.StateCancelled}: true, {api.StateStarting, api.StateLost}: true,
 		{api.StateStarting, api.StatePending}:  true,
 		{api.StateRunning, api.StateSucceeded}: true, {api.StateRunning, api.StateFailed}: true, {api.StateRunning, api.StateCancelled}: true,
-		{api.StateRunning, api.StateLost}: true, {api.StateRunning, api.StatePending}: true,
+		{api.StateRunning, api.StateLost}: true, {api.StateRunning, api.StatePending}: true, {api.StateRunning, api.StatePreempted}: true,
 	}
 	for _, from := range api.States {
 		for _, to := range api.States {
@@ -118,14 +118,15 @@ func TestGangAllOrNothing(t *testing.T) {
 		t.Fatalf("incomplete gang member is %s", j.State)
 	}
 	// The third member makes the gang need 3 CPUs on a 2-CPU host: none is
-	// placed.
+	// placed, and since it could never fit here together, every member
+	// fails saying so.
 	c := submit(t, m, api.JobSpec{Command: []string{"true"}, Gang: gang})
 	waitFor(t, m, c.ID, func(j api.Job) bool {
-		return strings.Contains(j.Reason, "gang of 3 does not fit") && strings.Contains(j.Reason, "insufficient cpu")
+		return strings.Contains(j.Reason, "can never fit on this host together") && strings.Contains(j.Reason, "insufficient cpu")
 	})
 	for _, id := range []string{a.ID, b.ID, c.ID} {
-		if j, _ := m.Get(context.Background(), root, id); j.State != api.StatePending {
-			t.Errorf("member %s is %s: a gang that does not fit must place nobody", id, j.State)
+		if j, _ := m.Get(context.Background(), root, id); j.State != api.StateFailed || j.Allocation != nil || j.Attempt != 0 {
+			t.Errorf("member %s is %s (attempt %d): a gang that can never fit must place nobody and fail", id, j.State, j.Attempt)
 		}
 	}
 	// A gang that fits runs whole.

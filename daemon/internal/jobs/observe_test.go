@@ -64,7 +64,8 @@ func TestObserverAndStats(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	obs := &observed{submitted: map[api.Class]int{}, transitions: map[[2]api.State]int{}}
-	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, Observer: obs,
+	// Preemption off: the training job must wait behind the best-effort hog.
+	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, Observer: obs, Queue: jobs.QueueConfig{NoPreemption: true},
 		DefaultTiers: map[api.Class]api.Tier{api.ClassBatch: api.TierBestEffort}}, st,
 		jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(1000, 1<<30), slog.New(slog.DiscardHandler))
 	if err := m.Recover(); err != nil {

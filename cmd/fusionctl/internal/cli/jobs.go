@@ -441,6 +441,9 @@ func showJob(w io.Writer, j api.Job) error {
 	if j.PID > 0 {
 		p("PID", "%d", j.PID)
 	}
+	if j.PreemptedBy != "" {
+		p("Preempted", "%d times, last by job %s", j.Preemptions, j.PreemptedBy)
+	}
 	if j.Attempt > 1 {
 		p("Attempt", "%d", j.Attempt)
 	}
