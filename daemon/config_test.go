@@ -124,6 +124,11 @@ func TestLoadConfig(t *testing.T) {
 		"metrics: {listen: \"127.0.0.1:http\"}\n":          "metrics.listen",
 		"metrics: {listen: \"unix:\"}\n":                   "metrics.listen",
 		"metrics: {port: 9464}\n":                          "metrics.port",
+		"scheduling: {aging_per_minute: -1}\n":             "scheduling.aging_per_minute",
+		"scheduling: {gang_timeout: -1m}\n":                "scheduling.gang_timeout",
+		"scheduling: {preemption: {max_evictions: 0}}\n":   "scheduling.preemption.max_evictions",
+		"scheduling: {preemption: {window: 10ms}}\n":       "scheduling.preemption.window",
+		"scheduling: {preemption: {budget: 3}}\n":          "scheduling.preemption.budget",
 	}
 	for body, key := range bad {
 		p := write(body)
