@@ -140,3 +140,19 @@ func TestRecordCoversJob(t *testing.T) {
 		t.Fatalf("round trip lost fields: %+v", got)
 	}
 }
+
+// A preempted job's preemptor and count are stored (the count decides how
+// many retries a restarted job has left); records from before preemption
+// decode with neither (TestRecordDecodesOldEncoding).
+func TestRecordKeepsPreemption(t *testing.T) {
+	j := goldenJob()
+	j.State, j.PreemptedBy, j.Preemptions = api.StatePreempted, "12", 2
+	s := open(t, filepath.Join(t.TempDir(), "db"), Options{})
+	if err := s.PutJob(j); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetJob(j.ID)
+	if err != nil || got.PreemptedBy != "12" || got.Preemptions != 2 || got.State != api.StatePreempted {
+		t.Fatalf("stored preempted job read back as state %s, preempted_by %q, preemptions %d (%v)", got.State, got.PreemptedBy, got.Preemptions, err)
+	}
+}
