@@ -92,12 +92,18 @@ func (m *Manager) preempt(head *api.Job) string {
 		return ""
 	}
 	m.mu.Lock()
+	// A victim that ended since its process was looked up is gone
+	// already: its room is free, and it is not recorded as preempted.
+	victims = slices.DeleteFunc(victims, func(v string) bool { return m.procs[v] != procs[v] })
 	for _, v := range victims {
 		q.preempting[v] = head.ID
 		q.evictions = append(q.evictions, now)
 	}
 	q.preemptor = head.ID
 	m.mu.Unlock()
+	if len(victims) == 0 {
+		return ""
+	}
 	m.log.Info("preempting", "job", head.ID, "victims", victims)
 	for _, v := range victims {
 		m.mu.Lock()

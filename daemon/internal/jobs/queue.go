@@ -97,6 +97,11 @@ func (m *Manager) schedule() {
 	if j := m.jobs[q.preemptor]; j == nil || j.State != api.StatePending {
 		q.preemptor = ""
 	}
+	for id := range q.preempting {
+		if j := m.jobs[id]; j == nil || j.State != api.StateRunning && j.State != api.StateStarting {
+			delete(q.preempting, id) // ended and recorded, or forgotten
+		}
+	}
 	keys := make(map[*api.Job]sched.Queued, len(pending))
 	for _, j := range pending {
 		keys[j] = sched.Queued{Priority: j.Spec.Priority, Enqueued: q.queuedAt[j.ID].Sub(q.epoch).Milliseconds(), Tie: fmt.Sprintf("%020d", idNum(j.ID))}
