@@ -22,8 +22,9 @@ type Preemption struct {
 }
 
 // PlanPreemption finds, for a request that fits nowhere, the node where
-// evicting the fewest (then cheapest) jobs of strictly lower tiers makes
-// it fit — best-effort first — with at most budget victims. It changes
+// evicting the fewest jobs of strictly lower tiers makes it fit — of as
+// many, the lowest tiers (best-effort first), then the cheapest — with at
+// most budget victims. It changes
 // nothing: it works on copies of the nodes.
 func PlanPreemption(req *Request, nodes []*Node, running []Running, budget int) (Preemption, error) {
 	byNode := map[int][]int{}
@@ -82,19 +83,22 @@ func exactVictims(req *Request, n *Node, running []Running, cand []int, budget i
 	}
 	for k := 1; k <= min(budget, len(cand)); k++ {
 		var best []int
-		bestCost := 0.0
+		bestCost, bestRanks := 0.0, 0
 		pick := make([]int, k)
 		var rec func(start, depth int)
 		rec = func(start, depth int) {
 			if depth == k {
 				c := n.Clone()
-				cost := 0.0
+				cost, ranks := 0.0, 0
 				for _, p := range pick {
 					c.Release(&running[p].Assignment)
 					cost += running[p].Cost
+					ranks += running[p].Request.Tier.Rank()
 				}
-				if Filter(req, c) == Fits && (best == nil || cost < bestCost) {
-					best, bestCost = slices.Clone(pick), cost
+				// Of as many victims, the lowest tiers (best-effort
+				// first), then the cheapest.
+				if Filter(req, c) == Fits && (best == nil || ranks < bestRanks || ranks == bestRanks && cost < bestCost) {
+					best, bestCost, bestRanks = slices.Clone(pick), cost, ranks
 				}
 				return
 			}

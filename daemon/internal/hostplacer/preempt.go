@@ -69,18 +69,38 @@ func (p *Placer) headRequests(group []*api.Job) []sched.Request {
 }
 
 // FitsEmpty reports whether group (a job or a whole gang) would fit on
-// this host with nothing else placed: a gang that does not can never run
-// here.
-func (p *Placer) FitsEmpty(group []*api.Job) bool {
+// this host with nothing else placed: ever, with every device in service
+// (a gang that does not can never run here), and now, with the devices
+// out of service left out (a job that does not waits for a repair, and
+// holds no reservation meanwhile).
+func (p *Placer) FitsEmpty(group []*api.Job) (ever, now bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	reqs := make([]sched.Request, len(group))
 	for i, j := range group {
 		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
 	}
-	eng := sched.NewEngine(sched.Options{Policy: sched.NewWeighted(p.opts.Profiles, nil), Seed: p.opts.Seed})
-	_, err := eng.PlaceGang(reqs, []*sched.Node{p.base.Clone()})
-	return err == nil
+	fits := func(n *sched.Node) bool {
+		eng := sched.NewEngine(sched.Options{Policy: sched.NewWeighted(p.opts.Profiles, nil), Seed: p.opts.Seed})
+		_, err := eng.PlaceGang(slices.Clone(reqs), []*sched.Node{n})
+		return err == nil
+	}
+	if !fits(p.base.Clone()) {
+		return false, false
+	}
+	idle := p.node.Clone()
+	for _, h := range p.held {
+		idle.Release(&h.assign)
+	}
+	for gi, g := range p.hw.GPUs {
+		if p.down[g.ID] && gi < len(idle.GPUs) {
+			idle.GPUs[gi].MilliFree, idle.GPUs[gi].MemFreeMiB = 0, 0
+			if m := idle.GPUs[gi].MIG; m != nil {
+				m.Instances = append(m.Instances[:0:0], sched.MIGInstance{Profile: unhealthyMIG, Start: 0, Slices: m.TotalSlices, InUse: true})
+			}
+		}
+	}
+	return true, fits(idle)
 }
 
 // PlanPreemption finds the jobs to evict so that j fits on this host:

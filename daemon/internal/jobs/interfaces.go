@@ -117,8 +117,9 @@ type Backfiller interface {
 	// that leaves what head needs, and otherwise says why not.
 	PlaceBehind(group, head []*api.Job) ([]api.Allocation, string, bool)
 	// FitsEmpty reports whether group would fit on the host with nothing
-	// else placed.
-	FitsEmpty(group []*api.Job) bool
+	// else placed: ever (every device in service), and now (the devices
+	// out of service left out).
+	FitsEmpty(group []*api.Job) (ever, now bool)
 }
 
 // Preempter is a Placer that can plan preemptions (see preempt.go).

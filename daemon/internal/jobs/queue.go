@@ -154,15 +154,21 @@ func (m *Manager) schedule() {
 		if !ok {
 			w := sched.Waiting{Reason: why, Ahead: ahead}
 			if head == nil && backfill != nil {
-				if len(group) > 1 && !backfill.FitsEmpty(group) {
+				switch ever, now := backfill.FitsEmpty(group); {
+				case !ever && e.gang != nil:
 					m.failPending(group, fmt.Sprintf("gang %q of %d can never fit on this host together: %s", e.gang.Name, len(group), why))
 					continue
-				}
-				head = group
-				w.Reserved = "room on this host"
-				if len(group) == 1 {
-					if s := m.preempt(j); s != "" {
-						w.Reason += "; " + s
+				case !now:
+					// Waits for devices out of service: holding a
+					// reservation meanwhile would stop the jobs behind it.
+					w.Reason += "; does not fit even with nothing else running while devices are out of service"
+				default:
+					head = group
+					w.Reserved = "room on this host"
+					if len(group) == 1 {
+						if s := m.preempt(j); s != "" {
+							w.Reason += "; " + s
+						}
 					}
 				}
 			}
