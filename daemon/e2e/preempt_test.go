@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -17,10 +18,11 @@ import (
 // with its ID: the six with restart on-failure (no retries left: a
 // preemption is not a retry) go back to pending, the two with restart
 // never end preempted. The guaranteed job runs on the 8 GPUs, and when it
-// ends the six are placed and run again.
+// ends the six are placed and run again. The metrics count the eight.
 func TestPreemptionDGXH200(t *testing.T) {
 	dir := publicTempDir(t)
-	d := newDaemon(t, dir, "scheduling: {preemption: {enabled: true, max_evictions: 8, window: 10m}}\n")
+	msock := filepath.Join(dir, "metrics.sock")
+	d := newDaemon(t, dir, "scheduling: {preemption: {enabled: true, max_evictions: 8, window: 10m}}\nmetrics: {listen: \"unix:"+msock+"\"}\n")
 	d.args = []string{"--simulate", "dgxh200"}
 	d.start()
 	c := d.client()
@@ -81,6 +83,9 @@ func TestPreemptionDGXH200(t *testing.T) {
 		if j.Attempt != 2 || j.Allocation == nil || len(j.Allocation.GPUs) != 1 {
 			t.Errorf("victim %s after the preemptor ended: attempt %d, allocation %+v; want its second run on one GPU", j.ID, j.Attempt, j.Allocation)
 		}
+	}
+	if text := scrape(t, metricsClient(msock)); !strings.Contains(text, "\nfusiond_preemptions_total{tier=\"besteffort\"} 8\n") {
+		t.Errorf("metrics do not count the 8 best-effort jobs preempted:\n%s", text)
 	}
 	show := d.ctl(nil, "", "show", victims[7].ID)
 	if show.code != 0 || !strings.Contains(show.stdout, "preempted by job "+g.ID) {

@@ -22,6 +22,12 @@ type Observer interface {
 	Waited(class api.Class, waited time.Duration)
 }
 
+// PreemptionObserver is an Observer that is also told of every job
+// preempted (told to stop for a preemption), by the victim's tier.
+type PreemptionObserver interface {
+	Preempted(tier api.Tier)
+}
+
 type noObserver struct{}
 
 func (noObserver) Submitted(api.Class, api.Tier)     {}

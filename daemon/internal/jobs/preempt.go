@@ -105,10 +105,14 @@ func (m *Manager) preempt(head *api.Job) string {
 		return ""
 	}
 	m.log.Info("preempting", "job", head.ID, "victims", victims)
+	po, _ := m.cfg.Observer.(PreemptionObserver)
 	for _, v := range victims {
 		m.mu.Lock()
 		vj := m.jobs[v]
 		m.mu.Unlock()
+		if po != nil {
+			po.Preempted(vj.Tier)
+		}
 		m.annotate(vj, fmt.Sprintf("preempted by job %s (tier %s); stopping: SIGTERM, SIGKILL after %s", head.ID, head.Tier, m.cfg.CancelGrace), func(j *api.Job) {
 			j.PreemptedBy = head.ID
 		})

@@ -98,6 +98,7 @@ type Metrics struct {
 
 	submissions  *prometheus.CounterVec
 	transitions  *prometheus.CounterVec
+	preemptions  *prometheus.CounterVec
 	decisions    *prometheus.CounterVec
 	decisionTime prometheus.Histogram
 	queueWait    *prometheus.HistogramVec
@@ -110,7 +111,10 @@ type Metrics struct {
 	samples map[string]devices.Sample // latest telemetry by device ID
 }
 
-var _ jobs.Observer = (*Metrics)(nil)
+var (
+	_ jobs.Observer           = (*Metrics)(nil)
+	_ jobs.PreemptionObserver = (*Metrics)(nil)
+)
 
 // Buckets of the latency histograms, in seconds.
 var (
@@ -140,6 +144,9 @@ func New(o Options) *Metrics {
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fusiond_job_transitions_total", Help: "Recorded job state transitions, by state left and state entered.",
 		}, []string{"from", "to"}),
+		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_preemptions_total", Help: "Jobs preempted (told to stop to make room for a job of a higher tier), by the preempted job's tier.",
+		}, []string{"tier"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fusiond_placement_decisions_total", Help: "Placement decisions (one job or one whole gang), by result: placed or unplaced (left queued).",
 		}, []string{"result"}),
@@ -169,7 +176,7 @@ func New(o Options) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		build, m.submissions, m.transitions, m.decisions, m.decisionTime, m.queueWait,
+		build, m.submissions, m.transitions, m.preemptions, m.decisions, m.decisionTime, m.queueWait,
 		m.requests, m.requestTime, m.updates, m.healthChange,
 		&scrape{m: m},
 	)
@@ -212,6 +219,11 @@ func (m *Metrics) Submitted(class api.Class, tier api.Tier) {
 // Transitioned implements jobs.Observer.
 func (m *Metrics) Transitioned(from, to api.State) {
 	m.transitions.WithLabelValues(string(from), string(to)).Inc()
+}
+
+// Preempted implements jobs.PreemptionObserver.
+func (m *Metrics) Preempted(tier api.Tier) {
+	m.preemptions.WithLabelValues(string(tier)).Inc()
 }
 
 // Decided implements jobs.Observer.
