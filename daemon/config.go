@@ -238,7 +238,8 @@ func DefaultConfig() Config {
 				Streams:     64,
 			},
 		},
-		QoS:        DefaultQoSConfig(),
+		QoS: DefaultQoSConfig(),
+
 		Scheduling: DefaultSchedulingConfig(),
 	}
 }

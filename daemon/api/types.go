@@ -200,19 +200,14 @@ type Job struct {
 	State  State  `json:"state"`
 	Reason string `json:"reason,omitempty"`
 	// Attempt counts starts (1 for the first run).
-	Attempt int `json:"attempt,omitempty"`
-	// PreemptedBy is the job that last preempted this one (evicted it to
-	// make room); Preemptions counts how often it was preempted. Starts
-	// after a preemption do not count as on-failure retries.
-	PreemptedBy string      `json:"preempted_by,omitempty"`
-	Preemptions int         `json:"preemptions,omitempty"`
-	Allocation  *Allocation `json:"allocation,omitempty"`
-	Exit        *ExitStatus `json:"exit,omitempty"`
-	PID         int         `json:"pid,omitempty"`
-	Events      []Event     `json:"events"`
-	CreatedAt   time.Time   `json:"created_at"`
-	StartedAt   *time.Time  `json:"started_at,omitempty"`
-	FinishedAt  *time.Time  `json:"finished_at,omitempty"`
+	Attempt    int         `json:"attempt,omitempty"`
+	Allocation *Allocation `json:"allocation,omitempty"`
+	Exit       *ExitStatus `json:"exit,omitempty"`
+	PID        int         `json:"pid,omitempty"`
+	Events     []Event     `json:"events"`
+	CreatedAt  time.Time   `json:"created_at"`
+	StartedAt  *time.Time  `json:"started_at,omitempty"`
+	FinishedAt *time.Time  `json:"finished_at,omitempty"`
 	// Version increases with every change to the record.
 	Version uint64 `json:"version"`
 
@@ -229,6 +224,13 @@ type Job struct {
 	// Latency is the running job's run-queue latency and SLO state, where
 	// the daemon has probes.
 	Latency *Latency `json:"latency,omitempty"`
+
+	// PreemptedBy is the job that last preempted this one (evicted it to
+	// make room for a job of a higher tier); Preemptions counts how often
+	// it was preempted. Starts after a preemption are not on-failure
+	// retries.
+	PreemptedBy string `json:"preempted_by,omitempty"`
+	Preemptions int    `json:"preemptions,omitempty"`
 }
 
 // Allocation is what the placement engine reserved for a job.

@@ -19,36 +19,38 @@ import (
 // accepted and reported, and their quantities (api.MilliCPU, api.Bytes)
 // have one encoding.
 type Record struct {
-	ID      string      `json:"id"`
-	Spec    api.JobSpec `json:"spec"`
-	Owner   api.Owner   `json:"owner"`
-	Tier    api.Tier    `json:"tier"`
-	State   api.State   `json:"state"`
-	Reason  string      `json:"reason,omitempty"`
-	Attempt int         `json:"attempt,omitempty"`
-	// PreemptedBy and Preemptions were added with preemption; records
-	// written before lack them (zero: never preempted).
-	PreemptedBy string          `json:"preempted_by,omitempty"`
-	Preemptions int             `json:"preemptions,omitempty"`
-	Allocation  *api.Allocation `json:"allocation,omitempty"`
-	Exit        *api.ExitStatus `json:"exit,omitempty"`
-	PID         int             `json:"pid,omitempty"`
-	Events      []api.Event     `json:"events"`
-	CreatedAt   time.Time       `json:"created_at"`
-	StartedAt   *time.Time      `json:"started_at,omitempty"`
-	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
-	Version     uint64          `json:"version"`
-	Usage       *api.Usage      `json:"usage,omitempty"`
-	Degraded    []string        `json:"degraded,omitempty"`
+	ID         string          `json:"id"`
+	Spec       api.JobSpec     `json:"spec"`
+	Owner      api.Owner       `json:"owner"`
+	Tier       api.Tier        `json:"tier"`
+	State      api.State       `json:"state"`
+	Reason     string          `json:"reason,omitempty"`
+	Attempt    int             `json:"attempt,omitempty"`
+	Allocation *api.Allocation `json:"allocation,omitempty"`
+	Exit       *api.ExitStatus `json:"exit,omitempty"`
+	PID        int             `json:"pid,omitempty"`
+	Events     []api.Event     `json:"events"`
+	CreatedAt  time.Time       `json:"created_at"`
+	StartedAt  *time.Time      `json:"started_at,omitempty"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	Version    uint64          `json:"version"`
+	Usage      *api.Usage      `json:"usage,omitempty"`
+	Degraded   []string        `json:"degraded,omitempty"`
+
+	// PreemptedBy and Preemptions came with preemption; records written
+	// before lack them (zero: never preempted).
+	PreemptedBy string `json:"preempted_by,omitempty"`
+	Preemptions int    `json:"preemptions,omitempty"`
 }
 
 // recordOf is the record of j, converted at the store's boundary.
 func recordOf(j api.Job) Record {
 	return Record{
 		ID: j.ID, Spec: j.Spec, Owner: j.Owner, Tier: j.Tier, State: j.State, Reason: j.Reason,
-		Attempt: j.Attempt, PreemptedBy: j.PreemptedBy, Preemptions: j.Preemptions, Allocation: j.Allocation, Exit: j.Exit, PID: j.PID, Events: j.Events,
+		Attempt: j.Attempt, Allocation: j.Allocation, Exit: j.Exit, PID: j.PID, Events: j.Events,
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Version: j.Version,
 		Usage: j.Usage, Degraded: j.Degraded,
+		PreemptedBy: j.PreemptedBy, Preemptions: j.Preemptions,
 	}
 }
 
@@ -56,8 +58,9 @@ func recordOf(j api.Job) Record {
 func (r Record) Job() api.Job {
 	return api.Job{
 		ID: r.ID, Spec: r.Spec, Owner: r.Owner, Tier: r.Tier, State: r.State, Reason: r.Reason,
-		Attempt: r.Attempt, PreemptedBy: r.PreemptedBy, Preemptions: r.Preemptions, Allocation: r.Allocation, Exit: r.Exit, PID: r.PID, Events: r.Events,
+		Attempt: r.Attempt, Allocation: r.Allocation, Exit: r.Exit, PID: r.PID, Events: r.Events,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Version: r.Version,
 		Usage: r.Usage, Degraded: r.Degraded,
+		PreemptedBy: r.PreemptedBy, Preemptions: r.Preemptions,
 	}
 }
