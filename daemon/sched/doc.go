@@ -1,7 +1,7 @@
 // Package sched is fusiond's placement engine. It is pure and deterministic:
 // it performs no I/O, reads no clock and holds no global state; every source
 // of randomness is a seed passed in by the caller, and logical time (for
-// gang reservations and queue aging) is a number the caller supplies.
+// queue aging) is a number the caller supplies.
 //
 // The same code places jobs on the one local host (the daemon passes a
 // single Node) and on the 1213 simulated nodes of the openb trace (the
@@ -22,9 +22,10 @@
 //     (Assignment): NVLink-connected GPU sets, cores on the GPUs' NUMA node,
 //     the MIG slot that keeps the rest of the GPU usable.
 //
-// Gangs (all-or-nothing with reserve/commit and a logical-time timeout), a
-// priority queue with aging and backfill, and preemption planning with a
-// victim budget build on Engine.Place.
+// Gangs (all-or-nothing, PlaceGang), the queue's one ordering rule
+// (CompareQueued: priority with aging) with EASY backfill (Queue.Schedule
+// over many nodes, BackfillAllowed on one), and preemption planning with a
+// victim budget (PlanPreemption) build on Engine.Place.
 //
 // The package is also the scheduling vocabulary of the whole project: Class,
 // Tier (ordered by Tier.Rank) and TopologyPolicy are defined here once.
