@@ -83,7 +83,7 @@ func (m *Manager) schedule() {
 		case api.StatePending:
 			pending = append(pending, j)
 			if _, ok := q.queuedAt[j.ID]; !ok {
-				q.queuedAt[j.ID] = now
+				q.queuedAt[j.ID] = pendingSince(j, now)
 			}
 		case api.StatePlaced, api.StateStarting, api.StateRunning:
 			active[j.Owner.UID]++
@@ -243,4 +243,21 @@ func (m *Manager) failPending(group []*api.Job, reason string) {
 			j.FinishedAt = &t
 		})
 	}
+}
+
+// pendingSince is when j last became pending, from its recorded events (so
+// a job's aging survives a daemon restart), else its creation; never
+// later than now.
+func pendingSince(j *api.Job, now time.Time) time.Time {
+	t := j.CreatedAt
+	for i := len(j.Events) - 1; i >= 0; i-- {
+		if e := j.Events[i]; e.To == api.StatePending && !e.Time.IsZero() {
+			t = e.Time
+			break
+		}
+	}
+	if t.IsZero() || t.After(now) {
+		return now
+	}
+	return t
 }
