@@ -84,6 +84,9 @@ type Config struct {
 	// QoS holds the latency SLO defaults per class and the QoS loop's
 	// tuning (see QoSConfig).
 	QoS QoSConfig `json:"qos"`
+	// Placement tunes the placement engine's scoring (see
+	// PlacementConfig).
+	Placement PlacementConfig `json:"placement,omitzero"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -359,6 +362,9 @@ func (c *Config) Validate() error {
 		return bad("metrics.listen", "%v", err)
 	}
 	if key, err := c.QoS.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Placement.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

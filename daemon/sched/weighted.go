@@ -159,3 +159,14 @@ func (p *Weighted) perfPerWatt(model string, c Class, g *GPU) float64 {
 	}
 	return neutralPerf
 }
+
+// ParseDimension is the dimension named name (as Dimension.String
+// writes it).
+func ParseDimension(name string) (Dimension, bool) {
+	for d := range NumDims {
+		if d.String() == name {
+			return d, true
+		}
+	}
+	return 0, false
+}
