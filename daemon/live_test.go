@@ -58,9 +58,9 @@ func TestPlacementConfig(t *testing.T) {
 		t.Errorf("training profile %v: load 0.5 over the defaults wanted", p[sched.ClassTraining])
 	}
 	for y, field := range map[string]string{
-		"placement:\n  profiles:\n    training:\n      speed: 0.5\n":  "placement.profiles.training.speed",
-		"placement:\n  profiles:\n    training:\n      load: -1\n":    "placement.profiles.training.load",
-		"placement:\n  profiles:\n    gaming:\n      load: 1\n":       "placement.profiles.gaming",
+		"placement:\n  profiles:\n    training:\n      speed: 0.5\n":                                                         "placement.profiles.training.speed",
+		"placement:\n  profiles:\n    training:\n      load: -1\n":                                                           "placement.profiles.training.load",
+		"placement:\n  profiles:\n    gaming:\n      load: 1\n":                                                              "placement.profiles.gaming",
 		"placement:\n  profiles:\n    batch: {compute: 0, locality: 0, fragmentation: 0, energy: 0, load: 0, priority: 0}\n": "placement.profiles.batch",
 	} {
 		err := parse(y)
