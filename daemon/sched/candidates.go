@@ -118,7 +118,8 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 	base := len(out)
 	for i := range opts {
 		o := &opts[i]
-		c := Choice{gpus: o.gpus, mig: o.mig, hasMIG: o.hasMIG, fpga: o.fpga, home: o.home, Locality: o.loc, exact: true, seq: i}
+		out = append(out, Choice{gpus: o.gpus, mig: o.mig, hasMIG: o.hasMIG, fpga: o.fpga, home: o.home, Locality: o.loc, exact: true, seq: i})
+		c := &out[len(out)-1]
 		c.GPU = -1
 		if req.Shared() && o.gpus != 0 {
 			c.GPU = bits.TrailingZeros64(o.gpus)
@@ -137,7 +138,6 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 		s[DimLoad] = 1 - loadOf(req, n, o)
 		s[DimPriority] = prio
 		c.score(&w)
-		out = append(out, c)
 	}
 	cs := out[base:]
 	if len(cs) == 1 {
@@ -273,10 +273,12 @@ func oneGPUOptions(req *Request, n *Node, lead int, onlyLead bool, opts []option
 	}
 	start := len(opts)
 	add := func(i int) {
-		k := keyOf(&n.GPUs[i])
-		for j := start; j < len(opts); j++ {
-			if keyOf(&n.GPUs[bits.TrailingZeros64(opts[j].gpus)]) == k {
-				return
+		if len(opts) > start {
+			k := keyOf(&n.GPUs[i])
+			for j := start; j < len(opts); j++ {
+				if keyOf(&n.GPUs[bits.TrailingZeros64(opts[j].gpus)]) == k {
+					return
+				}
 			}
 		}
 		opts = append(opts, option{gpus: 1 << uint(i), fpga: -1, home: n.GPUs[i].NUMA, loc: 1})
@@ -542,17 +544,6 @@ func priorityScore(req *Request, n *Node) float64 {
 	return 1 - head
 }
 
-// optionGPUs calls f for each GPU an option uses (its whole or shared
-// GPUs, or its MIG instance's GPU).
-func optionGPUs(o *option, f func(g int)) {
-	for s := o.gpus; s != 0; s &= s - 1 {
-		f(bits.TrailingZeros64(s))
-	}
-	if o.hasMIG {
-		f(o.mig.GPU)
-	}
-}
-
 // computeOf is the compute dimension of an option: the GPU model's
 // capability for the class (training and batch want the most capable;
 // inference and services on slices a modest one, so large GPUs stay for
@@ -591,13 +582,16 @@ func regionCompute(req *Request, r *FPGARegion) float64 {
 func (p *Weighted) energyOf(req *Request, n *Node, o *option) float64 {
 	var sum float64
 	cnt := 0
-	optionGPUs(o, func(gi int) {
-		g := &n.GPUs[gi]
-		e := p.perfPerWatt(n.GPUModel, req.Class, g)
-		e *= 1 - 0.5*idleDepth(g)
-		sum += e
+	one := func(g *GPU) {
+		sum += p.perfPerWatt(n.GPUModel, req.Class, g) * (1 - 0.5*idleDepth(g))
 		cnt++
-	})
+	}
+	for s := o.gpus; s != 0; s &= s - 1 {
+		one(&n.GPUs[bits.TrailingZeros64(s)])
+	}
+	if o.hasMIG {
+		one(&n.GPUs[o.mig.GPU])
+	}
 	if cnt == 0 {
 		return 1
 	}
@@ -654,10 +648,14 @@ func loadOf(req *Request, n *Node, o *option) float64 {
 	}
 	var sum float64
 	cnt := 0
-	optionGPUs(o, func(g int) {
-		sum += n.GPUs[g].Load
+	for s := o.gpus; s != 0; s &= s - 1 {
+		sum += n.GPUs[bits.TrailingZeros64(s)].Load
 		cnt++
-	})
+	}
+	if o.hasMIG {
+		sum += n.GPUs[o.mig.GPU].Load
+		cnt++
+	}
 	if cnt == 0 {
 		return cpu
 	}
