@@ -180,9 +180,14 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 
 func (c *Choice) score(w *Weights) {
 	c.Score = 0
-	for d := range c.Dims {
-		c.Dims[d] = min(1, max(0, c.Dims[d]))
-		c.Parts[d] = w[d] * c.Dims[d]
+	for d, v := range c.Dims {
+		if v < 0 {
+			v = 0
+		} else if v > 1 {
+			v = 1
+		}
+		c.Dims[d] = v
+		c.Parts[d] = w[d] * v
 		c.Score += c.Parts[d]
 	}
 }
@@ -256,6 +261,19 @@ func dupSig(opts []option, sig uint64) bool {
 // first. With onlyLead (only the best is wanted and the GPUs differ in
 // nothing but what the fragmentation measure weighed) the lead alone.
 func oneGPUOptions(req *Request, n *Node, lead int, onlyLead bool, opts []option) []option {
+	if onlyLead && !mustAlign(req, n) {
+		if lead < 0 && !req.Shared() {
+			for i := range min(len(n.GPUs), 64) {
+				if gpuFits(req, &n.GPUs[i]) {
+					lead = i
+					break
+				}
+			}
+		}
+		if lead >= 0 && lead < len(n.GPUs) && lead < 64 && gpuFits(req, &n.GPUs[lead]) {
+			return append(opts, option{gpus: 1 << uint(lead), fpga: -1, home: n.GPUs[lead].NUMA, loc: 1})
+		}
+	}
 	aligned := alignedNUMA(req, n)
 	fits := func(i int) bool { return i >= 0 && i < 64 && gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) }
 	if !fits(lead) {
