@@ -1,15 +1,21 @@
 package daemon
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/sched"
 	"github.com/fusiond/fusiond/devices/nvidia"
 )
@@ -68,5 +74,67 @@ func TestPlacementConfig(t *testing.T) {
 		if !errors.As(err, &e) || e.Field != field || !strings.Contains(e.Message, " ") {
 			t.Errorf("%q: got %v, want an error on %s", y, err, field)
 		}
+	}
+}
+
+// On the simulated DGX H200, with the daemon's live source over GPU
+// telemetry, a one-GPU inference job goes to the quiet GPU, and the next
+// one follows the telemetry when another GPU becomes the quiet one; the
+// explanation fusionctl show prints carries the load part.
+func TestLiveLoadDecidesOnSimulatedDGXH200(t *testing.T) {
+	ctx := context.Background()
+	h, err := hardware.Open(ctx, hardware.Config{StateDir: t.TempDir(), Simulate: "dgxh200"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	uuids := []string{}
+	for _, g := range h.GPUs().GPUs() {
+		uuids = append(uuids, g.UUID)
+	}
+	if len(uuids) != 8 {
+		t.Fatalf("simulated DGX H200 with %d GPUs", len(uuids))
+	}
+	var mu sync.Mutex
+	quiet := uuids[5]
+	tel := func() []nvidia.Sample {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []nvidia.Sample
+		for _, u := range uuids {
+			s := nvidia.Sample{UUID: u, SMUtil: 85, MemUtil: 40, PowerW: 500}
+			if u == quiet {
+				s.SMUtil, s.MemUtil, s.PowerW = 2, 1, 90
+			}
+			out = append(out, s)
+		}
+		return out
+	}
+	o := placementOptions(h)
+	o.Live = newLiveLoad(tel, nil)
+	p := hostplacer.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler)), o)
+	place := func(id string) api.Allocation {
+		t.Helper()
+		j := &api.Job{ID: id, Tier: api.TierBurstable, Spec: api.JobSpec{Class: api.ClassInference, Command: []string{"x"},
+			Resources: api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 1}}}}
+		allocs, why, ok := p.Place([]*api.Job{j})
+		if !ok {
+			t.Fatalf("job %s not placed: %s", id, why)
+		}
+		return allocs[0]
+	}
+	a := place("1")
+	if len(a.GPUs) != 1 || a.GPUs[0] != uuids[5] {
+		t.Fatalf("job 1 got %v, want the quiet GPU %s\n%s", a.GPUs, uuids[5], a.Explain)
+	}
+	if !strings.Contains(a.Explain, "load=") {
+		t.Errorf("explanation without the load part:\n%s", a.Explain)
+	}
+	mu.Lock()
+	quiet = uuids[2]
+	mu.Unlock()
+	time.Sleep(hostplacer.LiveEvery + 10*time.Millisecond)
+	if a := place("2"); len(a.GPUs) != 1 || a.GPUs[0] != uuids[2] {
+		t.Fatalf("job 2 got %v, want %s, the quiet one now\n%s", a.GPUs, uuids[2], a.Explain)
 	}
 }
