@@ -8,7 +8,10 @@
 // jobs.Placer. It does no I/O: preparing devices (creating a MIG instance,
 // programming an FPGA) is the device drivers' Prepare, called before the
 // job starts, and the shared CPU pool reaches the cgroups through
-// Options.OnShared.
+// Options.OnShared. The engine scores this host's concrete assignments with
+// fusiond's policy over the GPU model table, the request shapes the host
+// has seen (a prior until then) and the live load an Options.Live source
+// reports (live.go).
 //
 // It may import daemon/sched, daemon/api, devices, cgroups (only its Core
 // type: the cores discovered from the topology), daemon/internal/jobs (the
