@@ -529,12 +529,14 @@ func withCores(req *Request, n *Node, opts []option) []option {
 	for _, o := range opts {
 		homes := append(hb[:0], o.home)
 		if o.gpus == 0 && !o.hasMIG && o.fpga < 0 {
+			// Most free cores first: on a tie the default rule's node.
 			homes = homes[:0]
 			for i, c := range n.FreeCores {
 				if c > 0 {
 					homes = append(homes, i)
 				}
 			}
+			slices.SortStableFunc(homes, func(a, b int) int { return cmp.Compare(n.FreeCores[b], n.FreeCores[a]) })
 			if len(homes) == 0 {
 				homes = append(homes, -1)
 			}
