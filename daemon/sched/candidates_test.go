@@ -7,6 +7,15 @@ import (
 	"testing"
 )
 
+// dims is s_d of every dimension of the best assignment of req on n.
+func dims(p *Weighted, req *Request, n *Node) [NumDims]float64 {
+	cs := p.Choices(req, n, -1, 1, nil)
+	if len(cs) == 0 {
+		return [NumDims]float64{}
+	}
+	return cs[0].Dims
+}
+
 // only is a profile that weighs one dimension alone.
 func only(d Dimension) Profiles {
 	var w Weights
@@ -97,14 +106,14 @@ func TestModelTableDecides(t *testing.T) {
 		if d := placeOn(t, p, req, h200, l4); d.Assignment.Node != tc.want {
 			t.Errorf("%v: placed on %s, want %s\n%s", tc.dim, d.Assignment.Node, tc.want, d.Explain())
 		}
-		sa, _ := p.Dimensions(&req, h200, -1)
-		sb, _ := p.Dimensions(&req, l4, -1)
+		sa := dims(p, &req, h200)
+		sb := dims(p, &req, l4)
 		if sa[tc.dim] == sb[tc.dim] {
 			t.Errorf("%v: the table gives H200 and L4 the same score %v", tc.dim, sa[tc.dim])
 		}
 		p.ModelTable = false
-		sa, _ = p.Dimensions(&req, h200, -1)
-		sb, _ = p.Dimensions(&req, l4, -1)
+		sa = dims(p, &req, h200)
+		sb = dims(p, &req, l4)
 		if sa[tc.dim] != sb[tc.dim] {
 			t.Errorf("%v: without the table the models still differ: %v %v", tc.dim, sa[tc.dim], sb[tc.dim])
 		}

@@ -102,17 +102,6 @@ func (p *Weighted) weights(c Class) Weights {
 	return w
 }
 
-// Dimensions returns s_d for every dimension (each in [0,1]) of the best
-// assignment of req on n and the shared GPU it takes (-1: none).
-func (p *Weighted) Dimensions(req *Request, n *Node, idx int) ([NumDims]float64, int) {
-	var buf [1]Choice
-	cs := p.Choices(req, n, idx, 1, buf[:0])
-	if len(cs) == 0 {
-		return [NumDims]float64{}, -1
-	}
-	return cs[0].Dims, cs[0].GPU
-}
-
 // Score implements Policy: the node's best assignment's score.
 func (p *Weighted) Score(req *Request, n *Node, idx int, _ *rand.Rand) Scored {
 	var buf [1]Choice
