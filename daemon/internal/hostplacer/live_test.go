@@ -60,7 +60,7 @@ func TestLiveLoadChangesTheGPU(t *testing.T) {
 	if len(a.GPUs) != 1 || a.GPUs[0] != "GPU-f" {
 		t.Fatalf("job 1 got %v, want the quiet GPU-f\n%s", a.GPUs, a.Explain)
 	}
-	for _, want := range []string{"top 3 candidates", "load=", "energy="} {
+	for _, want := range []string{"top 3 candidates", "load=", "energy=", "5=GPU-f"} {
 		if !strings.Contains(a.Explain, want) {
 			t.Errorf("explanation lacks %q:\n%s", want, a.Explain)
 		}

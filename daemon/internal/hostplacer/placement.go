@@ -630,7 +630,7 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 			return nil, err.Error(), false
 		}
 		assigns = []sched.Assignment{d.Assignment}
-		explain = []string{strings.TrimSpace(d.Explain())}
+		explain = []string{p.explain(&d)}
 	} else {
 		as, err := p.eng.PlaceGang(reqs, nodes)
 		if err != nil {
