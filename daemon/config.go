@@ -86,6 +86,9 @@ type Config struct {
 	QoS QoSConfig `json:"qos"`
 	// Scheduling tunes the queue (aging, gangs) and preemption.
 	Scheduling SchedulingConfig `json:"scheduling"`
+	// Placement tunes the placement engine's scoring (see
+	// PlacementConfig).
+	Placement PlacementConfig `json:"placement,omitzero"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -366,6 +369,9 @@ func (c *Config) Validate() error {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Scheduling.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Placement.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

@@ -146,6 +146,15 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		return hw
 	}
+	// The engine scores with the configured profiles and the host's live
+	// load: GPU telemetry, and CPU busy per NUMA node of the cores it
+	// places on.
+	popts.Profiles = cfg.Placement.profiles()
+	liveCores := cores
+	if liveCores == nil {
+		liveCores = func() []cgroups.Core { return cgroups.CoresOf(d.hw.Topology()) }
+	}
+	popts.Live = newLiveLoad(d.hw.Telemetry, liveCores)
 	engine := hostplacer.New(inventory(), popts)
 	runner, err := newExecutor(cfg, cg, cgErr, engine.SharedCPUs, log)
 	if err != nil {

@@ -26,17 +26,34 @@ func reportLatency(b *testing.B, op func(i int)) {
 }
 
 // BenchmarkPlaceOneMIGNode is one decision on the daemon's own 8-GPU,
-// 2-NUMA, NVLink, MIG-capable host with the default (fusiond) policy and
-// explanation of the top 3 candidates, for a mix of requests.
+// 2-NUMA, NVLink, MIG-capable host as the daemon makes it: fusiond's
+// policy scoring concrete assignments, with the GPU model table, a shape
+// model like the daemon's prior, live loads that differ per GPU and NUMA
+// node (so no candidates collapse) and explanation of the top 3
+// candidates, for a mix of requests. It reports p50 and p99 per decision.
 func BenchmarkPlaceOneMIGNode(b *testing.B) {
 	nodes := []*Node{migNode()}
-	nodes[0].GPUs[3].MilliFree = 400
-	e := NewEngine(Options{Seed: 1, Explain: 3})
+	n := nodes[0]
+	n.GPUModel = "NVIDIA A100-SXM4-40GB"
+	n.GPUs[3].MilliFree = 400
+	for i := range n.GPUs {
+		n.GPUs[i].Load, n.GPUs[i].PowerW, n.GPUs[i].IdleWatts = float64(i)/10, 60+float64(i)*20, 50
+	}
+	n.Load, n.NUMALoad = 0.3, []float64{0.2, 0.4}
+	p := NewWeighted(nil, NewFragModel([]Shape{
+		{CPUMilli: 4000, GPUs: 1, GPUMilli: 1000, P: 0.3}, {CPUMilli: 32000, GPUs: 8, GPUMilli: 1000, P: 0.15},
+		{CPUMilli: 2000, GPUs: 1, GPUMilli: 500, P: 0.2}, {CPUMilli: 1000, GPUs: 1, GPUMilli: 142, P: 0.15}, {CPUMilli: 2000, P: 0.2},
+	}))
+	p.ModelTable = true
+	e := NewEngine(Options{Policy: p, Seed: 1, Explain: 3})
 	reqs := []Request{
 		{ID: "train", Class: ClassTraining, CPUMilli: 8000, MemMiB: 65536, GPUs: 2, GPUMilli: 1000, ExclusiveCores: 4, Topology: TopologySingleNUMANode},
 		{ID: "infer", Class: ClassInference, CPUMilli: 2000, MemMiB: 8192, GPUs: 1, GPUMilli: 300, GPUMemMiB: 8000},
 		{ID: "mig", Class: ClassInference, CPUMilli: 1000, MemMiB: 4096, MIGProfile: "3g.20gb", MIGSlices: 3},
 		{ID: "fpga", Class: ClassService, CPUMilli: 1000, MemMiB: 1024, Bitstream: "fft"},
+		{ID: "one", Class: ClassTraining, CPUMilli: 4000, MemMiB: 8192, GPUs: 1, GPUMilli: 1000},
+		{ID: "four", Class: ClassTraining, CPUMilli: 16000, MemMiB: 65536, GPUs: 4, GPUMilli: 1000, ExclusiveCores: 8},
+		{ID: "cpu", Class: ClassService, CPUMilli: 1000, MemMiB: 1024, ExclusiveCores: 2},
 	}
 	reportLatency(b, func(i int) {
 		if _, err := e.Place(&reqs[i%len(reqs)], nodes); err != nil {

@@ -182,8 +182,28 @@ func alignedNUMA(req *Request, n *Node) func(numa int) bool {
 // all (lowest on a tie). It
 // returns the per-NUMA counts and how many NUMA nodes they span.
 func pickCores(req *Request, n *Node, home int) (map[int]int, int) {
+	var buf [8]int
+	take := buf[:0]
+	if len(n.FreeCores) > len(buf) {
+		take = make([]int, 0, len(n.FreeCores))
+	}
+	take = take[:len(n.FreeCores)]
+	spread := coresTaken(req, n, home, take)
+	out := make(map[int]int, spread)
+	for i, c := range take {
+		if c > 0 {
+			out[i] = c
+		}
+	}
+	return out, spread
+}
+
+// coresTaken is pickCores' rule: it writes into take (len(n.FreeCores))
+// how many exclusive cores each NUMA node gives and returns how many NUMA
+// nodes give some.
+func coresTaken(req *Request, n *Node, home int, take []int) int {
 	need := req.ExclusiveCores
-	out := map[int]int{}
+	clear(take)
 	if home < 0 || home >= len(n.FreeCores) || (req.Topology == TopologySingleNUMANode && n.FreeCores[home] < need) {
 		home = -1
 		for i, c := range n.FreeCores {
@@ -192,11 +212,13 @@ func pickCores(req *Request, n *Node, home int) (map[int]int, int) {
 			}
 		}
 	}
+	spread := 0
 	if home >= 0 {
 		t := min(need, n.FreeCores[home])
 		if t > 0 {
-			out[home] = t
+			take[home] = t
 			need -= t
+			spread++
 		}
 	}
 	for i, c := range n.FreeCores {
@@ -207,10 +229,11 @@ func pickCores(req *Request, n *Node, home int) (map[int]int, int) {
 			continue
 		}
 		t := min(need, c)
-		out[i] = t
+		take[i] = t
 		need -= t
+		spread++
 	}
-	return out, len(out)
+	return spread
 }
 
 // pickMIG chooses a MIG instance for req: an existing free instance of the

@@ -3,17 +3,24 @@ package sched
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
 )
 
-// Candidate is one scored node of a decision.
+// Candidate is one scored candidate of a decision: a node, and with an
+// AssignmentPolicy the concrete assignment inside it.
 type Candidate struct {
-	Node  string           `json:"node"`
-	Index int              `json:"index"`
-	Score float64          `json:"score"`
+	Node  string  `json:"node"`
+	Index int     `json:"index"`
+	Score float64 `json:"score"`
+	// Parts holds each dimension's contribution w_d·s_d.
 	Parts [NumDims]float64 `json:"parts"`
+	// Assignment is the candidate's devices and cores (nil for a policy
+	// that scores whole nodes).
+	Assignment *Assignment `json:"assignment,omitempty"`
+	seq        int
 }
 
 // Rejection says why one node was filtered out.
@@ -58,9 +65,13 @@ func (d *Decision) Explain() string {
 		b.WriteString("\n")
 	}
 	if len(d.Candidates) > 0 {
-		fmt.Fprintf(&b, "  top %d of %d feasible nodes:\n", len(d.Candidates), d.Feasible)
+		what := "candidates"
+		if d.Candidates[0].Assignment == nil {
+			what = "nodes"
+		}
+		fmt.Fprintf(&b, "  top %d %s (%d feasible nodes), score = Σ weight·score per dimension:\n", len(d.Candidates), what, d.Feasible)
 		for _, c := range d.Candidates {
-			fmt.Fprintf(&b, "    %-20s %.4f", c.Node, c.Score)
+			fmt.Fprintf(&b, "    %-20s %.4f", c.Node+c.Assignment.devices(), c.Score)
 			for dim, p := range c.Parts {
 				if p != 0 {
 					fmt.Fprintf(&b, "  %s=%.4f", Dimension(dim), p)
@@ -74,6 +85,41 @@ func (d *Decision) Explain() string {
 	}
 	for _, r := range d.Rejected {
 		fmt.Fprintf(&b, "    e.g. %s: %s\n", r.Node, r.Reason)
+	}
+	return b.String()
+}
+
+// devices names what an assignment takes, for Explain ("" for nil).
+func (a *Assignment) devices() string {
+	if a == nil {
+		return ""
+	}
+	var b strings.Builder
+	if len(a.GPUs) > 0 {
+		fmt.Fprintf(&b, " gpus %v", a.GPUs)
+		if a.GPUMilli < MilliPerGPU {
+			fmt.Fprintf(&b, " (%d milli)", a.GPUMilli)
+		}
+	}
+	if m := a.MIG; m != nil {
+		verb := "use"
+		if m.Create {
+			verb = "create"
+		}
+		fmt.Fprintf(&b, " mig gpu %d slices %d+%d (%s)", m.GPU, m.Start, m.Slices, verb)
+	}
+	if a.FPGA >= 0 {
+		fmt.Fprintf(&b, " fpga %d", a.FPGA)
+		if a.Program {
+			b.WriteString(" (program)")
+		}
+	}
+	if len(a.Cores) > 0 {
+		numas := slices.Sorted(maps.Keys(a.Cores))
+		b.WriteString(" cores")
+		for _, n := range numas {
+			fmt.Fprintf(&b, " %d@numa%d", a.Cores[n], n)
+		}
 	}
 	return b.String()
 }
@@ -137,6 +183,8 @@ type Engine struct {
 	tie     TieBreak
 	seed    uint64
 	rank    []uint32
+	// choices is the buffer an AssignmentPolicy fills per node.
+	choices []Choice
 }
 
 // NewEngine returns an engine. A nil policy means fusiond's own with the
@@ -169,6 +217,9 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 	}
 	best, bestScore, ties := -1, 0.0, 0
 	var bestScored Scored
+	ap, _ := e.policy.(AssignmentPolicy)
+	var bestChoice Choice
+	seq := 0
 	var counts [len(allReasons)]int
 	for i, n := range nodes {
 		if n == nil {
@@ -185,23 +236,50 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 			}
 			continue
 		}
+		var s Scored
+		if ap != nil {
+			e.choices = ap.Choices(req, n, i, e.explain, e.choices[:0])
+			if len(e.choices) == 0 {
+				counts[reasonIndex(ReasonTopology)]++
+				continue
+			}
+			s = e.choices[0].Scored
+		} else {
+			s = e.policy.Score(req, n, i, e.rng)
+		}
 		d.Feasible++
-		s := e.policy.Score(req, n, i, e.rng)
+		won := false
 		switch {
 		case best < 0 || s.Score > bestScore:
-			best, bestScore, ties, bestScored = i, s.Score, 1, s
+			best, bestScore, ties, bestScored, won = i, s.Score, 1, s, true
 		case s.Score == bestScore:
 			ties++
 			if e.tie == TieRanked {
 				if e.rankOf(i, len(nodes)) < e.rankOf(best, len(nodes)) {
-					best, bestScored = i, s
+					best, bestScored, won = i, s, true
 				}
 			} else if e.rng.IntN(ties) == 0 {
-				best, bestScored = i, s
+				best, bestScored, won = i, s, true
 			}
 		}
-		if e.explain > 0 {
+		if won && ap != nil {
+			bestChoice = e.choices[0]
+		}
+		if e.explain == 0 {
+			continue
+		}
+		if ap == nil {
 			d.Candidates = insertTop(d.Candidates, Candidate{Node: n.Name, Index: i, Score: s.Score, Parts: s.Parts}, e.explain)
+			continue
+		}
+		for k := range e.choices {
+			c := &e.choices[k]
+			seq++
+			if len(d.Candidates) == e.explain && c.Score < d.Candidates[e.explain-1].Score {
+				break // best first: the rest cannot enter
+			}
+			a := c.Assignment(req, n, i)
+			d.Candidates = insertTop(d.Candidates, Candidate{Node: n.Name, Index: i, Score: c.Score, Parts: c.Parts, Assignment: &a, seq: seq}, e.explain)
 		}
 	}
 	for i, c := range counts {
@@ -216,7 +294,11 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 		return d, fmt.Errorf("%w: %s", ErrUnschedulable, d.WaitReason())
 	}
 	d.Score = bestScore
-	d.Assignment, d.Locality = assign(req, nodes[best], best, bestScored.GPU)
+	if ap != nil {
+		d.Assignment, d.Locality = bestChoice.Assignment(req, nodes[best], best), bestChoice.Locality
+	} else {
+		d.Assignment, d.Locality = assign(req, nodes[best], best, bestScored.GPU)
+	}
 	return d, nil
 }
 
@@ -235,7 +317,7 @@ func (e *Engine) rankOf(i, n int) uint32 {
 
 func insertTop(top []Candidate, c Candidate, k int) []Candidate {
 	i, _ := slices.BinarySearchFunc(top, c, func(a, b Candidate) int {
-		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.Index, b.Index))
+		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.Index, b.Index), cmp.Compare(a.seq, b.seq))
 	})
 	if i >= k {
 		return top

@@ -122,6 +122,9 @@ type GPU struct {
 	IdleWatts   float64 `json:"idle_watts,omitempty"`
 	// Load is the live utilisation 0..1 as telemetry reports it.
 	Load float64 `json:"load,omitempty"`
+	// PowerW is the measured power draw in watts, 0 when not measured;
+	// with IdleWatts it tells how deeply idle the GPU is (its wake cost).
+	PowerW float64 `json:"power_w,omitempty"`
 }
 
 // FPGARegion is one reconfigurable region of an FPGA.
@@ -161,6 +164,9 @@ type Node struct {
 	FPGAs  []FPGARegion `json:"fpgas,omitempty"`
 	// Load is the host's live CPU load 0..1.
 	Load float64 `json:"load,omitempty"`
+	// NUMALoad is the live CPU load 0..1 of each NUMA node's CPUs (index =
+	// NUMA node); nil when not measured (Load stands for every node).
+	NUMALoad []float64 `json:"numa_load,omitempty"`
 	// Version changes on every Apply/Release so scorers may cache per state.
 	Version uint64 `json:"-"`
 }
@@ -180,6 +186,7 @@ func NewNode(name string, cpuMilli, memMiB int64, gpus int, model string) *Node 
 func (n *Node) Clone() *Node {
 	c := *n
 	c.FreeCores = slices.Clone(n.FreeCores)
+	c.NUMALoad = slices.Clone(n.NUMALoad)
 	c.GPUs = slices.Clone(n.GPUs)
 	for i := range c.GPUs {
 		if m := c.GPUs[i].MIG; m != nil {

@@ -106,8 +106,8 @@ func TestDimensions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			sb, _ := p.Dimensions(&tc.req, tc.better(), -1)
-			sw, _ := p.Dimensions(&tc.req, tc.wrse(), -1)
+			sb := dims(p, &tc.req, tc.better())
+			sw := dims(p, &tc.req, tc.wrse())
 			for d := range NumDims {
 				if sb[d] < 0 || sb[d] > 1 || sw[d] < 0 || sw[d] > 1 {
 					t.Fatalf("dimension %v out of [0,1]: %v %v", Dimension(d), sb[d], sw[d])

@@ -31,14 +31,33 @@ func DefaultProfiles() Profiles {
 	}
 }
 
-// Weighted is fusiond's own policy: Σ w_d·s_d with a profile per class.
+// Weighted is fusiond's own policy: Σ w_d·s_d with a profile per class,
+// over the concrete assignments inside each node (AssignmentPolicy).
 type Weighted struct {
 	Profiles Profiles
-	// Capability is each GPU model's relative compute (0..1); unknown
-	// models count 0.5.
+	// Capability overrides a GPU model's relative compute (0..1) for
+	// every class.
 	Capability map[string]float64
+	// ModelTable reads each GPU model's compute and performance per watt
+	// per class from the GPU model table (LookupGPU); without it a model
+	// not in Capability counts 0.5 and each GPU's PerfPerWatt is used.
+	ModelTable bool
 	fs         *fragScorer // FGD's single-copy measure
 	fsCap      *fragScorer // the multi-copy (capacity) measure
+	// perf memoises the table per model and class.
+	perf map[perfKey][2]float64
+	// scratch holds a node's generated options between calls.
+	scratch []option
+	// lastReq's class's weights are lastW (looked up once per decision,
+	// not per node).
+	lastReq   *Request
+	lastClass Class
+	lastW     Weights
+}
+
+type perfKey struct {
+	model string
+	class Class
 }
 
 // NewWeighted returns the policy; frag may be nil (fragmentation is then
@@ -49,162 +68,94 @@ func NewWeighted(profiles Profiles, frag *FragModel) *Weighted {
 		profiles = DefaultProfiles()
 	}
 	w := &Weighted{Profiles: profiles, Capability: map[string]float64{}}
-	if frag != nil {
-		// fusiond judges fragmentation lexicographically: FGD's measure on
-		// its coarse 0..100 scale first, then, among options within one
-		// step of it, the multi-copy (capacity) measure — the GPU share a
-		// node could not give to typical requests even if filled with them,
-		// which also sees GPUs stranded by the CPU next to them.
-		w.fs = &fragScorer{model: frag}
-		cm := NewFragModel(frag.Shapes)
-		cm.Capacity = true
-		w.fsCap = &fragScorer{model: cm}
-	}
+	w.SetFragModel(frag)
 	return w
+}
+
+// SetFragModel replaces the typical shapes fragmentation is judged
+// against (nil: none), dropping what was cached for the old ones.
+func (p *Weighted) SetFragModel(frag *FragModel) {
+	p.fs, p.fsCap = nil, nil
+	if frag == nil {
+		return
+	}
+	// fusiond judges fragmentation lexicographically: FGD's measure on
+	// its coarse 0..100 scale first, then, among options within one
+	// step of it, the multi-copy (capacity) measure — the GPU share a
+	// node could not give to typical requests even if filled with them,
+	// which also sees GPUs stranded by the CPU next to them.
+	p.fs = &fragScorer{model: frag}
+	cm := NewFragModel(frag.Shapes)
+	cm.Capacity = true
+	p.fsCap = &fragScorer{model: cm}
 }
 
 // Name implements Policy.
 func (*Weighted) Name() string { return "fusiond" }
 
-// Dimensions returns s_d for every dimension (each in [0,1]) and the
-// shared GPU chosen.
-func (p *Weighted) Dimensions(req *Request, n *Node, idx int) ([NumDims]float64, int) {
-	var s [NumDims]float64
-	// Fragmentation first: it also chooses the shared GPU.
-	var gpu int
-	s[DimFragmentation], gpu = p.fragmentation(req, n, idx)
-	var gpus []int
-	var mig *MIGPick
-	loc := 1.0
-	var one [1]int
-	switch {
-	case req.GPUs > 1 || req.ExclusiveCores > 0 || req.MIGProfile != "" || req.Bitstream != "":
-		a, l := assign(req, n, idx, gpu)
-		gpus, mig, loc = a.GPUs, a.MIG, l
-	case req.GPUs == 1:
-		g := gpu
-		if g < 0 || !gpuFits(req, &n.GPUs[g]) {
-			if req.Shared() {
-				g = bestFitGPU(req, n)
-			} else {
-				g = firstFreeGPU(req, n)
-			}
-		}
-		if g >= 0 {
-			one[0] = g
-			gpus = one[:]
-		}
-	}
-	s[DimLocality] = loc
-	s[DimCompute] = p.compute(req, n)
-	s[DimEnergy] = energy(n, gpus, mig)
-	s[DimLoad] = 1 - loadOf(n, gpus)
-	taken := req.CPUMilli + int64(req.ExclusiveCores)*1000
-	head := float64(n.CPUFreeMilli-taken) / float64(max(n.CPUMilli, 1))
-	if req.Tier.Rank() >= TierGuaranteed.Rank() {
-		s[DimPriority] = head
-	} else {
-		s[DimPriority] = 1 - head
-	}
-	for d := range s {
-		s[d] = min(1, max(0, s[d]))
-	}
-	return s, gpu
-}
-
-// Score implements Policy.
-func (p *Weighted) Score(req *Request, n *Node, idx int, _ *rand.Rand) Scored {
-	s, gpu := p.Dimensions(req, n, idx)
-	w, ok := p.Profiles[req.Class]
+// weights is the class's profile (batch's for an unknown class).
+func (p *Weighted) weights(c Class) Weights {
+	w, ok := p.Profiles[c]
 	if !ok {
 		w = p.Profiles[ClassBatch]
 	}
-	out := Scored{GPU: gpu}
-	for d := range s {
-		out.Parts[d] = w[d] * s[d]
-		out.Score += out.Parts[d]
-	}
-	return out
+	return w
 }
 
-// compute rates the device for the class: training and batch want the
-// most capable GPU; inference and services on slices (shared or MIG) want
-// a modest one so large GPUs stay for training.
-func (p *Weighted) compute(req *Request, n *Node) float64 {
-	if req.GPUs == 0 && req.MIGProfile == "" {
-		if req.Bitstream == "" {
-			return 1
-		}
-		return fpgaCompute(req, n)
+// Score implements Policy: the node's best assignment's score.
+func (p *Weighted) Score(req *Request, n *Node, idx int, _ *rand.Rand) Scored {
+	var buf [1]Choice
+	cs := p.Choices(req, n, idx, 1, buf[:0])
+	if len(cs) == 0 {
+		return Scored{GPU: -1}
 	}
-	c, ok := p.Capability[n.GPUModel]
-	if !ok {
-		c = 0.5
-	}
-	if (req.Class == ClassInference || req.Class == ClassService) && (req.Shared() || req.MIGProfile != "") {
-		return 1 - c/2
-	}
-	return c
+	return cs[0].Scored
 }
 
-// fpgaCompute prefers a region already holding the bitstream (1) and
-// otherwise weighs the programming time (one second costs half).
-func fpgaCompute(req *Request, n *Node) float64 {
-	r := pickFPGA(req, n)
-	if r < 0 {
-		return 0
+// modelPerf is the model's (capability, perf per watt) for the class from
+// the table, memoised.
+func (p *Weighted) modelPerf(model string, c Class) [2]float64 {
+	k := perfKey{model, c}
+	if v, ok := p.perf[k]; ok {
+		return v
 	}
-	if n.FPGAs[r].Bitstream == req.Bitstream {
-		return 1
+	if p.perf == nil {
+		p.perf = map[perfKey][2]float64{}
 	}
-	return 0.5 / (1 + n.FPGAs[r].ProgramMs/1000)
+	v := [2]float64{ModelCapability(model, c), ModelPerfPerWatt(model, c)}
+	p.perf[k] = v
+	return v
 }
 
-// energy is the chosen GPUs' performance per watt, halved for each idle
-// GPU that would have to be woken (when its idle draw is known); creating
-// a MIG instance (reconfiguration) halves it too.
-func energy(n *Node, gpus []int, mig *MIGPick) float64 {
-	if mig != nil {
-		g := n.GPUs[mig.GPU].PerfPerWatt
-		if g == 0 {
-			g = 0.5
-		}
-		if mig.Create {
-			g /= 2
-		}
-		return g
+// capability is the model's relative compute for the class.
+func (p *Weighted) capability(model string, c Class) float64 {
+	if v, ok := p.Capability[model]; ok {
+		return v
 	}
-	if len(gpus) == 0 {
-		return 1
+	if p.ModelTable {
+		return p.modelPerf(model, c)[0]
 	}
-	var s float64
-	for _, g := range gpus {
-		e := n.GPUs[g].PerfPerWatt
-		if e == 0 {
-			e = 0.5
-		}
-		if n.GPUs[g].IdleWatts > 0 && n.GPUs[g].MilliFree == MilliPerGPU && n.GPUs[g].Load == 0 {
-			e /= 2
-		}
-		s += e
-	}
-	return s / float64(len(gpus))
+	return neutralPerf
 }
 
-func loadOf(n *Node, gpus []int) float64 {
-	l := n.Load
-	for _, g := range gpus {
-		l = max(l, n.GPUs[g].Load)
+// perfPerWatt is GPU g's relative performance per watt for the class.
+func (p *Weighted) perfPerWatt(model string, c Class, g *GPU) float64 {
+	switch {
+	case p.ModelTable:
+		return p.modelPerf(model, c)[1]
+	case g.PerfPerWatt > 0:
+		return g.PerfPerWatt
 	}
-	return l
+	return neutralPerf
 }
 
-// firstFreeGPU is the lowest-index GPU that fits a whole-GPU request.
-func firstFreeGPU(req *Request, n *Node) int {
-	for i := range n.GPUs {
-		if gpuFits(req, &n.GPUs[i]) {
-			return i
+// ParseDimension is the dimension named name (as Dimension.String
+// writes it).
+func ParseDimension(name string) (Dimension, bool) {
+	for d := range NumDims {
+		if d.String() == name {
+			return d, true
 		}
 	}
-	return -1
+	return 0, false
 }

@@ -8,7 +8,10 @@
 // jobs.Placer. It does no I/O: preparing devices (creating a MIG instance,
 // programming an FPGA) is the device drivers' Prepare, called before the
 // job starts, and the shared CPU pool reaches the cgroups through
-// Options.OnShared.
+// Options.OnShared. The engine scores this host's concrete assignments with
+// fusiond's policy over the GPU model table, the request shapes the host
+// has seen (a prior until then) and the live load an Options.Live source
+// reports (live.go).
 //
 // It may import daemon/sched, daemon/api, devices, cgroups (only its Core
 // type: the cores discovered from the topology), daemon/internal/jobs (the
@@ -24,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
@@ -74,6 +78,10 @@ type Options struct {
 	OnShared func(cpus []int) error
 	// Logger reports OnShared's errors; nil discards them.
 	Logger *slog.Logger
+	// Live reports the host's live load (GPU utilisation and power, CPU
+	// busy per NUMA node) for the engine's load and energy dimensions;
+	// nil: every device counts as unloaded and unmeasured.
+	Live LiveSource
 }
 
 type held struct {
@@ -92,9 +100,17 @@ type Placer struct {
 	base    *sched.Node // nothing allocated
 	node    *sched.Node
 	eng     *sched.Engine
+	policy  *sched.Weighted
 	learner *sched.ShapeLearner
-	held    map[string]held
-	log     *slog.Logger
+	// seen are the jobs whose shapes the learner has counted, observed
+	// how many.
+	seen     map[string]bool
+	observed int
+	// liveAt is when the live load was last read (zero: read it at the
+	// next decision).
+	liveAt time.Time
+	held   map[string]held
+	log    *slog.Logger
 	// cores are hw.Cores as normalizeCores keeps them; published is the
 	// shared pool OnShared was last given.
 	cores     []cgroups.Core
@@ -113,6 +129,7 @@ func New(hw Hardware, o Options) *Placer {
 	p := &Placer{
 		opts: o, hw: hw, node: &sched.Node{},
 		learner: sched.NewShapeLearner(),
+		seen:    map[string]bool{},
 		held:    map[string]held{},
 		down:    map[string]bool{},
 		log:     o.Logger,
@@ -120,7 +137,12 @@ func New(hw Hardware, o Options) *Placer {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
-	p.eng = sched.NewEngine(sched.Options{Policy: sched.NewWeighted(o.Profiles, nil), Seed: o.Seed, Explain: 3})
+	// fusiond's policy over this host's concrete assignments, with the GPU
+	// model table's compute and efficiency and the prior request shapes
+	// until the host has seen its own (observe).
+	p.policy = sched.NewWeighted(o.Profiles, sched.NewFragModel(priorShapes()))
+	p.policy.ModelTable = true
+	p.eng = sched.NewEngine(sched.Options{Policy: p.policy, Seed: o.Seed, Explain: 3})
 	p.rebuild(hw)
 	p.published = p.sharedCPUs() // every core: nothing to tell yet
 	return p
@@ -255,6 +277,7 @@ func (p *Placer) rebuild(old Hardware) {
 	for gi := range p.hw.GPUs {
 		p.refreshGPU(gi)
 	}
+	p.liveAt = time.Time{} // the new node has no live load yet
 }
 
 // instanceAt is the instance of m starting at slot start.
@@ -419,9 +442,12 @@ func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 		n.KeepSharedCores = max(keepShared, 0)
 	}
 	for _, g := range hw.GPUs {
-		// Every GPU of a host counts as equally efficient (the energy
-		// dimension compares hosts).
-		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: max(g.NUMA, 0), PerfPerWatt: 1}
+		// The engine reads the model's efficiency from its table; the
+		// table's typical idle draw stands until telemetry reports one.
+		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: max(g.NUMA, 0)}
+		if spec, ok := sched.LookupGPU(g.Model); ok {
+			sg.IdleWatts = spec.IdleW
+		}
 		if m := g.MIG; m != nil {
 			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs}
 			for _, in := range m.Instances {
@@ -596,9 +622,10 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 	reqs := make([]sched.Request, len(group))
 	for i, j := range group {
 		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
-		p.learner.Observe(&reqs[i])
+		p.observe(&reqs[i])
 	}
 	p.estimateProgramming(reqs)
+	p.refreshLive()
 	nodes := []*sched.Node{p.node}
 	var assigns []sched.Assignment
 	var explain []string
@@ -611,7 +638,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 			return nil, err.Error(), false
 		}
 		assigns = []sched.Assignment{d.Assignment}
-		explain = []string{strings.TrimSpace(d.Explain())}
+		explain = []string{p.explain(&d)}
 	} else {
 		as, err := p.eng.PlaceGang(reqs, nodes)
 		if err != nil {
@@ -882,6 +909,7 @@ func (p *Placer) Release(j *api.Job) {
 		return
 	}
 	delete(p.held, j.ID)
+	delete(p.seen, j.ID)
 	p.eng.Release(&h.req, &h.assign, []*sched.Node{p.node})
 	p.publish()
 	// Release gives back to the node what the job held; an unhealthy

@@ -1,0 +1,129 @@
+package hostplacer
+
+import (
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/sched"
+)
+
+// GPULive is one GPU's live state, as its telemetry reports it.
+type GPULive struct {
+	// SMUtil and MemUtil are the SM and memory-controller utilisation,
+	// 0..1.
+	SMUtil, MemUtil float64
+	// PowerW is the measured power draw (0: not measured).
+	PowerW float64
+	// IdleW is the GPU's idle draw where it is known from the device
+	// (0: the GPU model table's typical idle draw).
+	IdleW float64
+}
+
+// Live is the host's live load: what the engine's load and energy
+// dimensions read.
+type Live struct {
+	// GPUs is each GPU's state by device ID; a GPU not in it counts as
+	// unloaded and unmeasured.
+	GPUs map[string]GPULive
+	// NUMABusy is the share of each NUMA node's CPU time that was busy
+	// (0..1) over the source's last interval; HostBusy the host's.
+	NUMABusy map[int]float64
+	HostBusy float64
+}
+
+// LiveSource reports the host's live load. Live is called at decision
+// time, at most every LiveEvery, under the placer's lock: it must be cheap
+// and must not call the placer.
+type LiveSource interface {
+	Live() Live
+}
+
+// LiveEvery is how long the placer keeps one reading of the live load.
+const LiveEvery = 100 * time.Millisecond
+
+// refreshLive reads the live source into the node when the last reading is
+// older than LiveEvery. The caller holds p.mu.
+func (p *Placer) refreshLive() {
+	if p.opts.Live == nil {
+		return
+	}
+	now := time.Now()
+	if !p.liveAt.IsZero() && now.Sub(p.liveAt) < LiveEvery {
+		return
+	}
+	p.liveAt = now
+	p.applyLive(p.opts.Live.Live())
+}
+
+// applyLive writes a reading into the node: each GPU's load (the higher of
+// its SM and memory utilisation), power draw and idle draw, and the CPU
+// load of the host and of each NUMA node. The caller holds p.mu.
+func (p *Placer) applyLive(l Live) {
+	n := p.node
+	for gi := range n.GPUs {
+		g := &n.GPUs[gi]
+		gl := l.GPUs[p.hw.GPUs[gi].ID]
+		g.Load = clamp01(max(gl.SMUtil, gl.MemUtil))
+		g.PowerW = max(gl.PowerW, 0)
+		g.IdleWatts = p.base.GPUs[gi].IdleWatts
+		if gl.IdleW > 0 {
+			g.IdleWatts = gl.IdleW
+		}
+	}
+	n.Load = clamp01(l.HostBusy)
+	n.NUMALoad = n.NUMALoad[:0]
+	for numa, b := range l.NUMABusy {
+		if numa < 0 || numa > 1024 {
+			continue
+		}
+		for len(n.NUMALoad) <= numa {
+			n.NUMALoad = append(n.NUMALoad, n.Load)
+		}
+		n.NUMALoad[numa] = clamp01(b)
+	}
+}
+
+func clamp01(v float64) float64 { return min(1, max(0, v)) }
+
+// Fragmentation is judged against the request shapes this host has seen:
+// a prior until learnAfter jobs were seen, then the shape learner's model,
+// rebuilt every relearnEvery further jobs.
+const (
+	learnAfter   = 20
+	relearnEvery = 16
+	// shapeCoverage is the share of seen requests the learned shapes
+	// cover (the most popular first).
+	shapeCoverage = 0.95
+	// maxSeen bounds the jobs remembered as seen (seen jobs are not
+	// counted twice when they are placed again).
+	maxSeen = 100000
+)
+
+// priorShapes are the typical shapes before the host has seen enough jobs:
+// one whole GPU, eight whole GPUs, half a GPU, a 1g MIG slice (as a
+// seventh of a GPU: the shape model counts GPU shares) and CPU-only work.
+func priorShapes() []sched.Shape {
+	return []sched.Shape{
+		{CPUMilli: 4000, GPUs: 1, GPUMilli: sched.MilliPerGPU, P: 0.3},
+		{CPUMilli: 32000, GPUs: 8, GPUMilli: sched.MilliPerGPU, P: 0.15},
+		{CPUMilli: 2000, GPUs: 1, GPUMilli: sched.MilliPerGPU / 2, P: 0.2},
+		{CPUMilli: 1000, GPUs: 1, GPUMilli: sched.MilliPerGPU / 7, P: 0.15},
+		{CPUMilli: 2000, P: 0.2},
+	}
+}
+
+// observe counts a job's request shape once and refreshes the shape model
+// when due. The caller holds p.mu.
+func (p *Placer) observe(r *sched.Request) {
+	if p.seen[r.ID] {
+		return
+	}
+	if len(p.seen) >= maxSeen {
+		clear(p.seen)
+	}
+	p.seen[r.ID] = true
+	p.learner.Observe(r)
+	p.observed++
+	if p.observed >= learnAfter && (p.observed-learnAfter)%relearnEvery == 0 {
+		p.policy.SetFragModel(p.learner.Model(shapeCoverage))
+	}
+}

@@ -1,0 +1,104 @@
+package hostplacer
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// fakeLive is a LiveSource whose reading a test sets.
+type fakeLive struct {
+	mu sync.Mutex
+	l  Live
+}
+
+func (f *fakeLive) Live() Live {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.l
+}
+
+func (f *fakeLive) set(busy map[string]float64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.l.GPUs = map[string]GPULive{}
+	for id, u := range busy {
+		f.l.GPUs[id] = GPULive{SMUtil: u, MemUtil: u / 2, PowerW: 75 + 600*u}
+	}
+}
+
+// The daemon's decisions change when live inputs change: on the DGX H200
+// host, a one-GPU inference job goes to the one quiet GPU; when another
+// GPU becomes the quiet one, the next job goes there, and the placement's
+// explanation (what fusionctl show prints) carries the load part.
+func TestLiveLoadChangesTheGPU(t *testing.T) {
+	src := &fakeLive{}
+	p := New(dgx(), Options{Seed: 1, Live: src})
+	busyBut := func(quiet string) map[string]float64 {
+		m := map[string]float64{}
+		for _, g := range dgx().GPUs {
+			m[g.ID] = 0.8
+		}
+		m[quiet] = 0.05
+		return m
+	}
+	place := func(id string) api.Allocation {
+		t.Helper()
+		j := job(id, api.TierBurstable, gpus(1))
+		j.Spec.Class = api.ClassInference
+		allocs, why, ok := p.Place([]*api.Job{j})
+		if !ok {
+			t.Fatalf("job %s not placed: %s", id, why)
+		}
+		return allocs[0]
+	}
+	src.set(busyBut("GPU-f"))
+	a := place("1")
+	if len(a.GPUs) != 1 || a.GPUs[0] != "GPU-f" {
+		t.Fatalf("job 1 got %v, want the quiet GPU-f\n%s", a.GPUs, a.Explain)
+	}
+	for _, want := range []string{"top 3 candidates", "load=", "energy=", "5=GPU-f"} {
+		if !strings.Contains(a.Explain, want) {
+			t.Errorf("explanation lacks %q:\n%s", want, a.Explain)
+		}
+	}
+	src.set(busyBut("GPU-c"))
+	time.Sleep(LiveEvery + 10*time.Millisecond) // the placer keeps a reading LiveEvery
+	if a := place("2"); len(a.GPUs) != 1 || a.GPUs[0] != "GPU-c" {
+		t.Fatalf("job 2 got %v, want GPU-c, the quiet one now\n%s", a.GPUs, a.Explain)
+	}
+}
+
+// Without a live source every GPU is alike: the same job takes the first
+// GPU, whatever a source would have said (the test above is not passing
+// by accident of index order).
+func TestNoLiveSourceFirstGPU(t *testing.T) {
+	p := New(dgx(), Options{Seed: 1})
+	j := job("1", api.TierBurstable, gpus(1))
+	j.Spec.Class = api.ClassInference
+	allocs, why, ok := p.Place([]*api.Job{j})
+	if !ok {
+		t.Fatal(why)
+	}
+	if allocs[0].GPUs[0] == "GPU-f" || allocs[0].GPUs[0] == "GPU-c" {
+		t.Fatalf("without live load the job took %v", allocs[0].GPUs)
+	}
+}
+
+// The shape learner is read: after learnAfter jobs the fragmentation model
+// is rebuilt from what was seen, and a job seen twice counts once.
+func TestShapesSeenAreCounted(t *testing.T) {
+	p := New(dgx(), Options{Seed: 1})
+	for i := range learnAfter {
+		j := job(string(rune('A'+i)), api.TierBurstable, share(250))
+		for range 2 { // placed or not, a job counts once
+			p.Place([]*api.Job{j})
+		}
+	}
+	if p.observed != learnAfter {
+		t.Fatalf("observed %d, want %d", p.observed, learnAfter)
+	}
+}

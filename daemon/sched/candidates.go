@@ -1,0 +1,683 @@
+package sched
+
+import (
+	"cmp"
+	"math"
+	"math/bits"
+	"slices"
+)
+
+// AssignmentPolicy is a Policy that scores the concrete assignments of a
+// request inside a node — which GPUs, MIG slot (an existing instance or a
+// new one), shared GPU, FPGA region and NUMA node for the exclusive cores —
+// rather than the node as a whole. The Engine uses it instead of Score
+// when its policy has it, and picks the best (node, assignment).
+type AssignmentPolicy interface {
+	Policy
+	// Choices appends to out the scored assignments of req on n (which
+	// passed Filter; idx as for Score), best first: always the best, and
+	// up to keep in all.
+	Choices(req *Request, n *Node, idx, keep int, out []Choice) []Choice
+}
+
+var _ AssignmentPolicy = (*Weighted)(nil)
+
+// maxChoices bounds the assignments a node contributes to a decision.
+const maxChoices = 8
+
+// Choice is one scored assignment inside a node, kept compact;
+// Assignment makes it concrete.
+type Choice struct {
+	Scored
+	// Dims are the dimensions' scores s_d (Scored.Parts are w_d·s_d).
+	Dims     [NumDims]float64
+	Locality float64
+	gpus     uint64 // bit i: GPU i (the whole GPUs, or the one shared GPU)
+	mig      MIGPick
+	hasMIG   bool
+	fpga     int // FPGA region, -1 for none
+	home     int // NUMA node the exclusive cores start from, -1: pickCores' default
+	// exact is false while the fragmentation part is only an upper bound
+	// (a shared GPU other than the one the fragmentation measure chose).
+	exact bool
+	seq   int // generation order, the tie-break
+}
+
+// Assignment is the choice as an assignment on n (index idx).
+func (c *Choice) Assignment(req *Request, n *Node, idx int) Assignment {
+	a := Assignment{Node: n.Name, NodeIdx: idx, CPUMilli: req.CPUMilli + int64(req.ExclusiveCores)*1000, MemMiB: req.MemMiB, FPGA: -1}
+	for s := c.gpus; s != 0; s &= s - 1 {
+		a.GPUs = append(a.GPUs, bits.TrailingZeros64(s))
+	}
+	if len(a.GPUs) > 0 {
+		a.GPUMilli, a.GPUMemMiB = req.GPUMilli, req.GPUMemMiB
+	}
+	if c.hasMIG {
+		m := c.mig
+		a.MIG = &m
+	}
+	if c.fpga >= 0 && c.fpga < len(n.FPGAs) {
+		a.FPGA, a.Bitstream = c.fpga, req.Bitstream
+		a.Program = n.FPGAs[c.fpga].Bitstream != req.Bitstream
+	}
+	if req.ExclusiveCores > 0 {
+		a.Cores, _ = pickCores(req, n, c.home)
+	}
+	return a
+}
+
+// gpuKey is what makes two GPUs of a node interchangeable for a request:
+// alternatives that differ only by GPUs of equal keys (and equal
+// locality) are one candidate.
+type gpuKey struct {
+	milli, mem          int64
+	numa                int
+	load, power, ppw, w float64
+}
+
+func keyOf(g *GPU) gpuKey {
+	return gpuKey{milli: g.MilliFree, mem: g.MemFreeMiB, numa: g.NUMA, load: g.Load, power: g.PowerW, ppw: g.PerfPerWatt, w: g.IdleWatts}
+}
+
+// hash mixes a key into 64 bits (a commutative sum of member hashes is the
+// signature of a GPU set).
+func (k gpuKey) hash() uint64 {
+	h := uint64(14695981039346656037)
+	for _, v := range [...]uint64{uint64(k.milli), uint64(k.mem), uint64(k.numa), math.Float64bits(k.load), math.Float64bits(k.power), math.Float64bits(k.ppw), math.Float64bits(k.w)} {
+		h ^= v
+		h *= 1099511628211
+		h ^= h >> 29
+	}
+	return h
+}
+
+// option is a generated, not yet scored, choice.
+type option struct {
+	gpus   uint64
+	mig    MIGPick
+	hasMIG bool
+	fpga   int
+	home   int
+	loc    float64
+	sig    uint64 // symmetry signature
+	// migFrag is the MIG slot's packing score (MIG options only).
+	migFrag float64
+}
+
+// Choices implements AssignmentPolicy: it generates the node's concrete
+// assignments (symmetric ones once), scores each Σ w_d·s_d with the
+// class's profile and returns them best first.
+func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) []Choice {
+	if p.lastReq != req || p.lastClass != req.Class {
+		p.lastReq, p.lastClass, p.lastW = req, req.Class, p.weights(req.Class)
+	}
+	w := p.lastW
+	frag, fragGPU := p.fragmentation(req, n, idx)
+	prio := priorityScore(req, n)
+	opts := p.options(req, n, fragGPU, keep > 1)
+	base := len(out)
+	for i := range opts {
+		o := &opts[i]
+		out = append(out, Choice{gpus: o.gpus, mig: o.mig, hasMIG: o.hasMIG, fpga: o.fpga, home: o.home, Locality: o.loc, exact: true, seq: i})
+		c := &out[len(out)-1]
+		c.GPU = -1
+		if req.Shared() && o.gpus != 0 {
+			c.GPU = bits.TrailingZeros64(o.gpus)
+		}
+		s := &c.Dims
+		s[DimCompute] = p.computeOf(req, n, o)
+		s[DimLocality] = o.loc
+		s[DimFragmentation] = frag
+		switch {
+		case o.hasMIG:
+			s[DimFragmentation] = (frag + o.migFrag) / 2
+		case req.Shared() && c.GPU != fragGPU:
+			c.exact = false // frag is an upper bound until refined
+		}
+		s[DimEnergy] = p.energyOf(req, n, o)
+		s[DimLoad] = 1 - loadOf(req, n, o)
+		s[DimPriority] = prio
+		c.score(&w)
+	}
+	cs := out[base:]
+	if len(cs) == 1 {
+		return out
+	}
+	order := func(a, b Choice) int {
+		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.seq, b.seq))
+	}
+	// Refine the inexact (upper-bound) candidates that could still matter:
+	// all of them when several are kept, otherwise those whose bound beats
+	// the best exact score.
+	bestExact := math.Inf(-1)
+	for i := range cs {
+		if cs[i].exact {
+			bestExact = max(bestExact, cs[i].Score)
+		}
+	}
+	for i := range cs {
+		if !cs[i].exact && (keep > 1 || cs[i].Score > bestExact) {
+			cs[i].Dims[DimFragmentation] = p.sharedFrag(req, n, frag, fragGPU, cs[i].GPU)
+			cs[i].score(&w)
+			cs[i].exact = true
+			bestExact = max(bestExact, cs[i].Score)
+		}
+	}
+	for i := range cs {
+		if !cs[i].exact {
+			// Below the best exact score whatever its exact value: keep
+			// it out of the order's top.
+			cs[i].Score = math.Inf(-1)
+		}
+	}
+	slices.SortStableFunc(cs, order)
+	k := max(keep, 1)
+	for len(cs) > k || (len(cs) > 1 && math.IsInf(cs[len(cs)-1].Score, -1)) {
+		cs = cs[:len(cs)-1]
+	}
+	return out[:base+len(cs)]
+}
+
+func (c *Choice) score(w *Weights) {
+	c.Score = 0
+	for d, v := range c.Dims {
+		if v < 0 {
+			v = 0
+		} else if v > 1 {
+			v = 1
+		}
+		c.Dims[d] = v
+		c.Parts[d] = w[d] * v
+		c.Score += c.Parts[d]
+	}
+}
+
+// sharedFrag is the fragmentation score of a shared request on GPU g when
+// the fragmentation measure chose chosen (scored frag): lower by how much
+// less of the measure's gain g keeps (the FGD measure, sigmoid per 1000
+// milli); without a shape model, by how much emptier g is than the
+// fullest fitting GPU.
+func (p *Weighted) sharedFrag(req *Request, n *Node, frag float64, chosen, g int) float64 {
+	if p.fs == nil || chosen < 0 {
+		bf := bestFitGPU(req, n)
+		if bf < 0 {
+			return frag
+		}
+		return frag - float64(n.GPUs[g].MilliFree-n.GPUs[bf].MilliFree)/float64(MilliPerGPU*len(n.GPUs))
+	}
+	m := p.fs.model
+	before := m.NodeFrag(n)
+	var one [1]int
+	one[0] = chosen
+	best := sigmoid((before - m.fragAfter(n, req, one[:])) / 1000)
+	one[0] = g
+	here := sigmoid((before - m.fragAfter(n, req, one[:])) / 1000)
+	return frag - max(0, best-here)
+}
+
+// options generates the node's assignments for req, symmetric ones once,
+// at most maxChoices (the best by a cheap pre-score: locality, then the
+// GPUs' live quality). fragGPU is the shared GPU the fragmentation
+// measure chose (-1: none).
+func (p *Weighted) options(req *Request, n *Node, fragGPU int, all bool) []option {
+	opts := p.scratch[:0]
+	switch {
+	case req.MIGProfile != "":
+		opts = migOptions(req, n, opts)
+	case req.GPUs == 1:
+		opts = oneGPUOptions(req, n, fragGPU, !all && req.Bitstream == "" && (req.ExclusiveCores == 0 || n.numaCount() == 1) && liveUniform(n), opts)
+	case req.GPUs > 1:
+		opts = wholeGPUOptions(req, n, opts)
+	default:
+		opts = append(opts, option{fpga: -1, home: -1, loc: 1})
+	}
+	if req.Bitstream != "" {
+		opts = withFPGA(req, n, opts)
+	}
+	if req.ExclusiveCores > 0 {
+		opts = withCores(req, n, opts)
+	}
+	if len(opts) > maxChoices {
+		slices.SortStableFunc(opts, func(a, b option) int { return cmp.Compare(b.loc, a.loc) })
+		opts = opts[:maxChoices]
+	}
+	p.scratch = opts
+	return opts
+}
+
+// dupSig reports whether an option with signature sig is already there.
+func dupSig(opts []option, sig uint64) bool {
+	for i := range opts {
+		if opts[i].sig == sig {
+			return true
+		}
+	}
+	return false
+}
+
+// oneGPUOptions are the GPUs a one-GPU request (shared or whole) may take,
+// one per class of interchangeable GPUs: the fragmentation measure's GPU
+// (else the best fit for a share, the first fitting for a whole GPU)
+// first. With onlyLead (only the best is wanted and the GPUs differ in
+// nothing but what the fragmentation measure weighed) the lead alone.
+func oneGPUOptions(req *Request, n *Node, lead int, onlyLead bool, opts []option) []option {
+	if onlyLead && !mustAlign(req, n) {
+		if lead < 0 && !req.Shared() {
+			for i := range min(len(n.GPUs), 64) {
+				if gpuFits(req, &n.GPUs[i]) {
+					lead = i
+					break
+				}
+			}
+		}
+		if lead >= 0 && lead < len(n.GPUs) && lead < 64 && gpuFits(req, &n.GPUs[lead]) {
+			return append(opts, option{gpus: 1 << uint(lead), fpga: -1, home: n.GPUs[lead].NUMA, loc: 1})
+		}
+	}
+	aligned := alignedNUMA(req, n)
+	fits := func(i int) bool { return i >= 0 && i < 64 && gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) }
+	if !fits(lead) {
+		lead = -1
+		if req.Shared() {
+			lead = bestFitGPU(req, n)
+		} else {
+			for i := range n.GPUs {
+				if fits(i) {
+					lead = i
+					break
+				}
+			}
+		}
+	}
+	start := len(opts)
+	add := func(i int) {
+		if len(opts) > start {
+			k := keyOf(&n.GPUs[i])
+			for j := start; j < len(opts); j++ {
+				if keyOf(&n.GPUs[bits.TrailingZeros64(opts[j].gpus)]) == k {
+					return
+				}
+			}
+		}
+		opts = append(opts, option{gpus: 1 << uint(i), fpga: -1, home: n.GPUs[i].NUMA, loc: 1})
+	}
+	if fits(lead) {
+		add(lead)
+		if onlyLead {
+			return opts
+		}
+	}
+	for i := range n.GPUs {
+		if i != lead && fits(i) {
+			add(i)
+		}
+	}
+	return opts
+}
+
+// liveUniform reports whether every GPU of n has the same live inputs and
+// efficiency, so that no dimension but fragmentation tells two fitting GPUs
+// apart (an idle draw without a power reading makes a GPU's holding work
+// matter, see idleDepth).
+func liveUniform(n *Node) bool {
+	if len(n.GPUs) == 0 {
+		return true
+	}
+	g0 := &n.GPUs[0]
+	if g0.IdleWatts > 0 && g0.PowerW == 0 {
+		return false
+	}
+	for i := 1; i < len(n.GPUs); i++ {
+		g := &n.GPUs[i]
+		if g.Load != g0.Load || g.PowerW != g0.PowerW || g.PerfPerWatt != g0.PerfPerWatt || g.IdleWatts != g0.IdleWatts {
+			return false
+		}
+	}
+	return true
+}
+
+// better is the live order of two GPUs for growing a set: less loaded,
+// then more efficient, then the lower index.
+func better(n *Node, i, j int) bool {
+	a, b := &n.GPUs[i], &n.GPUs[j]
+	if a.Load != b.Load {
+		return a.Load < b.Load
+	}
+	if a.PerfPerWatt != b.PerfPerWatt {
+		return a.PerfPerWatt > b.PerfPerWatt
+	}
+	return i < j
+}
+
+// wholeGPUOptions are the sets of req.GPUs whole GPUs: without NVLink on
+// one NUMA node, GPUs all alike give one set; otherwise a set grown
+// greedily from each seed GPU (NVLink pairs first, then its NUMA node, then
+// the live order), one per symmetry class (the members' keys and the
+// set's locality).
+func wholeGPUOptions(req *Request, n *Node, opts []option) []option {
+	k := req.GPUs
+	aligned := alignedNUMA(req, n)
+	var free uint64
+	alike := true
+	first := -1
+	for i := range min(len(n.GPUs), 64) {
+		if gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) {
+			free |= 1 << uint(i)
+			if first < 0 {
+				first = i
+			} else if keyOf(&n.GPUs[i]) != keyOf(&n.GPUs[first]) {
+				alike = false
+			}
+		}
+	}
+	if bits.OnesCount64(free) < k {
+		return opts
+	}
+	if len(n.NVLink) == 0 && n.numaCount() == 1 && alike {
+		set := uint64(0)
+		for s := free; bits.OnesCount64(set) < k; s &= s - 1 {
+			set |= s & -s
+		}
+		return append(opts, option{gpus: set, fpga: -1, home: n.GPUs[first].NUMA, loc: 1})
+	}
+	var link [64]uint64
+	for _, pr := range n.NVLink {
+		if pr[0] >= 0 && pr[0] < 64 && pr[1] >= 0 && pr[1] < 64 {
+			link[pr[0]] |= 1 << uint(pr[1])
+			link[pr[1]] |= 1 << uint(pr[0])
+		}
+	}
+	for s := free; s != 0; s &= s - 1 {
+		seed := bits.TrailingZeros64(s)
+		set := uint64(1) << uint(seed)
+		numa := n.GPUs[seed].NUMA
+		for bits.OnesCount64(set) < k {
+			next, nextScore := -1, -1
+			for r := free &^ set; r != 0; r &= r - 1 {
+				j := bits.TrailingZeros64(r)
+				sc := bits.OnesCount64(link[j]&set) * 2
+				if n.GPUs[j].NUMA == numa {
+					sc++
+				}
+				if sc > nextScore || (sc == nextScore && better(n, j, next)) {
+					next, nextScore = j, sc
+				}
+			}
+			set |= 1 << uint(next)
+		}
+		loc := setLocality(n, set, &link)
+		sig := math.Float64bits(loc)
+		for m := set; m != 0; m &= m - 1 {
+			sig += keyOf(&n.GPUs[bits.TrailingZeros64(m)]).hash()
+		}
+		if !dupSig(opts, sig) {
+			// The set's home NUMA node: its lowest GPU's (as assign).
+			opts = append(opts, option{gpus: set, fpga: -1, home: n.GPUs[bits.TrailingZeros64(set)].NUMA, loc: loc, sig: sig})
+		}
+	}
+	return opts
+}
+
+// migOptions are, on each MIG GPU, a free instance of the profile (no
+// reconfiguration) and the best spot for a new one (the one leaving the
+// longest run of free slices, as pickMIG), GPUs with the same layout and
+// key once.
+func migOptions(req *Request, n *Node, opts []option) []option {
+	for gi := range n.GPUs {
+		m := n.GPUs[gi].MIG
+		if m == nil {
+			continue
+		}
+		used := m.usedMask()
+		key := keyOf(&n.GPUs[gi]).hash() ^ used*0x9e3779b97f4a7c15
+		free := m.TotalSlices - bits.OnesCount64(used)
+		for _, in := range m.Instances {
+			if !in.InUse && in.Slices == req.MIGSlices && (in.Profile == "" || in.Profile == req.MIGProfile) {
+				if sig := key ^ 1; !dupSig(opts, sig) {
+					opts = append(opts, option{mig: MIGPick{GPU: gi, Start: in.Start, Slices: in.Slices}, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: 1})
+				}
+				break
+			}
+		}
+		bestStart, bestRun := -1, -1
+		for start := 0; start+req.MIGSlices <= m.TotalSlices; start += req.MIGSlices {
+			if !m.sliceRunFree(start, req.MIGSlices) {
+				continue
+			}
+			var run uint64
+			for s := start; s < start+req.MIGSlices; s++ {
+				run |= 1 << uint(s)
+			}
+			if left := longestFreeRun(used|run, m.TotalSlices); left > bestRun {
+				bestStart, bestRun = start, left
+			}
+		}
+		if bestStart < 0 {
+			continue
+		}
+		if sig := key ^ 2; !dupSig(opts, sig) {
+			// Packing: fewer free slices left on the GPU is better (whole
+			// GPUs stay whole), and a contiguous rest better than a broken
+			// one.
+			t := float64(max(m.TotalSlices, 1))
+			after := free - req.MIGSlices
+			mf := 1 - 0.5*float64(after)/t - 0.5*float64(after-bestRun)/t
+			opts = append(opts, option{mig: MIGPick{GPU: gi, Start: bestStart, Slices: req.MIGSlices, Create: true}, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: mf})
+		}
+	}
+	return opts
+}
+
+// withFPGA gives each option an FPGA region: every free region, regions
+// alike (same bitstream state, programming time and NUMA node) once; a
+// region off the devices' NUMA node halves the locality.
+func withFPGA(req *Request, n *Node, opts []option) []option {
+	type rkey struct {
+		loaded bool
+		ms     float64
+		numa   int
+	}
+	var regions [maxChoices]int
+	var keys [maxChoices]rkey
+	nr := 0
+	for i := range n.FPGAs {
+		r := &n.FPGAs[i]
+		if r.Busy {
+			continue
+		}
+		k := rkey{r.Bitstream == req.Bitstream, r.ProgramMs, r.NUMA}
+		if slices.Contains(keys[:nr], k) {
+			continue
+		}
+		if nr == len(regions) {
+			break
+		}
+		regions[nr], keys[nr] = i, k
+		nr++
+	}
+	out := opts[len(opts):]
+	for _, o := range opts {
+		for _, ri := range regions[:nr] {
+			x := o
+			x.fpga = ri
+			numa := n.FPGAs[ri].NUMA
+			if o.gpus == 0 && !o.hasMIG {
+				x.home = numa
+			} else if numa != o.home {
+				x.loc *= 0.5
+			}
+			out = append(out, x)
+		}
+	}
+	// out was built past opts in the same array: move it down.
+	return append(opts[:0], out...)
+}
+
+// withCores sets where each option's exclusive cores come from: the
+// devices' NUMA node; for an option without devices, each NUMA node with
+// free cores is an option. Cores spread over several NUMA nodes divide the
+// locality by their number.
+func withCores(req *Request, n *Node, opts []option) []option {
+	var buf [8]int
+	take := buf[:0]
+	if len(n.FreeCores) > len(buf) {
+		take = make([]int, 0, len(n.FreeCores))
+	}
+	take = take[:len(n.FreeCores)]
+	out := opts[len(opts):]
+	var hb [8]int
+	for _, o := range opts {
+		homes := append(hb[:0], o.home)
+		if o.gpus == 0 && !o.hasMIG && o.fpga < 0 {
+			// Most free cores first: on a tie the default rule's node.
+			homes = homes[:0]
+			for i, c := range n.FreeCores {
+				if c > 0 {
+					homes = append(homes, i)
+				}
+			}
+			slices.SortStableFunc(homes, func(a, b int) int { return cmp.Compare(n.FreeCores[b], n.FreeCores[a]) })
+			if len(homes) == 0 {
+				homes = append(homes, -1)
+			}
+		}
+		for _, h := range homes {
+			x := o
+			x.home = h
+			if spread := coresTaken(req, n, h, take); spread > 1 {
+				x.loc *= 1 / float64(spread)
+			}
+			out = append(out, x)
+		}
+	}
+	return append(opts[:0], out...)
+}
+
+// priorityScore is the priority dimension: guaranteed work wants the CPU
+// headroom a node keeps, lower tiers pack.
+func priorityScore(req *Request, n *Node) float64 {
+	taken := req.CPUMilli + int64(req.ExclusiveCores)*1000
+	head := float64(n.CPUFreeMilli-taken) / float64(max(n.CPUMilli, 1))
+	if req.Tier.Rank() >= TierGuaranteed.Rank() {
+		return head
+	}
+	return 1 - head
+}
+
+// computeOf is the compute dimension of an option: the GPU model's
+// capability for the class (training and batch want the most capable;
+// inference and services on slices a modest one, so large GPUs stay for
+// training), an FPGA region's readiness, 1 for CPU-only work.
+func (p *Weighted) computeOf(req *Request, n *Node, o *option) float64 {
+	if req.GPUs == 0 && req.MIGProfile == "" {
+		if o.fpga < 0 {
+			return 1
+		}
+		return regionCompute(req, &n.FPGAs[o.fpga])
+	}
+	c := p.capability(n.GPUModel, req.Class)
+	if (req.Class == ClassInference || req.Class == ClassService) && (req.Shared() || req.MIGProfile != "") {
+		return 1 - c/2
+	}
+	return c
+}
+
+// regionCompute prefers a region already holding the bitstream (1) and
+// otherwise weighs the programming time (one second costs half).
+func regionCompute(req *Request, r *FPGARegion) float64 {
+	if r.Bitstream == req.Bitstream {
+		return 1
+	}
+	return 0.5 / (1 + r.ProgramMs/1000)
+}
+
+// energyOf is the energy dimension of an option: the mean over its GPUs
+// of their performance per watt for the class, lowered by how deeply idle
+// each GPU is (waking it from its idle power state costs the step to
+// active power): a GPU at or below its idle draw counts half, one at twice
+// its idle draw or more full, linearly between. A GPU without a power
+// reading counts as idle when nothing holds it, it reports no load and its
+// idle draw is known. Creating a MIG instance (reconfiguration) halves it.
+// CPU-only and FPGA-only work scores 1.
+func (p *Weighted) energyOf(req *Request, n *Node, o *option) float64 {
+	var sum float64
+	cnt := 0
+	one := func(g *GPU) {
+		sum += p.perfPerWatt(n.GPUModel, req.Class, g) * (1 - 0.5*idleDepth(g))
+		cnt++
+	}
+	for s := o.gpus; s != 0; s &= s - 1 {
+		one(&n.GPUs[bits.TrailingZeros64(s)])
+	}
+	if o.hasMIG {
+		one(&n.GPUs[o.mig.GPU])
+	}
+	if cnt == 0 {
+		return 1
+	}
+	e := sum / float64(cnt)
+	if o.hasMIG && o.mig.Create {
+		e /= 2
+	}
+	return e
+}
+
+// idleDepth is 1 for a GPU in its idle power state, 0 for an active one.
+func idleDepth(g *GPU) float64 {
+	busy := g.MilliFree < MilliPerGPU
+	if m := g.MIG; m != nil {
+		busy = false
+		for _, in := range m.Instances {
+			busy = busy || in.InUse
+		}
+	}
+	switch {
+	case g.PowerW > 0 && g.IdleWatts > 0:
+		return min(1, max(0, (2*g.IdleWatts-g.PowerW)/g.IdleWatts))
+	case g.IdleWatts > 0 && !busy && g.Load == 0:
+		return 1
+	}
+	return 0
+}
+
+// loadOf is the live load an option meets (0..1): the mean utilisation of
+// its GPUs (70 %) and the CPU load where it runs (30 %), or the CPU load
+// alone without GPUs. The CPU load is that of the NUMA nodes its exclusive
+// cores come from (weighted by the cores taken) where it is measured per
+// NUMA node, else the host's.
+func loadOf(req *Request, n *Node, o *option) float64 {
+	cpu := n.Load
+	if req.ExclusiveCores > 0 && len(n.NUMALoad) > 0 {
+		var buf [8]int
+		take := buf[:0]
+		if len(n.FreeCores) > len(buf) {
+			take = make([]int, 0, len(n.FreeCores))
+		}
+		take = take[:len(n.FreeCores)]
+		coresTaken(req, n, o.home, take)
+		var l, c float64
+		for i, t := range take {
+			if t > 0 && i < len(n.NUMALoad) {
+				l += float64(t) * n.NUMALoad[i]
+				c += float64(t)
+			}
+		}
+		if c > 0 {
+			cpu = l / c
+		}
+	}
+	var sum float64
+	cnt := 0
+	for s := o.gpus; s != 0; s &= s - 1 {
+		sum += n.GPUs[bits.TrailingZeros64(s)].Load
+		cnt++
+	}
+	if o.hasMIG {
+		sum += n.GPUs[o.mig.GPU].Load
+		cnt++
+	}
+	if cnt == 0 {
+		return cpu
+	}
+	return 0.7*sum/float64(cnt) + 0.3*cpu
+}
