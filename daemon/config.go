@@ -84,6 +84,8 @@ type Config struct {
 	// QoS holds the latency SLO defaults per class and the QoS loop's
 	// tuning (see QoSConfig).
 	QoS QoSConfig `json:"qos"`
+	// Telemetry is the telemetry bus's sampling rate and ring sizes.
+	Telemetry TelemetryConfig `json:"telemetry"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -236,7 +238,8 @@ func DefaultConfig() Config {
 				Streams:     64,
 			},
 		},
-		QoS: DefaultQoSConfig(),
+		QoS:       DefaultQoSConfig(),
+		Telemetry: DefaultTelemetryConfig(),
 	}
 }
 
@@ -359,6 +362,9 @@ func (c *Config) Validate() error {
 		return bad("metrics.listen", "%v", err)
 	}
 	if key, err := c.QoS.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Telemetry.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

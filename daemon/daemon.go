@@ -30,6 +30,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/daemon/internal/store"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/devices"
 )
 
@@ -76,10 +77,12 @@ type Daemon struct {
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
 	// stopQoS stops the QoS loop and detaches the latency probes.
-	stopQoS   func()
-	stopPower context.CancelFunc
-	powerDone chan struct{}
-	closeOnce sync.Once
+	stopQoS func()
+	// stopTelemetry stops the telemetry bus's sampler.
+	stopTelemetry func()
+	stopPower     context.CancelFunc
+	powerDone     chan struct{}
+	closeOnce     sync.Once
 }
 
 // New builds the daemon: it opens the store and the host's hardware,
@@ -194,6 +197,11 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
 		return nil, err
 	}
+	bus, stopTelemetry, err := startTelemetry(ctx, cfg.Telemetry, d.hw, d.mgr, cg, log)
+	if err != nil {
+		return nil, err
+	}
+	d.stopTelemetry = stopTelemetry
 	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, d.mgr, log)
 	d.stopQoS = stopQoS
 	qosLoopRef.Store(qosLoop)
@@ -217,7 +225,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep}, log); err != nil {
 		return nil, err
 	}
-	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff}
+	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff, telemetry: bus}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -248,6 +256,9 @@ func (d *Daemon) Close() error {
 		}
 		if d.stopQoS != nil {
 			d.stopQoS()
+		}
+		if d.stopTelemetry != nil {
+			d.stopTelemetry()
 		}
 		if d.stopPower != nil {
 			d.stopPower()
@@ -470,6 +481,8 @@ type service struct {
 	// qos is the QoS loop, nil when it does not run (qosOff says why).
 	qos    *qos.Loop
 	qosOff api.QoSStatus
+	// telemetry is the telemetry bus.
+	telemetry *telemetry.Bus
 }
 
 var _ apiserver.Backend = (*service)(nil)
@@ -491,6 +504,7 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Isolation: s.runner.Isolation(),
 		Notes:     s.notes(),
 		QoS:       s.qosStatus(),
+		Telemetry: s.telemetryStatus(),
 	}, nil
 }
 
@@ -502,6 +516,14 @@ func (s *service) notes() []string {
 		notes = append(notes, "not ready: "+err.Error())
 	}
 	return notes
+}
+
+func (s *service) telemetryStatus() *api.TelemetryStatus {
+	if s.telemetry == nil {
+		return nil
+	}
+	st := s.telemetry.Status()
+	return &st
 }
 
 func (s *service) qosStatus() *api.QoSStatus {

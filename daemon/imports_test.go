@@ -124,7 +124,7 @@ func TestBinaryDependencies(t *testing.T) {
 		t.Errorf("fusiond does not link daemon/internal/jobs: go list -deps is not telling the truth")
 	}
 	for _, p := range linked("fusionctl") {
-		if under(rel(p), "daemon/internal", "devices/nvidia", "cgroups", "ebpf") ||
+		if under(rel(p), "daemon/internal", "devices/nvidia", "devices/rapl", "cgroups", "ebpf") ||
 			under(p, "github.com/NVIDIA/go-nvml", "github.com/opencontainers/runc", "github.com/containerd/cgroups", "github.com/cilium/ebpf", "go.etcd.io/bbolt") {
 			t.Errorf("fusionctl links %s: the CLI talks to the daemon's API and touches no hardware", p)
 		}
