@@ -28,7 +28,7 @@ func DetectPeriod(y []float64, minP, maxP int) (period int, strength float64) {
 	return period, strength
 }
 
-// autocorrelation of y at every lag (acf[0] = 1), nil for a constant or
+// autocorrelation of y at every lag (acf[0] = 1; unbiased), nil for a constant or
 // too short series.
 func autocorrelation(y []float64) []float64 {
 	n := len(y)
@@ -58,7 +58,9 @@ func autocorrelation(y []float64) []float64 {
 	}
 	acf := make([]float64, n)
 	for i := range acf {
-		acf[i] = real(x[i]) / real(x[0])
+		// Unbiased: each lag's sum over its n−i pairs, so a season's
+		// peak is not pulled to a shorter lag.
+		acf[i] = real(x[i]) / float64(n-i) / (real(x[0]) / float64(n))
 	}
 	return acf
 }
