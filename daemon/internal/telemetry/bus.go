@@ -226,7 +226,6 @@ func New(cfg Config, log *slog.Logger) (*Bus, error) {
 		b.nNodes = max(b.nNodes, n+1)
 	}
 	b.nNodes = max(b.nNodes, 1)
-	b.fc.init()
 	return b, nil
 }
 

@@ -377,3 +377,34 @@ func TestMemoryBound(t *testing.T) {
 	}
 	t.Logf("ring memory bound: %d bytes (2 CPUs), %d bytes (128 CPUs, 2 nodes, 2 packages, 8 GPUs)", small, big)
 }
+
+// A host whose CPU use rises one point a minute is forecast to keep
+// rising: 15 minutes past the last full minute's 59%, 74%.
+func TestHostForecastFromHistory(t *testing.T) {
+	p := newFakeProc(t, 1)
+	clk := &fakeClock{t: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	b := newBus(t, Config{Proc: p.root, Now: clk.now, Interval: 10 * time.Second, JobInterval: 10 * time.Second, History: 120})
+	if err := b.Sample(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 60 * 6 {
+		p.advance(uint64((i + 1) / 6)) // the sample at 10:mm:ss is in minute mm, at mm% busy
+		clk.add(10 * time.Second)
+		if err := b.Sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, ok := b.Forecast("cpu_busy")
+	if !ok {
+		t.Fatalf("no cpu_busy forecast after an hour; status %+v", b.Status().Forecasts)
+	}
+	if f.Points != 60 || math.Abs(f.Now-0.59) > 1e-9 || math.Abs(f.Value-0.74) > 1e-6 || time.Duration(f.Horizon) != 15*time.Minute {
+		t.Errorf("forecast %+v, want 0.74 from 0.59 over 60 points", f)
+	}
+	if _, ok := b.Forecast("gpu_sm_util_pct"); ok {
+		t.Error("a host without GPUs has a GPU forecast")
+	}
+	if len(b.Status().Forecasts) != 2 {
+		t.Errorf("status forecasts %+v, want cpu_busy and memory_used_bytes", b.Status().Forecasts)
+	}
+}

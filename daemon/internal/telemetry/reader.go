@@ -2,6 +2,8 @@ package telemetry
 
 import (
 	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
 )
 
 // Reader is the bus's read side: what placement scoring, the QoS loop,
@@ -24,6 +26,8 @@ type Reader interface {
 	Job(id string, d time.Duration) (JobUsage, bool)
 	// History is the per-minute points, oldest first.
 	History() []Point
+	// Forecast is a host series' forecast Horizon ahead.
+	Forecast(series string) (api.SeriesForecast, bool)
 }
 
 var _ Reader = (*Bus)(nil)
@@ -166,6 +170,10 @@ type Point struct {
 	GPUUtil  float64 `json:"gpu_util"`
 	MemUsed  float64 `json:"mem_used"`
 	PackageW float64 `json:"package_w"`
+	// GPUs and Packages count the GPU and RAPL readings of the minute's
+	// last sample (0: the host has none).
+	GPUs     int `json:"gpus"`
+	Packages int `json:"packages"`
 }
 
 // minuteAcc sums samples until a minute boundary passes.
@@ -173,6 +181,7 @@ type minuteAcc struct {
 	start            time.Time
 	n, gpuN          int
 	cpu, gpu, mem, w float64
+	gpus, packages   int
 }
 
 // add adds s and returns the finished minute's point when s starts a new
@@ -181,7 +190,8 @@ func (a *minuteAcc) add(s *Sample) *Point {
 	var done *Point
 	m := s.At.Truncate(time.Minute)
 	if !a.start.IsZero() && !m.Equal(a.start) && a.n > 0 {
-		p := Point{At: a.start, CPUBusy: a.cpu / float64(a.n), MemUsed: a.mem / float64(a.n), PackageW: a.w / float64(a.n)}
+		p := Point{At: a.start, CPUBusy: a.cpu / float64(a.n), MemUsed: a.mem / float64(a.n), PackageW: a.w / float64(a.n),
+			GPUs: a.gpus, Packages: a.packages}
 		if a.gpuN > 0 {
 			p.GPUUtil = a.gpu / float64(a.gpuN)
 		}
@@ -192,6 +202,7 @@ func (a *minuteAcc) add(s *Sample) *Point {
 		a.start = m
 	}
 	a.n++
+	a.gpus, a.packages = len(s.GPUs), len(s.PackageW)
 	a.cpu += s.CPUBusy
 	a.mem += float64(s.MemTotal - min(s.MemAvailable, s.MemTotal))
 	for _, w := range s.PackageW {
