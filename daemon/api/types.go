@@ -100,6 +100,9 @@ type JobSpec struct {
 	// QoS is the job's latency SLO; unset, the class default of the
 	// daemon's config applies (service and inference are protected).
 	QoS *QoS `json:"qos,omitempty"`
+
+	// Replicas makes a service or inference job elastic (see Replicas).
+	Replicas *Replicas `json:"replicas,omitempty"`
 }
 
 // Resources is a job's resource request.
