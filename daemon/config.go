@@ -86,6 +86,8 @@ type Config struct {
 	QoS QoSConfig `json:"qos"`
 	// Telemetry is the telemetry bus's sampling rate and ring sizes.
 	Telemetry TelemetryConfig `json:"telemetry"`
+	// Elastic tunes the controller of elastic (replicated) jobs.
+	Elastic ElasticConfig `json:"elastic"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -240,6 +242,7 @@ func DefaultConfig() Config {
 		},
 		QoS:       DefaultQoSConfig(),
 		Telemetry: DefaultTelemetryConfig(),
+		Elastic:   DefaultElasticConfig(),
 	}
 }
 
@@ -365,6 +368,9 @@ func (c *Config) Validate() error {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Telemetry.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Elastic.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

@@ -78,8 +78,10 @@ type Daemon struct {
 	disconnect func()
 	// stopQoS stops the QoS loop and detaches the latency probes.
 	stopQoS func()
-	// stopTelemetry stops the telemetry bus's sampler.
+	// stopTelemetry stops the telemetry bus's sampler, stopElastic the
+	// elastic-job controller.
 	stopTelemetry func()
+	stopElastic   func()
 	stopPower     context.CancelFunc
 	powerDone     chan struct{}
 	closeOnce     sync.Once
@@ -202,6 +204,9 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.stopTelemetry = stopTelemetry
+	if d.stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, filepath.Join(cfg.StateDir, "jobs"), log); err != nil {
+		return nil, err
+	}
 	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, d.mgr, log)
 	d.stopQoS = stopQoS
 	qosLoopRef.Store(qosLoop)
@@ -256,6 +261,9 @@ func (d *Daemon) Close() error {
 		}
 		if d.stopQoS != nil {
 			d.stopQoS()
+		}
+		if d.stopElastic != nil {
+			d.stopElastic()
 		}
 		if d.stopTelemetry != nil {
 			d.stopTelemetry()
