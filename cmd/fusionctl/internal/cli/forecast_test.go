@@ -18,7 +18,7 @@ func TestDemandSeries(t *testing.T) {
 	pods := []sim.Pod{
 		{CPUMilli: 2000, GPUs: 1, GPUMilli: 500, Creation: 0, Deletion: 600},
 		{CPUMilli: 1000, GPUs: 2, GPUMilli: 1000, Creation: 250, Deletion: 0}, // to the end
-		{CPUMilli: 4000, Creation: 310, Deletion: 320},                       // between two step starts: never seen
+		{CPUMilli: 4000, Creation: 310, Deletion: 320},                        // between two step starts: never seen
 	}
 	cpu, gpu := demandSeries(pods, 5*time.Minute)
 	wantCPU, wantGPU := []float64{2, 3, 1}, []float64{0.5, 2.5, 2}
