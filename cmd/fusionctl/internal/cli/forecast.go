@@ -53,6 +53,12 @@ func demandSeries(pods []sim.Pod, step time.Duration) (cpu, gpu []float64) {
 	return cpu, gpu
 }
 
+// seriesLen is how many steps demandSeries makes of pods.
+func seriesLen(pods []sim.Pod, step time.Duration) int {
+	cpu, _ := demandSeries(pods, step)
+	return len(cpu)
+}
+
 // backtestRow is one line of the forecast back-test table.
 type backtestRow struct {
 	Series string  `json:"series"`
@@ -112,11 +118,12 @@ seasonal-naive baselines. It reads no daemon.`,
 			if err != nil {
 				return fmt.Errorf("%s: %w", trace, err)
 			}
+			if n := seriesLen(pods, step); n < 20*int(horizon/step) {
+				return fmt.Errorf("%s: its pods' creation and deletion times span %d steps of %v, too few to back-test a %v forecast (want at least %d)",
+					trace, n, step, horizon, 20*int(horizon/step))
+			}
 			rep := backtest(pods, step, horizon, period, trainFrac)
 			rep.Trace = trace
-			if rep.Points == 0 {
-				return fmt.Errorf("%s: no pods", trace)
-			}
 			return o.print(rep, func(w io.Writer) error { return backtestTable(w, rep) })
 		},
 	}

@@ -87,3 +87,16 @@ func TestTelemetryLines(t *testing.T) {
 		}
 	}
 }
+
+func TestForecastRefusesTraceWithoutTimes(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pods.csv")
+	if err := os.WriteFile(file, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1024,0,0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	root, _ := NewRootCommand(strings.NewReader(""), &out, &errb)
+	root.SetArgs([]string{"forecast", "--backtest", "--trace", file})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "too few to back-test") {
+		t.Errorf("a trace without times: err = %v", err)
+	}
+}
