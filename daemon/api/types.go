@@ -360,6 +360,8 @@ type NodeStatus struct {
 	// Telemetry is the telemetry bus's summary: live load, its sources,
 	// and the host forecasts.
 	Telemetry *TelemetryStatus `json:"telemetry,omitempty"`
+	// Reclaim is the reclaimed-capacity loop's state.
+	Reclaim *ReclaimStatus `json:"reclaim,omitempty"`
 	// Notes are facts an operator should know (e.g. "no NVIDIA driver").
 	Notes []string `json:"notes,omitempty"`
 }

@@ -292,6 +292,12 @@ func TestJobUsage(t *testing.T) {
 	if !ok || math.Abs(u.CPUMilli-500) > 1e-6 || u.Memory != 1<<30 || u.PSI != nil {
 		t.Errorf("job 1: %+v %v, want 500 millicores, 1 GiB, no PSI", u, ok)
 	}
+	if w := b.JobWindow("1", 10*time.Second); len(w) != 2 || !w[1].At.After(w[0].At) || math.Abs(w[1].CPUMilli-500) > 1e-6 {
+		t.Errorf("job 1 window %+v, want its two readings, oldest first", w)
+	}
+	if w := b.JobWindow("7", time.Minute); w != nil {
+		t.Errorf("an unknown job's window: %+v", w)
+	}
 	if u, _ := b.Job("2", 10*time.Second); math.Abs(u.CPUMilli-2000) > 1e-6 {
 		t.Errorf("job 2: %v millicores, want 2000", u.CPUMilli)
 	}

@@ -24,6 +24,8 @@ type Reader interface {
 	// Job is a job's mean usage over the last d (CPUMilli, Memory and the
 	// newest PSI).
 	Job(id string, d time.Duration) (JobUsage, bool)
+	// JobWindow is a job's readings of the last d, oldest first.
+	JobWindow(id string, d time.Duration) []JobUsage
 	// History is the per-minute points, oldest first.
 	History() []Point
 	// Forecast is a host series' forecast Horizon ahead.
@@ -146,6 +148,20 @@ func (b *Bus) Job(id string, d time.Duration) (JobUsage, bool) {
 	out.Memory /= uint64(n)
 	out.PSI = newest.PSI
 	return out, true
+}
+
+// JobWindow implements Reader.
+func (b *Bus) JobWindow(id string, d time.Duration) []JobUsage {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	r := b.jobs[id]
+	if r == nil || r.count == 0 {
+		return nil
+	}
+	newest := r.buf[(r.next-1+len(r.buf))%len(r.buf)]
+	var out []JobUsage
+	r.each(newest.At.Add(-d), func(u JobUsage) { out = append(out, u) })
+	return out
 }
 
 // History implements Reader.
