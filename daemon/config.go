@@ -88,6 +88,8 @@ type Config struct {
 	Telemetry TelemetryConfig `json:"telemetry"`
 	// Elastic tunes the controller of elastic (replicated) jobs.
 	Elastic ElasticConfig `json:"elastic"`
+	// Reclaim lets best-effort jobs use reserved-but-unused capacity.
+	Reclaim ReclaimConfig `json:"reclaim"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -243,6 +245,7 @@ func DefaultConfig() Config {
 		QoS:       DefaultQoSConfig(),
 		Telemetry: DefaultTelemetryConfig(),
 		Elastic:   DefaultElasticConfig(),
+		Reclaim:   DefaultReclaimConfig(),
 	}
 }
 
@@ -371,6 +374,9 @@ func (c *Config) Validate() error {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Elastic.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Reclaim.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

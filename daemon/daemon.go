@@ -29,6 +29,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
+	"github.com/fusiond/fusiond/daemon/internal/reclaim"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/devices"
@@ -82,9 +83,11 @@ type Daemon struct {
 	// elastic-job controller.
 	stopTelemetry func()
 	stopElastic   func()
-	stopPower     context.CancelFunc
-	powerDone     chan struct{}
-	closeOnce     sync.Once
+	// stopReclaim stops the reclaimed-capacity loop.
+	stopReclaim func()
+	stopPower   context.CancelFunc
+	powerDone   chan struct{}
+	closeOnce   sync.Once
 }
 
 // New builds the daemon: it opens the store and the host's hardware,
@@ -207,7 +210,16 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if d.stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, filepath.Join(cfg.StateDir, "jobs"), log); err != nil {
 		return nil, err
 	}
-	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, d.mgr, log)
+	var knobs *beKnobs
+	if cg != nil {
+		knobs = &beKnobs{cg: cg}
+	}
+	reclaimLoop, reclaimOff, stopReclaim, err := startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
+	if err != nil {
+		return nil, err
+	}
+	d.stopReclaim = stopReclaim
+	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, log)
 	d.stopQoS = stopQoS
 	qosLoopRef.Store(qosLoop)
 	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
@@ -230,7 +242,8 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep}, log); err != nil {
 		return nil, err
 	}
-	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff, telemetry: bus}
+	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff, telemetry: bus,
+		reclaim: reclaimLoop, reclaimOff: reclaimOff}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -264,6 +277,9 @@ func (d *Daemon) Close() error {
 		}
 		if d.stopElastic != nil {
 			d.stopElastic()
+		}
+		if d.stopReclaim != nil {
+			d.stopReclaim()
 		}
 		if d.stopTelemetry != nil {
 			d.stopTelemetry()
@@ -491,6 +507,10 @@ type service struct {
 	qosOff api.QoSStatus
 	// telemetry is the telemetry bus.
 	telemetry *telemetry.Bus
+	// reclaim is the reclaimed-capacity loop, nil when it does not run
+	// (reclaimOff says why).
+	reclaim    *reclaim.Loop
+	reclaimOff api.ReclaimStatus
 }
 
 var _ apiserver.Backend = (*service)(nil)
@@ -513,6 +533,7 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Notes:     s.notes(),
 		QoS:       s.qosStatus(),
 		Telemetry: s.telemetryStatus(),
+		Reclaim:   s.reclaimStatus(),
 	}, nil
 }
 
@@ -524,6 +545,14 @@ func (s *service) notes() []string {
 		notes = append(notes, "not ready: "+err.Error())
 	}
 	return notes
+}
+
+func (s *service) reclaimStatus() *api.ReclaimStatus {
+	st := s.reclaimOff
+	if s.reclaim != nil {
+		st = s.reclaim.Status()
+	}
+	return &st
 }
 
 func (s *service) telemetryStatus() *api.TelemetryStatus {

@@ -102,6 +102,13 @@ func TestStatusShowsTelemetry(t *testing.T) {
 	if _, err := os.Stat("/proc/pressure/cpu"); err == nil && st.PSI == nil {
 		t.Error("the kernel has /proc/pressure, yet no PSI in the status")
 	}
+	n, err := c.Node(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Reclaim == nil || !n.Reclaim.Enabled || n.Reclaim.ReclaimableCPU != 0 || n.Reclaim.BudgetCPU != 0 {
+		t.Errorf("reclaim status with no jobs: %+v", n.Reclaim)
+	}
 	cancel()
 	if err := <-served; err != nil {
 		t.Fatal(err)

@@ -29,3 +29,10 @@ func (m *Manager) PublishScale(ev api.Event) {
 	ev.Kind, ev.From, ev.To = api.EventScale, "", ""
 	m.events.publish(ev)
 }
+
+// PublishReclaim publishes a reclaimed-capacity action (a best-effort
+// throttle or eviction) on the event stream.
+func (m *Manager) PublishReclaim(ev api.Event) {
+	ev.Kind, ev.From, ev.To = api.EventReclaim, "", ""
+	m.events.publish(ev)
+}

@@ -100,3 +100,16 @@ func TestForecastRefusesTraceWithoutTimes(t *testing.T) {
 		t.Errorf("a trace without times: err = %v", err)
 	}
 }
+
+func TestReclaimLine(t *testing.T) {
+	s := reclaimLine(api.ReclaimStatus{Enabled: true, ReclaimableCPU: 1500, ReclaimableMemory: 2 << 30, ReclaimedCPU: 700,
+		ReclaimedMemory: 1 << 30, BestEffortCPU: 900, BestEffortMemory: 1 << 30, BudgetCPU: 2500, Evictions: 1})
+	for _, want := range []string{"reclaimable 1500m CPU and 2Gi memory", "reclaimed 700m CPU and 1Gi memory", "best-effort held to 2500m CPU", "1 evicted"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("%q lacks %q", s, want)
+		}
+	}
+	if s := reclaimLine(api.ReclaimStatus{Reason: "off: reclaim.enabled is false"}); !strings.Contains(s, "not running (off: reclaim.enabled is false)") {
+		t.Errorf("off: %q", s)
+	}
+}

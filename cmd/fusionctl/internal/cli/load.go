@@ -42,3 +42,28 @@ func telemetryLines(w io.Writer, t api.TelemetryStatus) {
 			f.Series, time.Duration(f.Horizon), f.Value, f.Now, f.Model, f.SMAPE, f.Points)
 	}
 }
+
+// reclaimLine is the reclaimed-capacity loop's state on one line.
+func reclaimLine(r api.ReclaimStatus) string {
+	if !r.Enabled {
+		return "not running (" + r.Reason + ")"
+	}
+	budget := "no best-effort limit"
+	if r.BudgetCPU > 0 || r.BudgetMemory > 0 {
+		var parts []string
+		if r.BudgetCPU > 0 {
+			parts = append(parts, r.BudgetCPU.String()+" CPU")
+		}
+		if r.BudgetMemory > 0 {
+			parts = append(parts, r.BudgetMemory.Human()+" memory")
+		}
+		budget = "best-effort held to " + strings.Join(parts, " and ")
+	}
+	s := fmt.Sprintf("reclaimable %s CPU and %s memory, reclaimed %s CPU and %s memory (best-effort uses %s and %s); %s; %d evicted",
+		r.ReclaimableCPU, r.ReclaimableMemory.Human(), r.ReclaimedCPU, r.ReclaimedMemory.Human(),
+		r.BestEffortCPU, r.BestEffortMemory.Human(), budget, r.Evictions)
+	if r.LastAction != "" && r.LastActionAt != nil {
+		s += fmt.Sprintf("; last: %s (%s)", r.LastAction, r.LastActionAt.Local().Format("15:04:05"))
+	}
+	return s
+}

@@ -63,6 +63,9 @@ func nodeTable(w io.Writer, n api.NodeStatus) error {
 	if t := n.Telemetry; t != nil {
 		telemetryLines(tw, *t)
 	}
+	if r := n.Reclaim; r != nil {
+		fmt.Fprintf(tw, "Reclaim:\t%s\n", reclaimLine(*r))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
