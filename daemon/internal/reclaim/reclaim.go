@@ -150,7 +150,8 @@ type Controller struct {
 	EvictAfter time.Duration
 	MinCPU     int64
 	// MinChange is the least change of the CPU limit worth writing, in
-	// millicores (memory is compared in MiB).
+	// millicores; the memory limit is rewritten when it moves by 16 MiB or
+	// more.
 	MinChange int64
 
 	cpu, mem  int64 // limits in force (0: none)
@@ -181,7 +182,7 @@ func (c *Controller) Step(now time.Time, a Account, be []BestEffortJob) []Action
 	if float64(mem) >= a.Capacity.Memory {
 		mem = 0
 	}
-	if differs(cpu, c.cpu, c.MinChange) || differs(mem>>20, c.mem>>20, 1) {
+	if differs(cpu, c.cpu, c.MinChange) || differs(mem>>20, c.mem>>20, 16) {
 		c.cpu, c.mem = cpu, mem
 		acts = append(acts, Action{Kind: ActThrottle, CPUMilli: cpu, MemoryHigh: mem,
 			Reason: fmt.Sprintf("best-effort budget %s CPU, %s memory: guaranteed and burstable jobs may need %s CPU and %s of the %s and %s they reserved",
