@@ -207,7 +207,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.stopTelemetry = stopTelemetry
-	if d.stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, filepath.Join(cfg.StateDir, "jobs"), log); err != nil {
+	if d.stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, cg, filepath.Join(cfg.StateDir, "jobs"), log); err != nil {
 		return nil, err
 	}
 	var knobs *beKnobs

@@ -10,8 +10,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
+	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/elastic"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
@@ -30,11 +32,18 @@ type ElasticConfig struct {
 	Cooldown Duration `json:"cooldown"`
 	// Tolerance is the scale-down hysteresis, in (0, 0.5) (default 0.1).
 	Tolerance float64 `json:"tolerance"`
+	// Resize sets burstable jobs' CPU limits from their usage (p95 of the
+	// last ResizeLookback × 1.3, never below the request) every
+	// ResizePeriod (default off; 30s over 5m).
+	Resize         bool     `json:"resize"`
+	ResizePeriod   Duration `json:"resize_period"`
+	ResizeLookback Duration `json:"resize_lookback"`
 }
 
 // DefaultElasticConfig sizes replicas every 10 s, a minute ahead.
 func DefaultElasticConfig() ElasticConfig {
-	return ElasticConfig{Step: Duration(10 * time.Second), Lead: Duration(time.Minute), Cooldown: Duration(5 * time.Minute), Tolerance: 0.1}
+	return ElasticConfig{Step: Duration(10 * time.Second), Lead: Duration(time.Minute), Cooldown: Duration(5 * time.Minute), Tolerance: 0.1,
+		ResizePeriod: Duration(30 * time.Second), ResizeLookback: Duration(5 * time.Minute)}
 }
 
 func (c ElasticConfig) validate() (string, error) {
@@ -47,6 +56,10 @@ func (c ElasticConfig) validate() (string, error) {
 		return "elastic.cooldown", fmt.Errorf("must not be negative")
 	case c.Tolerance <= 0 || c.Tolerance >= 0.5:
 		return "elastic.tolerance", fmt.Errorf("between 0 and 0.5 (exclusive), got %g", c.Tolerance)
+	case c.ResizePeriod < Duration(100*time.Millisecond):
+		return "elastic.resize_period", fmt.Errorf("at least 100ms, got %v", time.Duration(c.ResizePeriod))
+	case c.ResizeLookback < c.ResizePeriod:
+		return "elastic.resize_lookback", fmt.Errorf("at least elastic.resize_period, got %v", time.Duration(c.ResizeLookback))
 	}
 	return "", nil
 }
@@ -253,20 +266,71 @@ func replicaName(name string, n int) string {
 	return name + suffix
 }
 
+// resizeHost is the resizer's view: running burstable jobs, their usage
+// from the bus, their cgroups' CPU quota.
+type resizeHost struct {
+	mgr      *jobs.Manager
+	bus      telemetry.Reader
+	cg       *cgroups.Manager
+	lookback time.Duration
+}
+
+var _ elastic.ResizeHost = (*resizeHost)(nil)
+
+func (h *resizeHost) Burstable() []elastic.Resizable {
+	var out []elastic.Resizable
+	for _, j := range h.mgr.Running() {
+		if j.Tier != api.TierBurstable {
+			continue
+		}
+		r := elastic.Resizable{ID: j.ID, Request: int64(j.Spec.Resources.CPU)}
+		for _, u := range h.bus.JobWindow(j.ID, h.lookback) {
+			r.Usage = append(r.Usage, u.CPUMilli)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func (h *resizeHost) SetCPULimit(id string, milli int64, reason string) error {
+	c, err := h.cg.Load(id)
+	if err != nil {
+		return err
+	}
+	if err := c.SetCPUQuota(milli); err != nil {
+		return err
+	}
+	h.mgr.PublishResize(api.Event{Time: time.Now().UTC(), JobID: id, Reason: reason})
+	return nil
+}
+
 // startElastic starts the elastic controller over the job manager and
-// the telemetry bus; stop ends it.
-func startElastic(ctx context.Context, cfg ElasticConfig, mgr *jobs.Manager, bus telemetry.Reader, logDir string, log *slog.Logger) (func(), error) {
+// the telemetry bus, and with elastic.resize and job cgroups the
+// burstable resizer; stop ends them.
+func startElastic(ctx context.Context, cfg ElasticConfig, mgr *jobs.Manager, bus telemetry.Reader, cg *cgroups.Manager, logDir string, log *slog.Logger) (func(), error) {
 	host := &elasticHost{mgr: mgr, bus: bus, step: time.Duration(cfg.Step), logDir: logDir, log: log}
 	ctl, err := elastic.New(elastic.Config{Step: time.Duration(cfg.Step), Lead: time.Duration(cfg.Lead),
 		Cooldown: time.Duration(cfg.Cooldown), Tolerance: cfg.Tolerance}, host, log)
 	if err != nil {
 		return nil, err
 	}
+	var resizer *elastic.Resizer
+	if cfg.Resize && cg != nil {
+		if resizer, err = elastic.NewResizer(&resizeHost{mgr: mgr, bus: bus, cg: cg, lookback: time.Duration(cfg.ResizeLookback)},
+			time.Duration(cfg.ResizePeriod), elastic.ResizeParams{}, log); err != nil {
+			return nil, err
+		}
+	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		var wg sync.WaitGroup
+		if resizer != nil {
+			wg.Go(func() { resizer.Run(runCtx) })
+		}
 		ctl.Run(runCtx)
+		wg.Wait()
 	}()
 	return func() { cancel(); <-done }, nil
 }

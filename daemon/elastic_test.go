@@ -161,3 +161,68 @@ func TestElasticConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestBurstableCPULimitFollowsUsage runs a daemon with elastic.resize: a
+// burstable job spinning on a core gets a CPU limit of about its use ×
+// 1.3 (a resize event says so), never below its request.
+func TestBurstableCPULimitFollowsUsage(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.StateDir = filepath.Join(dir, "state")
+	cfg.Socket = filepath.Join(dir, "api.sock")
+	cfg.SocketGroup = ""
+	cfg.CgroupParent = fmt.Sprintf("fusiond-test-resize-%d", os.Getpid())
+	cfg.LeaveJobsOnShutdown = false
+	cfg.Telemetry.JobInterval = Duration(100 * time.Millisecond)
+	cfg.Elastic.Resize, cfg.Elastic.ResizePeriod = true, Duration(500*time.Millisecond)
+	t.Cleanup(func() {
+		if err := exectest.Cleanup(cgroups.DefaultRoot, cfg.CgroupParent, cfg.StateDir, 10*time.Second); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d, err := New(ctx, Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("unix", cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- d.Serve(ctx, ln) }()
+	c := api.NewClient(cfg.Socket)
+	defer c.Close()
+	job, err := c.Submit(ctx, api.JobSpec{Name: "spin", Class: api.ClassTraining, Tier: api.TierBurstable,
+		Command: []string{"/bin/sh", "-c", "while :; do :; done"}, Resources: api.Resources{CPU: 100, Memory: 16 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resized := make(chan api.Event, 10)
+	evCtx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	go func() {
+		_ = c.Events(evCtx, job.ID, func(e api.Event) error {
+			if e.Kind == api.EventResize {
+				resized <- e
+			}
+			return nil
+		})
+	}()
+	select {
+	case e := <-resized:
+		// The spinner uses up to a core (less on this shared host): its
+		// limit is at least its 100m request and reads as p95 × 1.3.
+		var limit int
+		if _, err := fmt.Sscanf(e.Reason, "CPU limit 0m → %dm", &limit); err != nil || limit < 100 || !strings.Contains(e.Reason, "never below the 100m request") {
+			t.Errorf("resize event %+v: want a limit of at least the 100m request (%v)", e, err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no resize event 30 s after a burstable job started spinning")
+	}
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+}

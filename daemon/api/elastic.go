@@ -49,8 +49,12 @@ const (
 	LabelReplica   = "fusiond.io/replica"
 )
 
-// EventScale is the kind of an elastic job's replica change event.
-const EventScale = "scale"
+// EventScale is the kind of an elastic job's replica change event,
+// EventResize of a burstable job's CPU limit change.
+const (
+	EventScale  = "scale"
+	EventResize = "resize"
+)
 
 // CustomMetricPrefix starts the output line a job reports its custom
 // metric with.

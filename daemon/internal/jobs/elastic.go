@@ -36,3 +36,9 @@ func (m *Manager) PublishReclaim(ev api.Event) {
 	ev.Kind, ev.From, ev.To = api.EventReclaim, "", ""
 	m.events.publish(ev)
 }
+
+// PublishResize publishes a burstable job's CPU limit change.
+func (m *Manager) PublishResize(ev api.Event) {
+	ev.Kind, ev.From, ev.To = api.EventResize, "", ""
+	m.events.publish(ev)
+}
