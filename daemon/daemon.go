@@ -219,7 +219,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.stopReclaim = stopReclaim
-	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, log)
+	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, bus, log)
 	d.stopQoS = stopQoS
 	qosLoopRef.Store(qosLoop)
 	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)

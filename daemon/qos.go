@@ -11,6 +11,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/ebpf"
 )
 
@@ -21,6 +22,9 @@ type qosHost struct {
 	mgr   *jobs.Manager
 	cg    *cgroups.Manager
 	knobs *beKnobs
+	// bus has the jobs' pressure (read from their cgroups each
+	// telemetry.job_interval).
+	bus telemetry.Reader
 }
 
 var _ qos.Host = (*qosHost)(nil)
@@ -49,15 +53,11 @@ func (h *qosHost) CgroupID(jobID string) (uint64, error) {
 }
 
 func (h *qosHost) MemoryPSI(jobID string) (*float64, error) {
-	c, err := h.cg.Load(jobID)
-	if err != nil {
-		return nil, err
+	u, ok := h.bus.Job(jobID, time.Second)
+	if !ok || u.PSI == nil {
+		return nil, nil // not read yet, or no per-cgroup PSI (cgroup v1)
 	}
-	st, err := c.Stats()
-	if err != nil || st.PSI == nil {
-		return nil, err
-	}
-	v := st.PSI.Memory.Some.Avg10
+	v := u.PSI.Memory
 	return &v, nil
 }
 
@@ -78,7 +78,7 @@ func (h *qosHost) SetBestEffortMemoryHigh(bytes int64) error {
 // cgroups, without a kernel that runs the probes, or switched off, the
 // daemon runs without them: the returned status says why, and the loop is
 // nil. stop detaches the probes and stops the loop (lifting its limits).
-func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, log *slog.Logger) (loop *qos.Loop, off api.QoSStatus, stop func()) {
+func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, bus telemetry.Reader, log *slog.Logger) (loop *qos.Loop, off api.QoSStatus, stop func()) {
 	off = api.QoSStatus{Window: api.Duration(cfg.Window)}
 	switch {
 	case !cfg.Enabled:
@@ -96,7 +96,7 @@ func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *be
 	}
 	pool := int64(runtime.NumCPU()) * 1000
 	loop, err = qos.New(qos.Config{Window: time.Duration(cfg.Window), Params: cfg.params(pool), Publish: mgr.PublishQoS},
-		probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg, knobs: knobs}, log)
+		probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg, knobs: knobs, bus: bus}, log)
 	if err != nil {
 		_ = probe.Close()
 		off.Probes = fmt.Sprintf("off: %v", err)
