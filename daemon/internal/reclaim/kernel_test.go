@@ -217,7 +217,7 @@ func newKernelManager(t *testing.T) *cgroups.Manager {
 // CPU and 480 MiB, and uses little; a best-effort job uses the slack (240
 // MiB, two spinning threads). When the service ramps to a core and 300
 // MiB, the best-effort tier is throttled first — its CPU quota cut to what
-// the service leaves (the 100m floor), which the kernel enforces (the
+// the service leaves (near the 100m floor), which the kernel enforces (the
 // tier's nr_throttled rises) — and evicted only after staying over its
 // memory budget for evict_after. The service is never throttled or
 // evicted.
