@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -127,6 +128,9 @@ type reclaimHost struct {
 	knobs    *beKnobs
 	capacity func() api.NodeResources
 	lookback time.Duration
+	cg       *cgroups.Manager
+	// lent is the CPU quota written per best-effort job (request + lent).
+	lent map[string]int64
 }
 
 var _ reclaim.Host = (*reclaimHost)(nil)
@@ -156,6 +160,38 @@ func (h *reclaimHost) Limit(cpuMilli, memoryHigh int64) error {
 	return h.knobs.setReclaim(cpuMilli, memoryHigh)
 }
 
+// Lend raises every running best-effort job's CPU quota (its request, as
+// the executor set it) by cpuMilli; the tier's quota bounds them together.
+func (h *reclaimHost) Lend(cpuMilli int64) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, j := range h.mgr.Running() {
+		if j.Tier != api.TierBestEffort {
+			continue
+		}
+		seen[j.ID] = true
+		want := int64(j.Spec.Resources.CPU) + cpuMilli
+		if h.lent[j.ID] == want {
+			continue
+		}
+		c, err := h.cg.Load(j.ID)
+		if err == nil {
+			err = c.SetCPUQuota(want)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("job %s: %w", j.ID, err))
+			continue
+		}
+		h.lent[j.ID] = want
+	}
+	for id := range h.lent {
+		if !seen[id] {
+			delete(h.lent, id)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (h *reclaimHost) Evict(id, _ string) error {
 	_, err := h.mgr.Cancel(context.Background(), admin, id)
 	return err
@@ -175,7 +211,7 @@ func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, k
 	}
 	loop, err := reclaim.New(reclaim.Config{Window: time.Duration(cfg.Window), EvictAfter: time.Duration(cfg.EvictAfter), MinCPU: minCPU,
 		Params: reclaim.Params{Margin: cfg.Margin, Lead: max(1, int(time.Duration(cfg.Lookback)/time.Duration(cfg.Window))/10)}},
-		&reclaimHost{mgr: mgr, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback)}, log)
+		&reclaimHost{mgr: mgr, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback), cg: cg, lent: map[string]int64{}}, log)
 	if err != nil {
 		return nil, api.ReclaimStatus{}, nil, err
 	}

@@ -24,6 +24,9 @@ type ReclaimStatus struct {
 	// best-effort tier now (0: none).
 	BudgetCPU    MilliCPU `json:"budget_cpu"`
 	BudgetMemory Bytes    `json:"budget_memory"`
+	// LentCPU is what each best-effort job may use beyond its own CPU
+	// request now (its cgroup's quota raised by it).
+	LentCPU MilliCPU `json:"lent_cpu"`
 	// Evictions counts best-effort jobs evicted to give memory back.
 	Evictions    int        `json:"evictions"`
 	LastAction   string     `json:"last_action,omitempty"`

@@ -85,6 +85,7 @@ type kernelHost struct {
 	jobs    []*kernelJob
 	actions []string
 	times   []time.Time
+	lent    int64
 }
 
 func (h *kernelHost) Capacity() Usage { return Usage{CPU: 1100, Memory: 480 << 20} }
@@ -137,6 +138,23 @@ func (h *kernelHost) Evict(id, _ string) error {
 		}
 	}
 	return fmt.Errorf("no job %s", id)
+}
+
+// Lend raises the best-effort job's own CPU quota (it has no request
+// here, so the quota is what is lent; 0 lifts it).
+func (h *kernelHost) Lend(cpu int64) error {
+	if cpu == h.lent {
+		return nil
+	}
+	h.lent = cpu
+	for _, j := range h.jobs {
+		if j.tier == api.TierBestEffort && j.cg != nil {
+			if err := j.cg.SetCPUQuota(cpu); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (h *kernelHost) Publish(api.Event) {}

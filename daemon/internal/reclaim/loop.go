@@ -18,6 +18,10 @@ type Host interface {
 	// Limit sets the best-effort tier's CPU quota and memory high as far
 	// as reclaiming goes (0: no limit from it).
 	Limit(cpuMilli, memoryHigh int64) error
+	// Lend lets every running best-effort job use cpuMilli beyond its own
+	// CPU request (0: its request again). It is called every step, so
+	// jobs started since get it; the host writes only what changed.
+	Lend(cpuMilli int64) error
 	// Evict ends a best-effort job.
 	Evict(jobID, reason string) error
 	// Publish sends an event to the event stream.
@@ -77,9 +81,12 @@ func (l *Loop) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			if cpu, mem := l.ctrl.Limits(); cpu != 0 || mem != 0 {
+			if cpu, mem, lend := l.ctrl.Limits(); cpu != 0 || mem != 0 || lend != 0 {
 				if err := l.host.Limit(0, 0); err != nil {
 					l.log.Warn("reclaim: lifting the best-effort limits", "err", err)
+				}
+				if err := l.host.Lend(0); err != nil {
+					l.log.Warn("reclaim: taking back lent CPU", "err", err)
 				}
 			}
 			return
@@ -106,6 +113,9 @@ func (l *Loop) Step() {
 		var err error
 		switch act.Kind {
 		case ActThrottle:
+			// The tier limit is written first and what each job may
+			// use after it: whatever a job is lent, the tier's quota
+			// holds the jobs together to the budget.
 			err = l.host.Limit(act.CPUMilli, act.MemoryHigh)
 		case ActEvict:
 			err = l.host.Evict(act.JobID, act.Reason)
@@ -124,7 +134,11 @@ func (l *Loop) Step() {
 		l.status.LastAction, l.status.LastActionAt = reason, &t
 		l.host.Publish(api.Event{Time: t, Kind: api.EventReclaim, JobID: act.JobID, Reason: reason})
 	}
-	cpu, mem := l.ctrl.Limits()
+	cpu, mem, lend := l.ctrl.Limits()
+	if err := l.host.Lend(lend); err != nil {
+		l.log.Warn("reclaim: lending CPU to best-effort jobs", "err", err)
+	}
+	l.status.LentCPU = api.MilliCPU(lend)
 	l.status.ReclaimableCPU, l.status.ReclaimableMemory = api.MilliCPU(a.Reclaimable.CPU), api.Bytes(a.Reclaimable.Memory)
 	l.status.ReclaimedCPU, l.status.ReclaimedMemory = api.MilliCPU(a.Reclaimed.CPU), api.Bytes(a.Reclaimed.Memory)
 	l.status.BestEffortCPU, l.status.BestEffortMemory = api.MilliCPU(a.BestEffort.CPU), api.Bytes(a.BestEffort.Memory)

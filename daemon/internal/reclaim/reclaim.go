@@ -125,13 +125,17 @@ func predictPeak(rs []Usage, lead int) Usage {
 
 // Action is one thing the controller asks the host to do.
 type Action struct {
-	// Kind is ActThrottle (set the tier's CPU quota and memory high) or
+	// Kind is ActThrottle (set the tier's CPU quota and memory high, and
+	// what each best-effort job may use beyond its own CPU request) or
 	// ActEvict (end JobID).
 	Kind string
 	// CPUMilli and MemoryHigh are the best-effort tier's new limits for a
-	// throttle; 0 lifts one.
+	// throttle; 0 lifts one. LendCPU is the reclaimable CPU each
+	// best-effort job may use beyond its request (the tier limit bounds
+	// them together).
 	CPUMilli   int64
 	MemoryHigh int64
+	LendCPU    int64
 	JobID      string
 	Reason     string
 }
@@ -155,6 +159,7 @@ type Controller struct {
 	MinChange int64
 
 	cpu, mem  int64 // limits in force (0: none)
+	lend      int64
 	overSince time.Time
 	lastEvict time.Time
 }
@@ -165,8 +170,9 @@ type BestEffortJob struct {
 	Started time.Time
 }
 
-// Limits are the best-effort tier's limits in force (0: none).
-func (c *Controller) Limits() (cpuMilli, memoryHigh int64) { return c.cpu, c.mem }
+// Limits are the best-effort tier's limits in force (0: none) and the CPU
+// lent to each best-effort job beyond its request.
+func (c *Controller) Limits() (cpuMilli, memoryHigh, lendCPU int64) { return c.cpu, c.mem, c.lend }
 
 // Step decides from the account at now. The CPU budget becomes the
 // tier's quota at once (throttle); the memory budget its memory high; a
@@ -182,11 +188,12 @@ func (c *Controller) Step(now time.Time, a Account, be []BestEffortJob) []Action
 	if float64(mem) >= a.Capacity.Memory {
 		mem = 0
 	}
-	if differs(cpu, c.cpu, c.MinChange) || differs(mem>>20, c.mem>>20, 16) {
-		c.cpu, c.mem = cpu, mem
-		acts = append(acts, Action{Kind: ActThrottle, CPUMilli: cpu, MemoryHigh: mem,
-			Reason: fmt.Sprintf("best-effort budget %s CPU, %s memory: guaranteed and burstable jobs may need %s CPU and %s of the %s and %s they reserved",
-				limit(cpu, true), limit(mem, false), api.MilliCPU(a.Need.CPU), api.Bytes(a.Need.Memory).Human(), api.MilliCPU(a.Reserved.CPU), api.Bytes(a.Reserved.Memory).Human())})
+	lend := int64(a.Reclaimable.CPU)
+	if differs(cpu, c.cpu, c.MinChange) || differs(mem>>20, c.mem>>20, 16) || differs(lend, c.lend, c.MinChange) {
+		c.cpu, c.mem, c.lend = cpu, mem, lend
+		acts = append(acts, Action{Kind: ActThrottle, CPUMilli: cpu, MemoryHigh: mem, LendCPU: lend,
+			Reason: fmt.Sprintf("best-effort budget %s CPU, %s memory, %s CPU lent to each job beyond its request: guaranteed and burstable jobs may need %s CPU and %s of the %s and %s they reserved",
+				limit(cpu, true), limit(mem, false), api.MilliCPU(lend), api.MilliCPU(a.Need.CPU), api.Bytes(a.Need.Memory).Human(), api.MilliCPU(a.Reserved.CPU), api.Bytes(a.Reserved.Memory).Human())})
 	}
 	over := a.BestEffort.Memory > a.Budget.Memory && len(be) > 0
 	switch {

@@ -121,3 +121,22 @@ func TestControllerFloorAndSmallChanges(t *testing.T) {
 		}
 	}
 }
+
+// What guaranteed and burstable jobs reserved but do not use is lent to
+// each best-effort job beyond its request; it shrinks with the need.
+func TestControllerLendsReclaimableCPU(t *testing.T) {
+	c := Controller{EvictAfter: time.Second, MinCPU: 100, MinChange: 50}
+	a := Account{Capacity: Usage{CPU: 4000, Memory: 8 * gib}, Budget: Usage{CPU: 3300, Memory: 8 * gib}, Reclaimable: Usage{CPU: 1300}}
+	acts := c.Step(time.Unix(0, 0), a, nil)
+	if len(acts) != 1 || acts[0].LendCPU != 1300 || acts[0].CPUMilli != 3300 {
+		t.Fatalf("actions %+v, want 1300m lent under a 3300m tier budget", acts)
+	}
+	a.Reclaimable.CPU, a.Budget.CPU = 200, 2200
+	acts = c.Step(time.Unix(1, 0), a, nil)
+	if len(acts) != 1 || acts[0].LendCPU != 200 || acts[0].CPUMilli != 2200 {
+		t.Fatalf("after the need rose: %+v, want 200m lent under 2200m", acts)
+	}
+	if _, _, lend := c.Limits(); lend != 200 {
+		t.Errorf("lent %d", lend)
+	}
+}

@@ -59,6 +59,9 @@ func reclaimLine(r api.ReclaimStatus) string {
 		}
 		budget = "best-effort held to " + strings.Join(parts, " and ")
 	}
+	if r.LentCPU > 0 {
+		budget += fmt.Sprintf(", %s CPU lent to each best-effort job beyond its request", r.LentCPU)
+	}
 	s := fmt.Sprintf("reclaimable %s CPU and %s memory, reclaimed %s CPU and %s memory (best-effort uses %s and %s); %s; %d evicted",
 		r.ReclaimableCPU, r.ReclaimableMemory.Human(), r.ReclaimedCPU, r.ReclaimedMemory.Human(),
 		r.BestEffortCPU, r.BestEffortMemory.Human(), budget, r.Evictions)
