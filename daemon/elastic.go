@@ -97,12 +97,13 @@ func (h *elasticHost) Groups() []elastic.Group {
 		if !ok {
 			continue
 		}
-		if leader, ok := h.jobs[of]; ok && leader.Spec.Replicas != nil && leader.Owner.UID == j.Owner.UID {
+		leader, live := h.jobs[of]
+		switch {
+		case live && leader.Spec.Replicas != nil && leader.Owner.UID == j.Owner.UID:
 			members[of] = append(members[of], j)
 			continue
-		}
-		if leader, ok := h.jobs[of]; ok && leader.Owner.UID != j.Owner.UID {
-			continue // another user's label: not a replica
+		case live:
+			continue // a label naming a job that is not this owner's elastic job
 		}
 		if _, err := h.mgr.Cancel(context.Background(), admin, j.ID); err != nil {
 			h.log.Warn("cancelling a replica whose elastic job ended", "job", j.ID, "of", of, "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"time"
 
@@ -69,6 +70,10 @@ func (t telemetryJobs) Running() []telemetry.JobRef {
 
 func (t telemetryJobs) Stats(id string) (cgroups.Stats, error) {
 	c, err := t.cg.Load(id)
+	if errors.Is(err, cgroups.ErrNotFound) {
+		// Not made yet, or gone with the job: the bus skips it.
+		return cgroups.Stats{}, fmt.Errorf("%w: %w", fs.ErrNotExist, err)
+	}
 	if err != nil {
 		return cgroups.Stats{}, err
 	}

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"slices"
 	"sync"
@@ -236,6 +237,10 @@ func (b *Bus) Run(ctx context.Context) {
 	for {
 		if err := b.Sample(); err != nil {
 			b.noteErr(err)
+		} else {
+			b.mu.Lock()
+			b.lastErr = "" // the status shows only a current error
+			b.mu.Unlock()
 		}
 		select {
 		case <-ctx.Done():
@@ -403,6 +408,9 @@ func (b *Bus) readJobs(now time.Time) error {
 		}
 		seen[j.ID] = true
 		st, err := b.cfg.Jobs.Stats(j.ID)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the job ended, or has no cgroup yet, since Running
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("job %s: %w", j.ID, err))
 			continue

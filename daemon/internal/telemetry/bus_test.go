@@ -265,7 +265,10 @@ func (f *fakeJobs) Stats(id string) (cgroups.Stats, error) {
 	defer f.mu.Unlock()
 	u, ok := f.usage[id]
 	if !ok {
-		return cgroups.Stats{}, fmt.Errorf("no cgroup")
+		return cgroups.Stats{}, fmt.Errorf("cgroup of %s unreadable", id)
+	}
+	if u < 0 {
+		return cgroups.Stats{}, fmt.Errorf("job %s: %w", id, os.ErrNotExist)
 	}
 	return cgroups.Stats{CPUUsage: u, MemoryCurrent: 1 << 30, PSI: f.psi}, nil
 }
@@ -321,7 +324,16 @@ func TestJobUsage(t *testing.T) {
 	if u, _ := b.Job("1", time.Minute); u.PSI == nil || u.PSI.Memory != 3 {
 		t.Errorf("job 1 PSI %+v, want memory 3", u.PSI)
 	}
-	// A job whose cgroup cannot be read is an error naming it.
+	// A job whose cgroup is gone (it ended since Running) is no error; one
+	// whose cgroup cannot be read is, naming it.
+	jobs.mu.Lock()
+	jobs.jobs = append(jobs.jobs, JobRef{ID: "8"})
+	jobs.usage["8"] = -1
+	jobs.mu.Unlock()
+	clk.add(time.Second)
+	if err := b.Sample(); err != nil {
+		t.Errorf("a job whose cgroup is gone: %v", err)
+	}
 	jobs.mu.Lock()
 	jobs.jobs = append(jobs.jobs, JobRef{ID: "9"})
 	jobs.mu.Unlock()
