@@ -14,7 +14,7 @@ type ReclaimStatus struct {
 	ReclaimableCPU    MilliCPU `json:"reclaimable_cpu"`
 	ReclaimableMemory Bytes    `json:"reclaimable_memory"`
 	// ReclaimedCPU and ReclaimedMemory: the part of it best-effort jobs
-	// use now (their use beyond what nobody reserved).
+	// use now (their use beyond their own requests).
 	ReclaimedCPU    MilliCPU `json:"reclaimed_cpu"`
 	ReclaimedMemory Bytes    `json:"reclaimed_memory"`
 	// BestEffortCPU and BestEffortMemory are the best-effort jobs' use now.

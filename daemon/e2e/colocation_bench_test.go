@@ -17,9 +17,9 @@ import (
 // serviceLoad is a latency-sensitive service whose CPU use follows a
 // compressed day: every 10 ms it works a fraction f(t) of the slot and
 // sleeps the rest, f rising from 10% to 90% of a core and back over
-// FUSIOND_DAY seconds.
+// COLO_DAY seconds.
 const serviceLoad = `import math, os, time
-D = float(os.environ["FUSIOND_DAY"]); t0 = time.time()
+D = float(os.environ["COLO_DAY"]); t0 = time.time()
 while True:
     t = time.time() - t0
     f = 0.1 + 0.8 * (1 - math.cos(2 * math.pi * t / D)) / 2
@@ -62,7 +62,7 @@ func BenchmarkColocation(b *testing.B) {
 				defer c.Close()
 				ctx := context.Background()
 				svc, err := c.Submit(ctx, api.JobSpec{Name: "svc", Class: api.ClassService, Tier: api.TierBurstable,
-					Command: []string{python, "-c", serviceLoad}, Env: map[string]string{"FUSIOND_DAY": fmt.Sprint(day.Seconds())},
+					Command: []string{python, "-c", serviceLoad}, Env: map[string]string{"COLO_DAY": fmt.Sprint(day.Seconds())},
 					Resources: api.Resources{CPU: 1000, Memory: 64 << 20}})
 				if err != nil {
 					b.Fatal(err)

@@ -59,10 +59,10 @@ type Account struct {
 	Reclaimable Usage
 	// Budget is what the best-effort tier may use: Capacity − Need.
 	Budget Usage
-	// BestEffort is the best-effort jobs' usage now; Reclaimed the part of
-	// it beyond what nobody reserved (Capacity − Reserved), at most
-	// Reclaimable.
-	BestEffort, Reclaimed Usage
+	// BestEffort is the best-effort jobs' usage now, BestEffortRequest
+	// their requests; Reclaimed the part of the usage beyond the requests
+	// (what they run on lent capacity), at most Reclaimable.
+	BestEffort, BestEffortRequest, Reclaimed Usage
 }
 
 // Compute does the accounting for the running jobs on a host of capacity.
@@ -76,6 +76,8 @@ func Compute(capacity Usage, jobs []Job, p Params) Account {
 		if j.Tier == api.TierBestEffort {
 			a.BestEffort.CPU += now.CPU
 			a.BestEffort.Memory += now.Memory
+			a.BestEffortRequest.CPU += j.Request.CPU
+			a.BestEffortRequest.Memory += j.Request.Memory
 			continue
 		}
 		peak := predictPeak(j.Recent, p.Lead)
@@ -94,10 +96,9 @@ func Compute(capacity Usage, jobs []Job, p Params) Account {
 		a.Reclaimable.Memory += max(0, j.Request.Memory-need.Memory)
 	}
 	a.Budget = Usage{CPU: max(0, capacity.CPU-a.Need.CPU), Memory: max(0, capacity.Memory-a.Need.Memory)}
-	free := Usage{CPU: capacity.CPU - a.Reserved.CPU, Memory: capacity.Memory - a.Reserved.Memory}
 	a.Reclaimed = Usage{
-		CPU:    min(max(0, a.BestEffort.CPU-max(free.CPU, 0)), a.Reclaimable.CPU),
-		Memory: min(max(0, a.BestEffort.Memory-max(free.Memory, 0)), a.Reclaimable.Memory),
+		CPU:    min(max(0, a.BestEffort.CPU-a.BestEffortRequest.CPU), a.Reclaimable.CPU),
+		Memory: min(max(0, a.BestEffort.Memory-a.BestEffortRequest.Memory), a.Reclaimable.Memory),
 	}
 	return a
 }

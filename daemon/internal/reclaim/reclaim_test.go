@@ -28,7 +28,7 @@ func TestComputeAccounting(t *testing.T) {
 		{ID: "b", Tier: api.TierBurstable, Request: Usage{CPU: 1000, Memory: gib}, Recent: flat(Usage{CPU: 1200, Memory: gib}, 10)},
 		// Not measured yet: it lends nothing.
 		{ID: "n", Tier: api.TierGuaranteed, Request: Usage{CPU: 500, Memory: gib}},
-		{ID: "be", Tier: api.TierBestEffort, Recent: flat(Usage{CPU: 1800, Memory: 3 * gib}, 10)},
+		{ID: "be", Tier: api.TierBestEffort, Request: Usage{CPU: 500, Memory: 2 * gib}, Recent: flat(Usage{CPU: 1800, Memory: 3 * gib}, 10)},
 	}
 	a := Compute(capacity, jobs, Params{Margin: 0.1, Lead: 5})
 	near := func(what string, got, want float64) {
@@ -43,8 +43,8 @@ func TestComputeAccounting(t *testing.T) {
 	near("reclaimable memory", a.Reclaimable.Memory, 2.6*gib)
 	near("budget cpu", a.Budget.CPU, 4000-2400)
 	near("budget memory", a.Budget.Memory, 8*gib-(1.4*gib+gib+gib))
-	// Nobody reserved 500m and 2 GiB: best-effort's 1800m and 3 GiB take
-	// 1300m and 1 GiB of the reclaimable share.
+	// Best-effort asked for 500m and 2 GiB and uses 1800m and 3 GiB: 1300m
+	// and 1 GiB of it runs on the reclaimable share.
 	near("reclaimed cpu", a.Reclaimed.CPU, 1300)
 	near("reclaimed memory", a.Reclaimed.Memory, gib)
 	near("best-effort cpu", a.BestEffort.CPU, 1800)
