@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"text/tabwriter"
 	"time"
 
 	"github.com/fusiond/fusiond/cmd/fusionctl/internal/sim"
@@ -111,5 +112,23 @@ func TestReclaimLine(t *testing.T) {
 	}
 	if s := reclaimLine(api.ReclaimStatus{Reason: "off: reclaim.enabled is false"}); !strings.Contains(s, "not running (off: reclaim.enabled is false)") {
 		t.Errorf("off: %q", s)
+	}
+}
+
+func TestPrintLoadEvents(t *testing.T) {
+	var b bytes.Buffer
+	o := &options{output: "table", stdout: &b}
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	for _, e := range []api.Event{
+		{Kind: api.EventScale, JobID: "7", Reason: "replicas 1 → 2: cpu load"},
+		{Kind: api.EventReclaim, Reason: "best-effort budget 900m CPU"},
+	} {
+		if err := printEvent(o, tw, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := b.String()
+	if !strings.Contains(s, "7  scale  replicas 1 → 2") || !strings.Contains(s, "-  reclaim  best-effort budget") {
+		t.Errorf("events:\n%s", s)
 	}
 }
