@@ -559,8 +559,13 @@ type TelemetryStatus struct {
 	// Power says where it comes from or why there is none.
 	PackagePowerW *float64 `json:"package_power_w,omitempty"`
 	Power         string   `json:"power"`
-	// GPUs counts the GPUs in the latest sample.
-	GPUs int `json:"gpus"`
+	// GPUs counts the GPUs in the latest sample; GPUPowerW is their power
+	// together (NVML); IdleGPUs those with SM utilisation under 1% over
+	// the last 10 s, drawing IdleGPUPowerW together.
+	GPUs          int     `json:"gpus"`
+	GPUPowerW     float64 `json:"gpu_power_w,omitempty"`
+	IdleGPUs      int     `json:"idle_gpus,omitempty"`
+	IdleGPUPowerW float64 `json:"idle_gpu_power_w,omitempty"`
 	// Jobs counts the jobs whose cgroups are read; JobPSI says whether
 	// per-job PSI is read or why not (cgroup v1 has none).
 	Jobs   int    `json:"jobs"`

@@ -148,6 +148,9 @@ func TestSampleHostFromProc(t *testing.T) {
 		t.Error("an unknown GPU says ok")
 	}
 	st := b.Status()
+	if st.GPUPowerW != 200 || st.IdleGPUs != 0 {
+		t.Errorf("GPU power %v, idle %d: want 200 W, none idle at 40%% SM", st.GPUPowerW, st.IdleGPUs)
+	}
 	if st.PSI == nil || st.PSI.IO != 7 || st.Power != "none: " || st.GPUs != 1 || st.MemoryUsed == 0 || len(st.NodeBusy) != 2 {
 		t.Errorf("status %+v", st)
 	}
@@ -424,5 +427,25 @@ func TestHostForecastFromHistory(t *testing.T) {
 	}
 	if len(b.Status().Forecasts) != 2 {
 		t.Errorf("status forecasts %+v, want cpu_busy and memory_used_bytes", b.Status().Forecasts)
+	}
+}
+
+// A GPU that does nothing for the idle window is counted idle with its
+// power: what consolidation leaves behind.
+func TestIdleGPUs(t *testing.T) {
+	p := newFakeProc(t, 1)
+	clk := &fakeClock{t: time.Unix(0, 0)}
+	b := newBus(t, Config{Proc: p.root, Now: clk.now, GPUs: func() []GPU {
+		return []GPU{{ID: "GPU-busy", SMUtil: 80, PowerW: 400}, {ID: "GPU-idle", SMUtil: 0, PowerW: 62.5}}
+	}})
+	for range 5 {
+		clk.add(100 * time.Millisecond)
+		if err := b.Sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := b.Status()
+	if st.GPUs != 2 || st.GPUPowerW != 462.5 || st.IdleGPUs != 1 || st.IdleGPUPowerW != 62.5 {
+		t.Errorf("status %d GPUs %v W, %d idle at %v W; want 2, 462.5, 1 at 62.5", st.GPUs, st.GPUPowerW, st.IdleGPUs, st.IdleGPUPowerW)
 	}
 }

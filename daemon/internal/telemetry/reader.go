@@ -105,6 +105,10 @@ func (b *Bus) NodeBusy(node int, d time.Duration) (float64, bool) {
 func (b *Bus) GPU(id string, d time.Duration) (GPU, bool) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
+	return b.gpuLocked(id, d)
+}
+
+func (b *Bus) gpuLocked(id string, d time.Duration) (GPU, bool) {
 	out := GPU{ID: id}
 	n := 0
 	b.window(d, func(s *Sample) {

@@ -59,6 +59,13 @@ func (b *Bus) Status() api.TelemetryStatus {
 			}
 			st.PackagePowerW = &w
 		}
+		for _, g := range latest.GPUs {
+			st.GPUPowerW += g.PowerW
+			if m, ok := b.gpuLocked(g.ID, idleWindow); ok && m.SMUtil < 1 {
+				st.IdleGPUs++
+				st.IdleGPUPowerW += m.PowerW
+			}
+		}
 		for n := range latest.Nodes {
 			v, _ := b.nodeBusyLocked(n, time.Second)
 			st.NodeBusy = append(st.NodeBusy, v)
@@ -68,6 +75,10 @@ func (b *Bus) Status() api.TelemetryStatus {
 	st.Forecasts = b.fc.status()
 	return st
 }
+
+// idleWindow is how long a GPU must stay under 1% SM utilisation to
+// count as idle in the status.
+const idleWindow = 10 * time.Second
 
 func (b *Bus) nodeBusyLocked(node int, d time.Duration) (float64, bool) {
 	var sum float64

@@ -30,6 +30,12 @@ func telemetryLines(w io.Writer, t api.TelemetryStatus) {
 	if t.PackagePowerW != nil {
 		power = fmt.Sprintf("CPU packages %.1f W (%s)", *t.PackagePowerW, t.Power)
 	}
+	if t.GPUs > 0 {
+		power += fmt.Sprintf("; GPUs %.1f W", t.GPUPowerW)
+		if t.IdleGPUs > 0 {
+			power += fmt.Sprintf(" (%d idle, drawing %.1f W)", t.IdleGPUs, t.IdleGPUPowerW)
+		}
+	}
 	fmt.Fprintf(w, "Power:\t%s\n", power)
 	tel := fmt.Sprintf("every %v (jobs every %v), %d of %d samples, %d GPUs, %d jobs read, %v per sample, rings bounded at %s; job PSI: %s",
 		time.Duration(t.Interval), time.Duration(t.JobInterval), t.Samples, t.Ring, t.GPUs, t.Jobs, time.Duration(t.SampleCost).Round(time.Microsecond), t.MemoryBound.Human(), t.JobPSI)
