@@ -101,6 +101,11 @@ func TestForecastRefusesTraceWithoutTimes(t *testing.T) {
 	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "too few to back-test") {
 		t.Errorf("a trace without times: err = %v", err)
 	}
+	root, _ = NewRootCommand(strings.NewReader(""), &out, &errb)
+	root.SetArgs([]string{"forecast", "--backtest=false", "--trace", file})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "only --backtest") {
+		t.Errorf("--backtest=false: err = %v", err)
+	}
 }
 
 func TestReclaimLine(t *testing.T) {
