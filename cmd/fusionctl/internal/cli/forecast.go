@@ -88,6 +88,7 @@ func newForecastCmd(o *options) *cobra.Command {
 		step, horizon time.Duration
 		period        int
 		trainFrac     float64
+		bt            bool
 	)
 	cmd := &cobra.Command{
 		Use:   "forecast --backtest --trace FILE",
@@ -100,6 +101,9 @@ their forecasts --horizon ahead on the rest, beside the naive and
 seasonal-naive baselines. It reads no daemon.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !bt {
+				return fmt.Errorf("forecast: only --backtest is implemented; the daemon's own forecasts are in fusionctl status")
+			}
 			if trace == "" {
 				return fmt.Errorf("--trace: an openb pod list is required (e.g. openb_pod_list_default.csv)")
 			}
@@ -128,7 +132,7 @@ seasonal-naive baselines. It reads no daemon.`,
 		},
 	}
 	f := cmd.Flags()
-	f.Bool("backtest", true, "run the back-test (the only mode)")
+	f.BoolVar(&bt, "backtest", true, "back-test on a trace (the only mode; the daemon's live forecasts are in fusionctl status)")
 	f.StringVar(&trace, "trace", "", "openb pod list (CSV)")
 	f.DurationVar(&step, "step", 5*time.Minute, "series step")
 	f.DurationVar(&horizon, "horizon", 15*time.Minute, "how far ahead to forecast")
