@@ -154,6 +154,12 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		return hw
 	}
+	// The telemetry bus (live load) is built before the placer, which may
+	// read it; it samples from when the job manager is there.
+	bus, err := newTelemetry(ctx, cfg.Telemetry, d.hw, func() *jobs.Manager { return d.mgr }, cg, log)
+	if err != nil {
+		return nil, err
+	}
 	engine := hostplacer.New(inventory(), popts)
 	runner, err := newExecutor(cfg, cg, cgErr, engine.SharedCPUs, log)
 	if err != nil {
@@ -202,11 +208,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
 		return nil, err
 	}
-	bus, stopTelemetry, err := startTelemetry(ctx, cfg.Telemetry, d.hw, d.mgr, cg, log)
-	if err != nil {
-		return nil, err
-	}
-	d.stopTelemetry = stopTelemetry
+	d.stopTelemetry = startTelemetry(ctx, bus)
 	if d.stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, cg, filepath.Join(cfg.StateDir, "jobs"), log); err != nil {
 		return nil, err
 	}

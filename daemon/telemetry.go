@@ -54,13 +54,19 @@ func (c TelemetryConfig) validate() (string, error) {
 }
 
 // telemetryJobs is the bus's view of the running jobs and their cgroups.
+// The bus is built before the job manager (placement may read it), so it
+// finds the manager through mgr, nil until there is one.
 type telemetryJobs struct {
-	mgr *jobs.Manager
+	mgr func() *jobs.Manager
 	cg  *cgroups.Manager
 }
 
 func (t telemetryJobs) Running() []telemetry.JobRef {
-	list := t.mgr.Running()
+	m := t.mgr()
+	if m == nil {
+		return nil
+	}
+	list := m.Running()
 	out := make([]telemetry.JobRef, len(list))
 	for i, j := range list {
 		out[i] = telemetry.JobRef{ID: j.ID}
@@ -100,12 +106,12 @@ func cpuNodes(ctx context.Context, h *hardware.Host) (map[int]int, error) {
 	return out, nil
 }
 
-// startTelemetry builds the telemetry bus over this host and starts it;
-// stop ends the sampler.
-func startTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mgr *jobs.Manager, cg *cgroups.Manager, log *slog.Logger) (*telemetry.Bus, func(), error) {
+// newTelemetry builds the telemetry bus over this host; startTelemetry
+// runs it.
+func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mgr func() *jobs.Manager, cg *cgroups.Manager, log *slog.Logger) (*telemetry.Bus, error) {
 	nodes, err := cpuNodes(ctx, h)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	tc := telemetry.Config{
 		Interval: time.Duration(cfg.Interval), JobInterval: time.Duration(cfg.JobInterval),
@@ -135,15 +141,16 @@ func startTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, 
 	} else {
 		tc.JobPSINote = "jobs run without cgroups"
 	}
-	bus, err := telemetry.New(tc, log)
-	if err != nil {
-		return nil, nil, err
-	}
+	return telemetry.New(tc, log)
+}
+
+// startTelemetry starts the bus's sampler; stop ends it.
+func startTelemetry(ctx context.Context, bus *telemetry.Bus) (stop func()) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		bus.Run(runCtx)
 	}()
-	return bus, func() { cancel(); <-done }, nil
+	return func() { cancel(); <-done }
 }
