@@ -57,7 +57,7 @@ vet:
 # cgroup v2 for real: boots Debian 12's kernel under qemu and runs the
 # privileged cgroup tests there, the eBPF probe's and the QoS loop's (about 1-2 minutes).
 test-vm: deps
-	FUSIOND_VM_PKGS="./cgroups/ ./daemon/internal/executor/ ./ebpf/ ./daemon/internal/qos/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
+	FUSIOND_VM_PKGS="./cgroups/ ./daemon/internal/executor/ ./ebpf/ ./daemon/internal/qos/ ./daemon/internal/reclaim/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
 
 # The BPF object and its Go bindings are committed (a build needs no clang):
 # regenerate them with clang and fail if anything under ebpf/ changed.

@@ -89,6 +89,12 @@ type Config struct {
 	// Placement tunes the placement engine's scoring (see
 	// PlacementConfig).
 	Placement PlacementConfig `json:"placement,omitzero"`
+	// Telemetry is the telemetry bus's sampling rate and ring sizes.
+	Telemetry TelemetryConfig `json:"telemetry"`
+	// Elastic tunes the controller of elastic (replicated) jobs.
+	Elastic ElasticConfig `json:"elastic"`
+	// Reclaim lets best-effort jobs use reserved-but-unused capacity.
+	Reclaim ReclaimConfig `json:"reclaim"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -241,9 +247,11 @@ func DefaultConfig() Config {
 				Streams:     64,
 			},
 		},
-		QoS: DefaultQoSConfig(),
-
+		QoS:        DefaultQoSConfig(),
 		Scheduling: DefaultSchedulingConfig(),
+		Telemetry:  DefaultTelemetryConfig(),
+		Elastic:    DefaultElasticConfig(),
+		Reclaim:    DefaultReclaimConfig(),
 	}
 }
 
@@ -372,6 +380,15 @@ func (c *Config) Validate() error {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Placement.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Telemetry.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Elastic.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Reclaim.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

@@ -29,7 +29,9 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
+	"github.com/fusiond/fusiond/daemon/internal/reclaim"
 	"github.com/fusiond/fusiond/daemon/internal/store"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/devices"
 )
 
@@ -76,10 +78,16 @@ type Daemon struct {
 	// disconnect stops the device updates reaching the placer.
 	disconnect func()
 	// stopQoS stops the QoS loop and detaches the latency probes.
-	stopQoS   func()
-	stopPower context.CancelFunc
-	powerDone chan struct{}
-	closeOnce sync.Once
+	stopQoS func()
+	// stopTelemetry stops the telemetry bus's sampler, stopElastic the
+	// elastic-job controller.
+	stopTelemetry func()
+	stopElastic   func()
+	// stopReclaim stops the reclaimed-capacity loop.
+	stopReclaim func()
+	stopPower   context.CancelFunc
+	powerDone   chan struct{}
+	closeOnce   sync.Once
 }
 
 // New builds the daemon: it opens the store and the host's hardware,
@@ -146,15 +154,16 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		return hw
 	}
-	// The engine scores with the configured profiles and the host's live
-	// load: GPU telemetry, and CPU busy per NUMA node of the cores it
-	// places on.
-	popts.Profiles = cfg.Placement.profiles()
-	liveCores := cores
-	if liveCores == nil {
-		liveCores = func() []cgroups.Core { return cgroups.CoresOf(d.hw.Topology()) }
+	// The telemetry bus is built before the placer, which scores with the
+	// configured profiles and the live load the bus reads (GPU
+	// utilisation and power, CPU busy per NUMA node); it samples from when
+	// the job manager is there.
+	bus, err := newTelemetry(ctx, cfg.Telemetry, d.hw, func() *jobs.Manager { return d.mgr }, cg, log)
+	if err != nil {
+		return nil, err
 	}
-	popts.Live = newLiveLoad(d.hw.Telemetry, liveCores)
+	popts.Profiles = cfg.Placement.profiles()
+	popts.Live = busLive{r: bus, over: liveOver}
 	engine := hostplacer.New(inventory(), popts)
 	runner, err := newExecutor(cfg, cg, cgErr, engine.SharedCPUs, log)
 	if err != nil {
@@ -204,7 +213,20 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
 		return nil, err
 	}
-	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, d.mgr, log)
+	d.stopTelemetry = startTelemetry(ctx, bus)
+	if d.stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, cg, filepath.Join(cfg.StateDir, "jobs"), log); err != nil {
+		return nil, err
+	}
+	var knobs *beKnobs
+	if cg != nil {
+		knobs = &beKnobs{cg: cg}
+	}
+	reclaimLoop, reclaimOff, stopReclaim, err := startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
+	if err != nil {
+		return nil, err
+	}
+	d.stopReclaim = stopReclaim
+	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, bus, log)
 	d.stopQoS = stopQoS
 	qosLoopRef.Store(qosLoop)
 	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
@@ -227,7 +249,8 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep}, log); err != nil {
 		return nil, err
 	}
-	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff}
+	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff, telemetry: bus,
+		reclaim: reclaimLoop, reclaimOff: reclaimOff}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -258,6 +281,15 @@ func (d *Daemon) Close() error {
 		}
 		if d.stopQoS != nil {
 			d.stopQoS()
+		}
+		if d.stopElastic != nil {
+			d.stopElastic()
+		}
+		if d.stopReclaim != nil {
+			d.stopReclaim()
+		}
+		if d.stopTelemetry != nil {
+			d.stopTelemetry()
 		}
 		if d.stopPower != nil {
 			d.stopPower()
@@ -480,6 +512,12 @@ type service struct {
 	// qos is the QoS loop, nil when it does not run (qosOff says why).
 	qos    *qos.Loop
 	qosOff api.QoSStatus
+	// telemetry is the telemetry bus.
+	telemetry *telemetry.Bus
+	// reclaim is the reclaimed-capacity loop, nil when it does not run
+	// (reclaimOff says why).
+	reclaim    *reclaim.Loop
+	reclaimOff api.ReclaimStatus
 }
 
 var _ apiserver.Backend = (*service)(nil)
@@ -501,6 +539,8 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 		Isolation: s.runner.Isolation(),
 		Notes:     s.notes(),
 		QoS:       s.qosStatus(),
+		Telemetry: s.telemetryStatus(),
+		Reclaim:   s.reclaimStatus(),
 	}, nil
 }
 
@@ -512,6 +552,22 @@ func (s *service) notes() []string {
 		notes = append(notes, "not ready: "+err.Error())
 	}
 	return notes
+}
+
+func (s *service) reclaimStatus() *api.ReclaimStatus {
+	st := s.reclaimOff
+	if s.reclaim != nil {
+		st = s.reclaim.Status()
+	}
+	return &st
+}
+
+func (s *service) telemetryStatus() *api.TelemetryStatus {
+	if s.telemetry == nil {
+		return nil
+	}
+	st := s.telemetry.Status()
+	return &st
 }
 
 func (s *service) qosStatus() *api.QoSStatus {

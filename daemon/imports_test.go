@@ -65,7 +65,7 @@ func TestImportRules(t *testing.T) {
 	}
 	// Public packages: what a user of the module may import. None of them
 	// may reach into the daemon's internals or its composition root.
-	public := []string{"daemon/api", "daemon/sched", "daemon/buildinfo", "devices", "topology", "cgroups", "systemd", "ebpf"}
+	public := []string{"daemon/api", "daemon/sched", "daemon/forecast", "daemon/buildinfo", "devices", "topology", "cgroups", "systemd", "ebpf"}
 	// The pure engine's allowed standard-library imports: no I/O.
 	pureStd := []string{"cmp", "errors", "fmt", "iter", "maps", "math", "math/bits", "math/rand/v2", "slices", "sort", "strconv", "strings", "sync"}
 
@@ -89,6 +89,10 @@ func TestImportRules(t *testing.T) {
 			}
 			if p == "daemon/sched" && (local || !slices.Contains(pureStd, d)) {
 				t.Errorf("the pure engine daemon/sched imports %s: it may import only %s", d, strings.Join(pureStd, " "))
+			}
+			// The forecasters are pure too (the CLI and the daemon share them).
+			if p == "daemon/forecast" && (local || !slices.Contains(append(pureStd, "math/cmplx"), d)) {
+				t.Errorf("the pure forecasters daemon/forecast import %s: they may import only %s math/cmplx", d, strings.Join(pureStd, " "))
 			}
 		}
 		// Hardware packages never depend on the daemon or the API; they
@@ -124,7 +128,7 @@ func TestBinaryDependencies(t *testing.T) {
 		t.Errorf("fusiond does not link daemon/internal/jobs: go list -deps is not telling the truth")
 	}
 	for _, p := range linked("fusionctl") {
-		if under(rel(p), "daemon/internal", "devices/nvidia", "cgroups", "ebpf") ||
+		if under(rel(p), "daemon/internal", "devices/nvidia", "devices/rapl", "cgroups", "ebpf") ||
 			under(p, "github.com/NVIDIA/go-nvml", "github.com/opencontainers/runc", "github.com/containerd/cgroups", "github.com/cilium/ebpf", "go.etcd.io/bbolt") {
 			t.Errorf("fusionctl links %s: the CLI talks to the daemon's API and touches no hardware", p)
 		}

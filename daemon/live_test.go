@@ -12,41 +12,60 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/daemon/sched"
-	"github.com/fusiond/fusiond/devices/nvidia"
 )
 
-// The live source reads GPU telemetry as 0..1 shares and CPU busy per
-// NUMA node as the busy share of the jiffies since the previous reading.
-func TestLiveLoad(t *testing.T) {
-	stat := filepath.Join(t.TempDir(), "stat")
-	write := func(s string) {
-		if err := os.WriteFile(stat, []byte(s), 0o600); err != nil {
+// newTestBus is a telemetry bus over a fixture /proc (stat, meminfo) whose
+// GPUs report what gpus returns, with the clock set by the caller.
+func newTestBus(t *testing.T, gpus func() []telemetry.GPU, cpuNode map[int]int, now *time.Time) (*telemetry.Bus, func(stat string)) {
+	t.Helper()
+	proc := t.TempDir()
+	if err := os.WriteFile(filepath.Join(proc, "meminfo"), []byte("MemTotal: 1000 kB\nMemAvailable: 500 kB\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bus, err := telemetry.New(telemetry.Config{Proc: proc, CPUNode: cpuNode, GPUs: gpus, Now: func() time.Time { return *now }}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bus, func(stat string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(proc, "stat"), []byte(stat), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		*now = now.Add(100 * time.Millisecond)
+		if err := bus.Sample(); err != nil && !strings.Contains(err.Error(), "pressure") {
 			t.Fatal(err)
 		}
 	}
-	write("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 50 0 50 400 0 0 0 0 0 0\ncpu1 50 0 50 400 0 0 0 0 0 0\nintr 1 2\n")
-	tel := func() []nvidia.Sample {
-		return []nvidia.Sample{{UUID: "GPU-a", SMUtil: 40, MemUtil: 10, PowerW: 120}}
+}
+
+// The placer's live load is the telemetry bus's last second: GPU
+// utilisation as 0..1 shares, power in watts, CPU busy per NUMA node and
+// of the host as the busy share of the jiffies between samples.
+func TestLiveLoad(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	gpus := func() []telemetry.GPU { return []telemetry.GPU{{ID: "GPU-a", SMUtil: 40, MemUtil: 10, PowerW: 120}} }
+	bus, sample := newTestBus(t, gpus, map[int]int{0: 0, 1: 1}, &now)
+	l := busLive{r: bus, over: liveOver}
+	if got := l.Live(); len(got.GPUs) != 0 || got.HostBusy != 0 {
+		t.Errorf("live load before any sample: %+v", got)
 	}
-	cores := func() []cgroups.Core { return []cgroups.Core{{Node: 0, CPUs: []int{0}}, {Node: 1, CPUs: []int{1}}} }
-	l := &liveLoad{telemetry: tel, cores: cores, statPath: stat}
-	l.cpuBusy()
+	sample("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 50 0 50 400 0 0 0 0 0 0\ncpu1 50 0 50 400 0 0 0 0 0 0\nintr 1 2\n")
 	// cpu0: 90 busy of 100 more jiffies; cpu1: 10 of 100.
-	write("cpu  300 0 100 900 0 0 0 0 0 0\ncpu0 100 0 90 410 0 0 0 0 0 0\ncpu1 60 0 50 490 0 0 0 0 0 0\n")
+	sample("cpu  200 0 100 900 0 0 0 0 0 0\ncpu0 100 0 90 410 0 0 0 0 0 0\ncpu1 60 0 50 490 0 0 0 0 0 0\n")
 	got := l.Live()
-	if g := got.GPUs["GPU-a"]; g.SMUtil != 0.4 || g.MemUtil != 0.1 || g.PowerW != 120 {
-		t.Errorf("gpu %+v", g)
+	if g := got.GPUs["GPU-a"]; math.Abs(g.SMUtil-0.4) > 1e-9 || math.Abs(g.MemUtil-0.1) > 1e-9 || g.PowerW != 120 {
+		t.Errorf("gpu %+v, want SM 0.4, memory 0.1, 120 W", g)
 	}
 	if math.Abs(got.NUMABusy[0]-0.9) > 1e-9 || math.Abs(got.NUMABusy[1]-0.1) > 1e-9 {
 		t.Errorf("numa busy %v, want 0.9 and 0.1", got.NUMABusy)
 	}
-	if math.Abs(got.HostBusy-200.0/300) > 1e-9 {
-		t.Errorf("host busy %v, want 2/3", got.HostBusy)
+	if math.Abs(got.HostBusy-0.5) > 1e-9 {
+		t.Errorf("host busy %v, want 0.5", got.HostBusy)
 	}
 }
 
@@ -97,12 +116,12 @@ func TestLiveLoadDecidesOnSimulatedDGXH200(t *testing.T) {
 	}
 	var mu sync.Mutex
 	quiet := uuids[5]
-	tel := func() []nvidia.Sample {
+	tel := func() []telemetry.GPU {
 		mu.Lock()
 		defer mu.Unlock()
-		var out []nvidia.Sample
+		var out []telemetry.GPU
 		for _, u := range uuids {
-			s := nvidia.Sample{UUID: u, SMUtil: 85, MemUtil: 40, PowerW: 500}
+			s := telemetry.GPU{ID: u, SMUtil: 85, MemUtil: 40, PowerW: 500}
 			if u == quiet {
 				s.SMUtil, s.MemUtil, s.PowerW = 2, 1, 90
 			}
@@ -110,8 +129,13 @@ func TestLiveLoadDecidesOnSimulatedDGXH200(t *testing.T) {
 		}
 		return out
 	}
+	now := time.Now()
+	bus, sample := newTestBus(t, tel, nil, &now)
+	stat := "cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0 0 0\n"
+	sample(stat)
+	sample(stat)
 	o := placementOptions(h)
-	o.Live = newLiveLoad(tel, nil)
+	o.Live = busLive{r: bus, over: liveOver}
 	p := hostplacer.New(hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler)), o)
 	place := func(id string) api.Allocation {
 		t.Helper()
@@ -133,6 +157,9 @@ func TestLiveLoadDecidesOnSimulatedDGXH200(t *testing.T) {
 	mu.Lock()
 	quiet = uuids[2]
 	mu.Unlock()
+	for range 10 { // a second of samples: the old readings leave the window
+		sample(stat)
+	}
 	time.Sleep(hostplacer.LiveEvery + 10*time.Millisecond)
 	if a := place("2"); len(a.GPUs) != 1 || a.GPUs[0] != uuids[2] {
 		t.Fatalf("job 2 got %v, want %s, the quiet one now\n%s", a.GPUs, uuids[2], a.Explain)

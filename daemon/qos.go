@@ -11,15 +11,20 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/ebpf"
 )
 
 // qosHost is the QoS loop's view of this host: the job manager's running
 // jobs and the cgroups manager's job and tier cgroups.
 type qosHost struct {
-	cfg QoSConfig
-	mgr *jobs.Manager
-	cg  *cgroups.Manager
+	cfg   QoSConfig
+	mgr   *jobs.Manager
+	cg    *cgroups.Manager
+	knobs *beKnobs
+	// bus has the jobs' pressure (read from their cgroups each
+	// telemetry.job_interval).
+	bus telemetry.Reader
 }
 
 var _ qos.Host = (*qosHost)(nil)
@@ -48,15 +53,11 @@ func (h *qosHost) CgroupID(jobID string) (uint64, error) {
 }
 
 func (h *qosHost) MemoryPSI(jobID string) (*float64, error) {
-	c, err := h.cg.Load(jobID)
-	if err != nil {
-		return nil, err
+	u, ok := h.bus.Job(jobID, time.Second)
+	if !ok || u.PSI == nil {
+		return nil, nil // not read yet, or no per-cgroup PSI (cgroup v1)
 	}
-	st, err := c.Stats()
-	if err != nil || st.PSI == nil {
-		return nil, err
-	}
-	v := st.PSI.Memory.Some.Avg10
+	v := u.PSI.Memory
 	return &v, nil
 }
 
@@ -66,18 +67,18 @@ func (h *qosHost) BestEffortMemory() (int64, error) {
 }
 
 func (h *qosHost) SetBestEffortCPU(milli int64) error {
-	return h.cg.SetTierCPUQuota(cgroups.BestEffort, milli)
+	return h.knobs.setQoSCPU(milli)
 }
 
 func (h *qosHost) SetBestEffortMemoryHigh(bytes int64) error {
-	return h.cg.SetTierMemoryHigh(cgroups.BestEffort, bytes)
+	return h.knobs.setQoSMemory(bytes)
 }
 
 // startQoS loads the latency probes and starts the QoS loop. Without
 // cgroups, without a kernel that runs the probes, or switched off, the
 // daemon runs without them: the returned status says why, and the loop is
 // nil. stop detaches the probes and stops the loop (lifting its limits).
-func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, mgr *jobs.Manager, log *slog.Logger) (loop *qos.Loop, off api.QoSStatus, stop func()) {
+func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, bus telemetry.Reader, log *slog.Logger) (loop *qos.Loop, off api.QoSStatus, stop func()) {
 	off = api.QoSStatus{Window: api.Duration(cfg.Window)}
 	switch {
 	case !cfg.Enabled:
@@ -95,7 +96,7 @@ func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, mgr *jobs
 	}
 	pool := int64(runtime.NumCPU()) * 1000
 	loop, err = qos.New(qos.Config{Window: time.Duration(cfg.Window), Params: cfg.params(pool), Publish: mgr.PublishQoS},
-		probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg}, log)
+		probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg, knobs: knobs, bus: bus}, log)
 	if err != nil {
 		_ = probe.Close()
 		off.Probes = fmt.Sprintf("off: %v", err)

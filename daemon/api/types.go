@@ -100,6 +100,9 @@ type JobSpec struct {
 	// QoS is the job's latency SLO; unset, the class default of the
 	// daemon's config applies (service and inference are protected).
 	QoS *QoS `json:"qos,omitempty"`
+
+	// Replicas makes a service or inference job elastic (see Replicas).
+	Replicas *Replicas `json:"replicas,omitempty"`
 }
 
 // Resources is a job's resource request.
@@ -364,6 +367,11 @@ type NodeStatus struct {
 	Isolation Isolation `json:"isolation"`
 	// QoS is the latency probes' and the QoS loop's state.
 	QoS *QoSStatus `json:"qos,omitempty"`
+	// Telemetry is the telemetry bus's summary: live load, its sources,
+	// and the host forecasts.
+	Telemetry *TelemetryStatus `json:"telemetry,omitempty"`
+	// Reclaim is the reclaimed-capacity loop's state.
+	Reclaim *ReclaimStatus `json:"reclaim,omitempty"`
 	// Notes are facts an operator should know (e.g. "no NVIDIA driver").
 	Notes []string `json:"notes,omitempty"`
 }
@@ -532,3 +540,69 @@ type QoSStatus struct {
 
 // EventQoS is the kind of a QoS loop action event.
 const EventQoS = "qos"
+
+// TelemetryStatus is the telemetry bus's summary (daemon/internal/telemetry).
+type TelemetryStatus struct {
+	// Interval is the host sampling interval, JobInterval the jobs'.
+	Interval    Duration `json:"interval"`
+	JobInterval Duration `json:"job_interval"`
+	// Samples is how many host samples the ring holds now, of Ring.
+	Samples int `json:"samples"`
+	Ring    int `json:"ring"`
+	// HistoryMinutes is how many per-minute points are kept for the
+	// forecasters.
+	HistoryMinutes int `json:"history_minutes"`
+	// MemoryBound is the most memory the rings can hold, in bytes.
+	MemoryBound Bytes `json:"memory_bound"`
+	// SampleCost is the mean wall time one host sample took.
+	SampleCost Duration `json:"sample_cost"`
+	// CPUBusy is the host's busy fraction (0..1) over the last second;
+	// NodeBusy per NUMA node.
+	CPUBusy  float64   `json:"cpu_busy"`
+	NodeBusy []float64 `json:"node_busy,omitempty"`
+	// MemoryUsed is MemTotal − MemAvailable.
+	MemoryUsed Bytes `json:"memory_used"`
+	// PSI is the host's pressure (some avg10, percent); nil without
+	// /proc/pressure.
+	PSI *PressureStatus `json:"psi,omitempty"`
+	// PackagePowerW is the CPU packages' power (RAPL), nil when absent;
+	// Power says where it comes from or why there is none.
+	PackagePowerW *float64 `json:"package_power_w,omitempty"`
+	Power         string   `json:"power"`
+	// GPUs counts the GPUs in the latest sample; GPUPowerW is their power
+	// together (NVML); IdleGPUs those with SM utilisation under 1% over
+	// the last 10 s, drawing IdleGPUPowerW together.
+	GPUs          int     `json:"gpus"`
+	GPUPowerW     float64 `json:"gpu_power_w,omitempty"`
+	IdleGPUs      int     `json:"idle_gpus,omitempty"`
+	IdleGPUPowerW float64 `json:"idle_gpu_power_w,omitempty"`
+	// Jobs counts the jobs whose cgroups are read; JobPSI says whether
+	// per-job PSI is read or why not (cgroup v1 has none).
+	Jobs   int    `json:"jobs"`
+	JobPSI string `json:"job_psi"`
+	// LastError is the last sampling error, if any.
+	LastError string `json:"last_error,omitempty"`
+	// Forecasts are the host series' forecasts.
+	Forecasts []SeriesForecast `json:"forecasts,omitempty"`
+}
+
+// PressureStatus is the "some" avg10 of each resource, in percent.
+type PressureStatus struct {
+	CPU    float64 `json:"cpu"`
+	Memory float64 `json:"memory"`
+	IO     float64 `json:"io"`
+}
+
+// SeriesForecast is one series' forecast: the model the back-test chose
+// and its predicted value Horizon ahead.
+type SeriesForecast struct {
+	Series  string   `json:"series"`
+	Model   string   `json:"model"`
+	Horizon Duration `json:"horizon"`
+	Now     float64  `json:"now"`
+	Value   float64  `json:"value"`
+	// SMAPE is the chosen model's back-test error (percent).
+	SMAPE float64 `json:"smape"`
+	// Points is how many per-minute points it was fitted on.
+	Points int `json:"points"`
+}

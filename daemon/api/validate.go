@@ -121,6 +121,9 @@ func (s *JobSpec) Validate() error {
 	if err := s.Resources.validate(); err != nil {
 		return err
 	}
+	if err := s.validateReplicas(); err != nil {
+		return err
+	}
 	if s.QoS != nil {
 		if err := s.QoS.Validate("qos"); err != nil {
 			return err

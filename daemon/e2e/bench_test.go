@@ -133,13 +133,13 @@ type benchDaemon struct {
 	cmd           *exec.Cmd
 }
 
-func newBenchDaemon(b *testing.B, dir string) *benchDaemon {
+func newBenchDaemon(b *testing.B, dir string, extra ...string) *benchDaemon {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
 	d := &benchDaemon{socket: filepath.Join(dir, "s.sock"), state: filepath.Join(dir, "state")}
 	parent := "fusiond-bench-" + filepath.Base(filepath.Dir(dir)) + "-" + filepath.Base(dir)
-	cfg := "state_dir: " + d.state + "\nsocket: " + d.socket + "\nsocket_group: \"\"\ncgroup_parent: " + parent + "\nlog: {level: warn}\n"
+	cfg := "state_dir: " + d.state + "\nsocket: " + d.socket + "\nsocket_group: \"\"\ncgroup_parent: " + parent + "\nlog: {level: warn}\n" + strings.Join(extra, "")
 	config := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(config, []byte(cfg), 0o644); err != nil {
 		b.Fatal(err)

@@ -605,8 +605,9 @@ func printEvent(o *options, tw *tabwriter.Writer, e api.Event) error {
 	if o.output != "table" {
 		return o.print(e, nil)
 	}
-	if e.Kind == api.EventQoS {
-		fmt.Fprintf(tw, "%s\t%s\tqos\t%s\n", e.Time.Local().Format("15:04:05.000"), cmp.Or(e.JobID, "-"), e.Reason)
+	switch e.Kind {
+	case api.EventQoS, api.EventScale, api.EventResize, api.EventReclaim:
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), cmp.Or(e.JobID, "-"), e.Kind, e.Reason)
 		return tw.Flush()
 	}
 	if e.Kind == api.EventDevice {

@@ -60,6 +60,12 @@ func nodeTable(w io.Writer, n api.NodeStatus) error {
 	if q := n.QoS; q != nil {
 		fmt.Fprintf(tw, "QoS loop:\t%s\n", describeQoS(*q))
 	}
+	if t := n.Telemetry; t != nil {
+		telemetryLines(tw, *t)
+	}
+	if r := n.Reclaim; r != nil {
+		fmt.Fprintf(tw, "Reclaim:\t%s\n", reclaimLine(*r))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

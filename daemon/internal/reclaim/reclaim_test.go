@@ -1,0 +1,142 @@
+package reclaim
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+const gib = float64(1 << 30)
+
+func flat(u Usage, n int) []Usage {
+	out := make([]Usage, n)
+	for i := range out {
+		out[i] = u
+	}
+	return out
+}
+
+func TestComputeAccounting(t *testing.T) {
+	capacity := Usage{CPU: 4000, Memory: 8 * gib}
+	jobs := []Job{
+		// Reserved 2 CPU and 4 GiB, uses 500m and 1 GiB steadily: it may
+		// need 500m + 10% of 2000m = 700m and 1 GiB + 0.4 GiB.
+		{ID: "g", Tier: api.TierGuaranteed, Request: Usage{CPU: 2000, Memory: 4 * gib}, Recent: flat(Usage{CPU: 500, Memory: gib}, 10)},
+		// Bursts over its 1 CPU request: it lends nothing.
+		{ID: "b", Tier: api.TierBurstable, Request: Usage{CPU: 1000, Memory: gib}, Recent: flat(Usage{CPU: 1200, Memory: gib}, 10)},
+		// Not measured yet: it lends nothing.
+		{ID: "n", Tier: api.TierGuaranteed, Request: Usage{CPU: 500, Memory: gib}},
+		{ID: "be", Tier: api.TierBestEffort, Request: Usage{CPU: 500, Memory: 2 * gib}, Recent: flat(Usage{CPU: 1800, Memory: 3 * gib}, 10)},
+	}
+	a := Compute(capacity, jobs, Params{Margin: 0.1, Lead: 5})
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-6*math.Max(1, math.Abs(want)) {
+			t.Errorf("%s = %v, want %v", what, got, want)
+		}
+	}
+	near("reserved cpu", a.Reserved.CPU, 3500)
+	near("need cpu", a.Need.CPU, 700+1200+500)
+	near("reclaimable cpu", a.Reclaimable.CPU, 1300)
+	near("reclaimable memory", a.Reclaimable.Memory, 2.6*gib)
+	near("budget cpu", a.Budget.CPU, 4000-2400)
+	near("budget memory", a.Budget.Memory, 8*gib-(1.4*gib+gib+gib))
+	// Best-effort asked for 500m and 2 GiB and uses 1800m and 3 GiB: 1300m
+	// and 1 GiB of it runs on the reclaimable share.
+	near("reclaimed cpu", a.Reclaimed.CPU, 1300)
+	near("reclaimed memory", a.Reclaimed.Memory, gib)
+	near("best-effort cpu", a.BestEffort.CPU, 1800)
+}
+
+// A job ramping its use is predicted to keep ramping: its need runs
+// ahead of its usage, so the budget shrinks before the usage arrives.
+func TestRampRaisesNeedAhead(t *testing.T) {
+	var ramp []Usage
+	for i := range 20 {
+		ramp = append(ramp, Usage{CPU: 100 + 20*float64(i), Memory: gib})
+	}
+	j := Job{ID: "g", Tier: api.TierGuaranteed, Request: Usage{CPU: 2000, Memory: 2 * gib}, Recent: ramp}
+	a := Compute(Usage{CPU: 4000, Memory: 4 * gib}, []Job{j}, Params{Margin: 0, Lead: 5})
+	now := ramp[len(ramp)-1].CPU // 480
+	if a.Need.CPU < now+5*20-1e-6 {
+		t.Errorf("need %v for a job at %v rising 20 a reading, want at least %v (5 readings ahead)", a.Need.CPU, now, now+100)
+	}
+}
+
+func TestControllerThrottlesBeforeEvicting(t *testing.T) {
+	c := Controller{EvictAfter: 5 * time.Second, MinCPU: 100, MinChange: 50}
+	t0 := time.Unix(1000, 0)
+	be := []BestEffortJob{{ID: "old", Started: t0.Add(-time.Hour)}, {ID: "new", Started: t0.Add(-time.Minute)}}
+	a := Account{Capacity: Usage{CPU: 4000, Memory: 8 * gib}, Budget: Usage{CPU: 1500, Memory: 2 * gib}, BestEffort: Usage{CPU: 2000, Memory: 3 * gib}}
+	acts := c.Step(t0, a, be)
+	if len(acts) != 1 || acts[0].Kind != ActThrottle || acts[0].CPUMilli != 1500 || acts[0].MemoryHigh != 2<<30 {
+		t.Fatalf("first step %+v, want one throttle to 1500m and 2 GiB", acts)
+	}
+	for s := 1; s < 5; s++ {
+		if acts := c.Step(t0.Add(time.Duration(s)*time.Second), a, be); len(acts) != 0 {
+			t.Fatalf("%d s after the throttle: %+v, want nothing before evict_after", s, acts)
+		}
+	}
+	acts = c.Step(t0.Add(5*time.Second), a, be)
+	if len(acts) != 1 || acts[0].Kind != ActEvict || acts[0].JobID != "new" {
+		t.Fatalf("at evict_after: %+v, want the newest best-effort job evicted", acts)
+	}
+	if acts := c.Step(t0.Add(7*time.Second), a, be[:1]); len(acts) != 0 {
+		t.Fatalf("a second eviction 2 s after the first: %+v", acts)
+	}
+	// Under budget again: nothing is evicted, however long.
+	a.BestEffort.Memory = gib
+	for s := 10; s < 30; s++ {
+		if acts := c.Step(t0.Add(time.Duration(s)*time.Second), a, be[:1]); len(acts) != 0 {
+			t.Fatalf("under budget at %d s: %+v", s, acts)
+		}
+	}
+	// The high-priority jobs' need falls: the limits are lifted.
+	a.Budget = a.Capacity
+	acts = c.Step(t0.Add(time.Minute), a, be[:1])
+	if len(acts) != 1 || acts[0].Kind != ActThrottle || acts[0].CPUMilli != 0 || acts[0].MemoryHigh != 0 {
+		t.Fatalf("budget back to the whole host: %+v, want the limits lifted", acts)
+	}
+}
+
+func TestControllerFloorAndSmallChanges(t *testing.T) {
+	c := Controller{EvictAfter: time.Second, MinCPU: 100, MinChange: 50}
+	a := Account{Capacity: Usage{CPU: 4000, Memory: 8 * gib}, Budget: Usage{CPU: 0, Memory: 8 * gib}}
+	if acts := c.Step(time.Unix(0, 0), a, nil); len(acts) != 1 || acts[0].CPUMilli != 100 {
+		t.Fatalf("a zero CPU budget: %+v, want the 100m floor", acts)
+	}
+	a.Budget.CPU = 120
+	if acts := c.Step(time.Unix(1, 0), a, nil); len(acts) != 0 {
+		t.Fatalf("a 20m change: %+v, want none written", acts)
+	}
+	// Over budget with no best-effort job: nothing to evict.
+	a.BestEffort.Memory, a.Budget.Memory = 9*gib, gib
+	for s := 2; s < 10; s++ {
+		for _, act := range c.Step(time.Unix(int64(s), 0), a, nil) {
+			if act.Kind == ActEvict {
+				t.Fatalf("evicted %+v with no best-effort jobs", act)
+			}
+		}
+	}
+}
+
+// What guaranteed and burstable jobs reserved but do not use is lent to
+// each best-effort job beyond its request; it shrinks with the need.
+func TestControllerLendsReclaimableCPU(t *testing.T) {
+	c := Controller{EvictAfter: time.Second, MinCPU: 100, MinChange: 50}
+	a := Account{Capacity: Usage{CPU: 4000, Memory: 8 * gib}, Budget: Usage{CPU: 3300, Memory: 8 * gib}, Reclaimable: Usage{CPU: 1300}}
+	acts := c.Step(time.Unix(0, 0), a, nil)
+	if len(acts) != 1 || acts[0].LendCPU != 1300 || acts[0].CPUMilli != 3300 {
+		t.Fatalf("actions %+v, want 1300m lent under a 3300m tier budget", acts)
+	}
+	a.Reclaimable.CPU, a.Budget.CPU = 200, 2200
+	acts = c.Step(time.Unix(1, 0), a, nil)
+	if len(acts) != 1 || acts[0].LendCPU != 200 || acts[0].CPUMilli != 2200 {
+		t.Fatalf("after the need rose: %+v, want 200m lent under 2200m", acts)
+	}
+	if _, _, lend := c.Limits(); lend != 200 {
+		t.Errorf("lent %d", lend)
+	}
+}

@@ -1,0 +1,481 @@
+// Package telemetry is fusiond's telemetry bus: one sampler that reads
+// the host's load at a fixed rate (10 Hz by default) — per-CPU use from
+// /proc/stat, pressure stall information from /proc/pressure, memory from
+// /proc/meminfo, CPU package power from RAPL (devices/rapl), GPU
+// utilisation and power from the NVIDIA driver's telemetry — and running
+// jobs' usage from their cgroups at a slower rate, into ring buffers of a
+// fixed size. It owns the one reader API the rest of the daemon uses for
+// live load (Reader): the latest sample, a window, busy fractions per
+// NUMA node, per-GPU utilisation, per-job usage, and the per-minute
+// history the forecasters run on.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/devices/rapl"
+)
+
+// GPU is one GPU's reading in a sample.
+type GPU struct {
+	// ID is the device ID the placer uses (the GPU's UUID).
+	ID string `json:"id"`
+	// SMUtil and MemUtil are percentages (0..100).
+	SMUtil  float64 `json:"sm_util"`
+	MemUtil float64 `json:"mem_util"`
+	PowerW  float64 `json:"power_w"`
+}
+
+// Sample is one reading of the host.
+type Sample struct {
+	At time.Time
+	// CPUBusy is the host's busy fraction (0..1) since the previous
+	// sample; CPUs the same per CPU number; Nodes per NUMA node (index =
+	// node ID), the mean of the node's CPUs.
+	CPUBusy float64
+	CPUs    []float32
+	Nodes   []float64
+	// PSI is the host's pressure (percent, some avg10); PSIValid is false
+	// where the kernel has no /proc/pressure.
+	PSI      PSI
+	PSIValid bool
+	// MemTotal and MemAvailable are /proc/meminfo's, in bytes.
+	MemTotal, MemAvailable uint64
+	// PackageW is each CPU package's power (RAPL) since the previous
+	// sample; empty without RAPL.
+	PackageW []float64
+	GPUs     []GPU
+}
+
+// PSI is the "some" avg10 of each resource, in percent.
+type PSI struct {
+	CPU    float64 `json:"cpu"`
+	Memory float64 `json:"memory"`
+	IO     float64 `json:"io"`
+}
+
+// JobRef is a running job the bus reads the cgroup of.
+type JobRef struct {
+	ID string
+}
+
+// JobUsage is one reading of a job's cgroup.
+type JobUsage struct {
+	At time.Time
+	// CPUMilli is the job's CPU use since its previous reading, in
+	// millicores.
+	CPUMilli float64
+	// Memory is memory.current (v2) or memory.usage_in_bytes (v1).
+	Memory uint64
+	// PSI is the job's pressure where the kernel has per-cgroup PSI
+	// (cgroup v2); nil on cgroup v1.
+	PSI *PSI
+}
+
+// Jobs is where the bus finds running jobs and their cgroups.
+type Jobs interface {
+	Running() []JobRef
+	Stats(jobID string) (cgroups.Stats, error)
+}
+
+// PowerMeter reads CPU package power (*rapl.Meter).
+type PowerMeter interface {
+	Read(now time.Time) ([]rapl.Reading, error)
+}
+
+var _ PowerMeter = (*rapl.Meter)(nil)
+
+// Config configures a Bus. Zero values take the defaults.
+type Config struct {
+	// Interval between host samples (default 100 ms: 10 Hz).
+	Interval time.Duration
+	// JobInterval between readings of the jobs' cgroups (default 1 s).
+	JobInterval time.Duration
+	// Ring is how many host samples are kept (default 3000: 5 min at
+	// 10 Hz).
+	Ring int
+	// History is how many per-minute points are kept (default 1440: a day).
+	History int
+	// JobRing is how many readings are kept per job (default 300); MaxJobs
+	// bounds the jobs tracked at once (default 512).
+	JobRing, MaxJobs int
+	// Proc is the proc file system (default /proc).
+	Proc string
+	// CPUNode maps a CPU number to its NUMA node (topology); CPUs not in
+	// it count to node 0.
+	CPUNode map[int]int
+	// GPUs returns the driver's latest GPU telemetry; nil without GPUs.
+	GPUs func() []GPU
+	// Jobs, when set, is read every JobInterval.
+	Jobs Jobs
+	// Power, when set, is read every sample; PowerNote says why it is
+	// nil (no RAPL zones) for the status.
+	Power     PowerMeter
+	PowerNote string
+	// JobPSINote says why jobs have no PSI (cgroup v1), for the status.
+	JobPSINote string
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+func (c *Config) defaults() {
+	if c.Interval == 0 {
+		c.Interval = 100 * time.Millisecond
+	}
+	if c.JobInterval == 0 {
+		c.JobInterval = time.Second
+	}
+	if c.Ring == 0 {
+		c.Ring = 3000
+	}
+	if c.History == 0 {
+		c.History = 1440
+	}
+	if c.JobRing == 0 {
+		c.JobRing = 300
+	}
+	if c.MaxJobs == 0 {
+		c.MaxJobs = 512
+	}
+	if c.Proc == "" {
+		c.Proc = "/proc"
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate checks a configuration (after defaults).
+func (c Config) validate() error {
+	switch {
+	case c.Interval < 10*time.Millisecond:
+		return fmt.Errorf("telemetry interval %v: at least 10ms", c.Interval)
+	case c.JobInterval < c.Interval:
+		return fmt.Errorf("telemetry job interval %v: at least the interval %v", c.JobInterval, c.Interval)
+	case c.Ring < 10 || c.Ring > 1_000_000:
+		return fmt.Errorf("telemetry ring %d: between 10 and 1000000 samples", c.Ring)
+	case c.History < 60 || c.History > 100_000:
+		return fmt.Errorf("telemetry history %d: between 60 and 100000 minutes", c.History)
+	case c.JobRing < 2 || c.MaxJobs < 1:
+		return fmt.Errorf("telemetry job ring %d / max jobs %d: at least 2 and 1", c.JobRing, c.MaxJobs)
+	}
+	return nil
+}
+
+// Bus samples the host and jobs and keeps the rings. Reads never block
+// the sampler for longer than a copy.
+type Bus struct {
+	cfg Config
+	log *slog.Logger
+
+	// Sampler state, touched only by Sample (one goroutine).
+	proc     procReader
+	prevHost cpuTimes
+	prevCPUs []cpuTimes
+	curCPUs  []cpuTimes
+	nodeOf   []int // CPU number → node
+	nNodes   int
+	primed   bool
+	lastJobs time.Time
+	prevJob  map[string]jobPrev
+	minute   minuteAcc
+
+	mu      sync.RWMutex
+	ring    []Sample
+	next    int // slot the next sample goes to
+	count   int // samples in the ring
+	total   uint64
+	cost    time.Duration // time spent sampling, all samples
+	jobs    map[string]*jobRing
+	history []Point
+	hNext   int
+	hCount  int
+	lastErr string
+	fc      forecasts
+}
+
+type jobPrev struct {
+	at  time.Time
+	cpu time.Duration
+}
+
+// New builds a bus; Run starts it. A bad configuration is an error.
+func New(cfg Config, log *slog.Logger) (*Bus, error) {
+	cfg.defaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &Bus{cfg: cfg, log: log, proc: procReader{root: cfg.Proc},
+		ring: make([]Sample, cfg.Ring), history: make([]Point, cfg.History),
+		jobs: map[string]*jobRing{}, prevJob: map[string]jobPrev{}}
+	for cpu, n := range cfg.CPUNode {
+		for len(b.nodeOf) <= cpu {
+			b.nodeOf = append(b.nodeOf, 0)
+		}
+		b.nodeOf[cpu] = n
+		b.nNodes = max(b.nNodes, n+1)
+	}
+	b.nNodes = max(b.nNodes, 1)
+	return b, nil
+}
+
+// Run samples every Interval until ctx ends.
+func (b *Bus) Run(ctx context.Context) {
+	t := time.NewTicker(b.cfg.Interval)
+	defer t.Stop()
+	for {
+		if err := b.Sample(); err != nil {
+			b.noteErr(err)
+		} else {
+			b.mu.Lock()
+			b.lastErr = "" // the status shows only a current error
+			b.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (b *Bus) noteErr(err error) {
+	b.mu.Lock()
+	first := b.lastErr == ""
+	b.lastErr = err.Error()
+	b.mu.Unlock()
+	if first {
+		b.log.Warn("telemetry sample failed (logged once; fusionctl status shows the latest)", "err", err)
+	}
+}
+
+// Sample takes one sample now: the host always, the jobs when
+// JobInterval has passed. It is what Run calls each tick; the benchmark
+// calls it directly.
+func (b *Bus) Sample() error {
+	start := time.Now()
+	now := b.cfg.Now()
+	var errs []error
+	// The slot written next holds the oldest sample: readers skip it
+	// while it is rewritten (it leaves the count until the write ends),
+	// and its slices are reused.
+	b.mu.Lock()
+	slot := &b.ring[b.next]
+	if b.count == len(b.ring) {
+		b.count--
+	}
+	b.mu.Unlock()
+	s := Sample{At: now, CPUs: slot.CPUs[:0], Nodes: slot.Nodes[:0], PackageW: slot.PackageW[:0], GPUs: slot.GPUs[:0]}
+	if err := b.readCPU(&s); err != nil {
+		errs = append(errs, err)
+	}
+	if st, err := b.proc.read("meminfo"); err == nil {
+		s.MemTotal, s.MemAvailable, err = parseMeminfo(st)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		errs = append(errs, fmt.Errorf("meminfo: %w", err))
+	}
+	s.PSI, s.PSIValid = b.readPSI()
+	if b.cfg.Power != nil {
+		if rs, err := b.cfg.Power.Read(now); err != nil {
+			errs = append(errs, err)
+		} else {
+			for _, r := range rs {
+				if r.Valid {
+					s.PackageW = append(s.PackageW, r.PowerW)
+				}
+			}
+		}
+	}
+	if b.cfg.GPUs != nil {
+		s.GPUs = append(s.GPUs, b.cfg.GPUs()...)
+	}
+	if b.cfg.Jobs != nil && now.Sub(b.lastJobs) >= b.cfg.JobInterval {
+		b.lastJobs = now
+		if err := b.readJobs(now); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var done *Point
+	if b.primed {
+		done = b.minute.add(&s)
+	}
+	b.mu.Lock()
+	if b.primed {
+		*slot = s
+		b.next = (b.next + 1) % len(b.ring)
+		b.count++
+	}
+	b.total++
+	b.cost += time.Since(start)
+	if done != nil {
+		b.history[b.hNext] = *done
+		b.hNext = (b.hNext + 1) % len(b.history)
+		b.hCount = min(b.hCount+1, len(b.history))
+	}
+	b.mu.Unlock()
+	if done != nil {
+		b.refit()
+	}
+	b.primed = true
+	return errors.Join(errs...)
+}
+
+func (b *Bus) readCPU(s *Sample) error {
+	st, err := b.proc.read("stat")
+	if err != nil {
+		return fmt.Errorf("stat: %w", err)
+	}
+	var host cpuTimes
+	b.curCPUs, err = parseStat(st, &host, b.curCPUs[:0])
+	if err != nil {
+		return err
+	}
+	if b.primed {
+		s.CPUBusy = busyFrac(b.prevHost, host)
+		for len(s.Nodes) < b.nNodes {
+			s.Nodes = append(s.Nodes, 0)
+		}
+		var perNode [64]int
+		counts := perNode[:]
+		if b.nNodes > len(perNode) {
+			counts = make([]int, b.nNodes)
+		}
+		for cpu, cur := range b.curCPUs {
+			var f float64
+			if cpu < len(b.prevCPUs) {
+				f = busyFrac(b.prevCPUs[cpu], cur)
+			}
+			s.CPUs = append(s.CPUs, float32(f))
+			if cur.total == 0 {
+				continue // a CPU number /proc/stat skips (offline)
+			}
+			n := 0
+			if cpu < len(b.nodeOf) {
+				n = b.nodeOf[cpu]
+			}
+			s.Nodes[n] += f
+			counts[n]++
+		}
+		for n := range s.Nodes {
+			if counts[n] > 0 {
+				s.Nodes[n] /= float64(counts[n])
+			}
+		}
+	}
+	b.prevHost = host
+	b.prevCPUs = append(b.prevCPUs[:0], b.curCPUs...)
+	return nil
+}
+
+func (b *Bus) readPSI() (PSI, bool) {
+	var p PSI
+	for _, r := range []struct {
+		file string
+		dst  *float64
+	}{{"pressure/cpu", &p.CPU}, {"pressure/memory", &p.Memory}, {"pressure/io", &p.IO}} {
+		st, err := b.proc.read(r.file)
+		if err != nil {
+			return PSI{}, false
+		}
+		if *r.dst, err = parseSomeAvg10(st); err != nil {
+			return PSI{}, false
+		}
+	}
+	return p, true
+}
+
+func (b *Bus) readJobs(now time.Time) error {
+	var errs []error
+	running := b.cfg.Jobs.Running()
+	seen := make(map[string]bool, len(running))
+	for _, j := range running {
+		if len(seen) >= b.cfg.MaxJobs {
+			break
+		}
+		seen[j.ID] = true
+		st, err := b.cfg.Jobs.Stats(j.ID)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the job ended, or has no cgroup yet, since Running
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("job %s: %w", j.ID, err))
+			continue
+		}
+		prev, ok := b.prevJob[j.ID]
+		b.prevJob[j.ID] = jobPrev{at: now, cpu: st.CPUUsage}
+		if !ok || now.Sub(prev.at) <= 0 || st.CPUUsage < prev.cpu {
+			continue
+		}
+		u := JobUsage{At: now, Memory: st.MemoryCurrent,
+			CPUMilli: float64(st.CPUUsage-prev.cpu) / float64(now.Sub(prev.at)) * 1000}
+		if st.PSI != nil {
+			u.PSI = &PSI{CPU: st.PSI.CPU.Some.Avg10, Memory: st.PSI.Memory.Some.Avg10, IO: st.PSI.IO.Some.Avg10}
+		}
+		b.mu.Lock()
+		r := b.jobs[j.ID]
+		if r == nil {
+			r = &jobRing{buf: make([]JobUsage, b.cfg.JobRing)}
+			b.jobs[j.ID] = r
+		}
+		r.push(u)
+		b.mu.Unlock()
+	}
+	b.mu.Lock()
+	for id := range b.jobs {
+		if !seen[id] {
+			delete(b.jobs, id)
+		}
+	}
+	b.mu.Unlock()
+	for id := range b.prevJob {
+		if !seen[id] {
+			delete(b.prevJob, id)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// jobRing is one job's readings, oldest first from start.
+type jobRing struct {
+	buf         []JobUsage
+	next, count int
+}
+
+func (r *jobRing) push(u JobUsage) {
+	r.buf[r.next] = u
+	r.next = (r.next + 1) % len(r.buf)
+	r.count = min(r.count+1, len(r.buf))
+}
+
+// each calls fn for the readings newer than since, oldest first.
+func (r *jobRing) each(since time.Time, fn func(JobUsage)) {
+	for i := range r.count {
+		u := r.buf[(r.next-r.count+i+len(r.buf))%len(r.buf)]
+		if u.At.After(since) {
+			fn(u)
+		}
+	}
+}
+
+// cloneSample deep-copies a ring slot (its slices are reused).
+func cloneSample(s Sample) Sample {
+	s.CPUs = slices.Clone(s.CPUs)
+	s.Nodes = slices.Clone(s.Nodes)
+	s.PackageW = slices.Clone(s.PackageW)
+	s.GPUs = slices.Clone(s.GPUs)
+	return s
+}

@@ -1,0 +1,225 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/reclaim"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
+)
+
+// ReclaimConfig tunes the reclaimed-capacity loop.
+type ReclaimConfig struct {
+	// Enabled lets best-effort jobs use what guaranteed and burstable jobs
+	// reserved but are not predicted to use, within a budget the loop
+	// enforces (needs job cgroups).
+	Enabled bool `json:"enabled"`
+	// Window is how often it accounts (default 1s); Lookback the usage
+	// history a job's predicted peak is taken from (default 1m).
+	Window   Duration `json:"window"`
+	Lookback Duration `json:"lookback"`
+	// Margin is kept per job as a fraction of its request, [0, 1)
+	// (default 0.1).
+	Margin float64 `json:"margin"`
+	// EvictAfter is how long the best-effort tier may stay over its memory
+	// budget, throttled, before its newest job is evicted (default 10s).
+	EvictAfter Duration `json:"evict_after"`
+}
+
+// DefaultReclaimConfig accounts every second over the last minute with a
+// 10% margin.
+func DefaultReclaimConfig() ReclaimConfig {
+	return ReclaimConfig{Enabled: true, Window: Duration(time.Second), Lookback: Duration(time.Minute), Margin: 0.1, EvictAfter: Duration(10 * time.Second)}
+}
+
+func (c ReclaimConfig) validate() (string, error) {
+	switch {
+	case c.Window < Duration(10*time.Millisecond):
+		return "reclaim.window", fmt.Errorf("at least 10ms, got %v", time.Duration(c.Window))
+	case c.Lookback < c.Window:
+		return "reclaim.lookback", fmt.Errorf("at least reclaim.window (%v), got %v", time.Duration(c.Window), time.Duration(c.Lookback))
+	case c.Margin < 0 || c.Margin >= 1:
+		return "reclaim.margin", fmt.Errorf("in [0, 1), got %g", c.Margin)
+	case c.EvictAfter < 0:
+		return "reclaim.evict_after", fmt.Errorf("must not be negative")
+	}
+	return "", nil
+}
+
+// tierKnobs are the cgroup tier knobs beKnobs writes (*cgroups.Manager).
+type tierKnobs interface {
+	SetTierCPUQuota(t cgroups.Tier, milli int64) error
+	SetTierMemoryHigh(t cgroups.Tier, bytes int64) error
+}
+
+// beKnobs is the one writer of the best-effort tier's CPU quota and
+// memory high: the QoS loop (latency) and the reclaim loop (budget) each
+// set their limit, and the tighter one is written.
+type beKnobs struct {
+	mu                 sync.Mutex
+	cg                 tierKnobs
+	qosCPU, reclaimCPU int64 // 0: no limit
+	qosMem, reclaimMem int64
+	cpu, mem           int64 // written
+	wrote              bool
+}
+
+func tighter(a, b int64) int64 {
+	switch {
+	case a == 0:
+		return b
+	case b == 0:
+		return a
+	}
+	return min(a, b)
+}
+
+func (k *beKnobs) apply() error {
+	cpu, mem := tighter(k.qosCPU, k.reclaimCPU), tighter(k.qosMem, k.reclaimMem)
+	var err error
+	if !k.wrote || cpu != k.cpu {
+		if err = k.cg.SetTierCPUQuota(cgroups.BestEffort, cpu); err == nil {
+			k.cpu = cpu
+		}
+	}
+	if !k.wrote || mem != k.mem {
+		if merr := k.cg.SetTierMemoryHigh(cgroups.BestEffort, mem); merr == nil {
+			k.mem = mem
+		} else if err == nil {
+			err = merr
+		}
+	}
+	k.wrote = err == nil
+	return err
+}
+
+func (k *beKnobs) setQoSCPU(milli int64) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.qosCPU = milli
+	return k.apply()
+}
+
+func (k *beKnobs) setQoSMemory(bytes int64) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.qosMem = bytes
+	return k.apply()
+}
+
+func (k *beKnobs) setReclaim(milli, bytes int64) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.reclaimCPU, k.reclaimMem = milli, bytes
+	return k.apply()
+}
+
+// reclaimHost is the reclaim loop's view of the daemon.
+type reclaimHost struct {
+	mgr      *jobs.Manager
+	bus      telemetry.Reader
+	knobs    *beKnobs
+	capacity func() api.NodeResources
+	lookback time.Duration
+	cg       *cgroups.Manager
+	// lent is the CPU quota written per best-effort job (request + lent).
+	lent map[string]int64
+}
+
+var _ reclaim.Host = (*reclaimHost)(nil)
+
+func (h *reclaimHost) Capacity() reclaim.Usage {
+	c := h.capacity()
+	return reclaim.Usage{CPU: float64(c.CPU), Memory: float64(c.Memory)}
+}
+
+func (h *reclaimHost) Running() []reclaim.Job {
+	list := h.mgr.Running()
+	out := make([]reclaim.Job, 0, len(list))
+	for _, j := range list {
+		rj := reclaim.Job{ID: j.ID, Tier: j.Tier, Request: reclaim.Usage{CPU: float64(j.Spec.Resources.CPU), Memory: float64(j.Spec.Resources.Memory)}}
+		if j.StartedAt != nil {
+			rj.Started = *j.StartedAt
+		}
+		for _, u := range h.bus.JobWindow(j.ID, h.lookback) {
+			rj.Recent = append(rj.Recent, reclaim.Usage{CPU: u.CPUMilli, Memory: float64(u.Memory)})
+		}
+		out = append(out, rj)
+	}
+	return out
+}
+
+func (h *reclaimHost) Limit(cpuMilli, memoryHigh int64) error {
+	return h.knobs.setReclaim(cpuMilli, memoryHigh)
+}
+
+// Lend raises every running best-effort job's CPU quota (its request, as
+// the executor set it) by cpuMilli; the tier's quota bounds them together.
+func (h *reclaimHost) Lend(cpuMilli int64) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, j := range h.mgr.Running() {
+		if j.Tier != api.TierBestEffort {
+			continue
+		}
+		seen[j.ID] = true
+		want := int64(j.Spec.Resources.CPU) + cpuMilli
+		if h.lent[j.ID] == want {
+			continue
+		}
+		c, err := h.cg.Load(j.ID)
+		if err == nil {
+			err = c.SetCPUQuota(want)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("job %s: %w", j.ID, err))
+			continue
+		}
+		h.lent[j.ID] = want
+	}
+	for id := range h.lent {
+		if !seen[id] {
+			delete(h.lent, id)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (h *reclaimHost) Evict(id, _ string) error {
+	_, err := h.mgr.Cancel(context.Background(), admin, id)
+	return err
+}
+
+func (h *reclaimHost) Publish(ev api.Event) { h.mgr.PublishReclaim(ev) }
+
+// startReclaim starts the reclaim loop; without cgroups or switched off
+// it does not run and the status says why.
+func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, bus telemetry.Reader,
+	capacity func() api.NodeResources, minCPU int64, log *slog.Logger) (*reclaim.Loop, api.ReclaimStatus, func(), error) {
+	switch {
+	case !cfg.Enabled:
+		return nil, api.ReclaimStatus{Reason: "off: reclaim.enabled is false"}, func() {}, nil
+	case cg == nil:
+		return nil, api.ReclaimStatus{Reason: "off: jobs run without cgroups"}, func() {}, nil
+	}
+	loop, err := reclaim.New(reclaim.Config{Window: time.Duration(cfg.Window), EvictAfter: time.Duration(cfg.EvictAfter), MinCPU: minCPU,
+		Params: reclaim.Params{Margin: cfg.Margin, Lead: max(1, int(time.Duration(cfg.Lookback)/time.Duration(cfg.Window))/10)}},
+		&reclaimHost{mgr: mgr, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback), cg: cg, lent: map[string]int64{}}, log)
+	if err != nil {
+		return nil, api.ReclaimStatus{}, nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		loop.Run(runCtx)
+	}()
+	return loop, api.ReclaimStatus{}, func() { cancel(); <-done }, nil
+}

@@ -1,0 +1,156 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
+	"github.com/fusiond/fusiond/devices/rapl"
+	"github.com/fusiond/fusiond/topology"
+)
+
+// TelemetryConfig is the telemetry bus's sampling and ring sizes.
+type TelemetryConfig struct {
+	// Interval between host samples (≥ 10ms; default 100ms, 10 Hz).
+	Interval Duration `json:"interval"`
+	// JobInterval between readings of the running jobs' cgroups (≥
+	// interval; default 1s).
+	JobInterval Duration `json:"job_interval"`
+	// Ring is how many host samples are kept (10..1000000; default 3000).
+	Ring int `json:"ring"`
+	// HistoryMinutes is how many per-minute points the forecasters keep
+	// (60..100000; default 1440, a day).
+	HistoryMinutes int `json:"history_minutes"`
+	// PowercapRoot is where RAPL zones are read (default
+	// /sys/class/powercap).
+	PowercapRoot string `json:"powercap_root,omitempty"`
+}
+
+// DefaultTelemetryConfig samples at 10 Hz and keeps 5 minutes of samples
+// and a day of minutes.
+func DefaultTelemetryConfig() TelemetryConfig {
+	return TelemetryConfig{Interval: Duration(100 * time.Millisecond), JobInterval: Duration(time.Second), Ring: 3000, HistoryMinutes: 1440}
+}
+
+func (c TelemetryConfig) validate() (string, error) {
+	switch {
+	case c.Interval < Duration(10*time.Millisecond):
+		return "telemetry.interval", fmt.Errorf("at least 10ms, got %v", time.Duration(c.Interval))
+	case c.JobInterval < c.Interval:
+		return "telemetry.job_interval", fmt.Errorf("at least telemetry.interval (%v), got %v", time.Duration(c.Interval), time.Duration(c.JobInterval))
+	case c.Ring < 10 || c.Ring > 1_000_000:
+		return "telemetry.ring", fmt.Errorf("between 10 and 1000000 samples, got %d", c.Ring)
+	case c.HistoryMinutes < 60 || c.HistoryMinutes > 100_000:
+		return "telemetry.history_minutes", fmt.Errorf("between 60 and 100000, got %d", c.HistoryMinutes)
+	}
+	return "", nil
+}
+
+// telemetryJobs is the bus's view of the running jobs and their cgroups.
+// The bus is built before the job manager (placement may read it), so it
+// finds the manager through mgr, nil until there is one.
+type telemetryJobs struct {
+	mgr func() *jobs.Manager
+	cg  *cgroups.Manager
+}
+
+func (t telemetryJobs) Running() []telemetry.JobRef {
+	m := t.mgr()
+	if m == nil {
+		return nil
+	}
+	list := m.Running()
+	out := make([]telemetry.JobRef, len(list))
+	for i, j := range list {
+		out[i] = telemetry.JobRef{ID: j.ID}
+	}
+	return out
+}
+
+func (t telemetryJobs) Stats(id string) (cgroups.Stats, error) {
+	c, err := t.cg.Load(id)
+	if errors.Is(err, cgroups.ErrNotFound) {
+		// Not made yet, or gone with the job: the bus skips it.
+		return cgroups.Stats{}, fmt.Errorf("%w: %w", fs.ErrNotExist, err)
+	}
+	if err != nil {
+		return cgroups.Stats{}, err
+	}
+	return c.Stats()
+}
+
+// cpuNodes maps each online CPU of this machine to its NUMA node. A
+// simulated host's topology is not this machine's CPUs, so the real one
+// is discovered then.
+func cpuNodes(ctx context.Context, h *hardware.Host) (map[int]int, error) {
+	t := h.Topology()
+	if t == nil || h.Simulated() != "" {
+		var err error
+		if t, err = topology.Discover(ctx); err != nil {
+			return nil, fmt.Errorf("telemetry: topology: %w", err)
+		}
+	}
+	out := map[int]int{}
+	for _, n := range t.Nodes {
+		for _, cpu := range n.CPUs.List() {
+			out[cpu] = int(n.ID)
+		}
+	}
+	return out, nil
+}
+
+// newTelemetry builds the telemetry bus over this host; startTelemetry
+// runs it.
+func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mgr func() *jobs.Manager, cg *cgroups.Manager, log *slog.Logger) (*telemetry.Bus, error) {
+	nodes, err := cpuNodes(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	tc := telemetry.Config{
+		Interval: time.Duration(cfg.Interval), JobInterval: time.Duration(cfg.JobInterval),
+		Ring: cfg.Ring, History: cfg.HistoryMinutes, CPUNode: nodes,
+		GPUs: func() []telemetry.GPU {
+			var out []telemetry.GPU
+			for _, s := range h.Telemetry() {
+				out = append(out, telemetry.GPU{ID: s.UUID, SMUtil: float64(s.SMUtil), MemUtil: float64(s.MemUtil), PowerW: s.PowerW})
+			}
+			return out
+		},
+	}
+	switch m, err := rapl.Open(cfg.PowercapRoot); {
+	case err == nil:
+		tc.Power = m
+	case errors.Is(err, rapl.ErrNoZones):
+		tc.PowerNote = err.Error()
+	default:
+		log.Warn("CPU package power unreadable", "err", err)
+		tc.PowerNote = err.Error()
+	}
+	if cg != nil {
+		tc.Jobs = telemetryJobs{mgr: mgr, cg: cg}
+		if cg.Mode() == cgroups.ModeV1 {
+			tc.JobPSINote = "cgroup v1 has no per-cgroup pressure files"
+		}
+	} else {
+		tc.JobPSINote = "jobs run without cgroups"
+	}
+	return telemetry.New(tc, log)
+}
+
+// startTelemetry starts the bus's sampler; stop ends it.
+func startTelemetry(ctx context.Context, bus *telemetry.Bus) (stop func()) {
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bus.Run(runCtx)
+	}()
+	return func() { cancel(); <-done }
+}
