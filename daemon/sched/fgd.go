@@ -17,12 +17,16 @@ type fragEntry struct {
 	gain float64 // before − after (higher is better)
 	sig  float64 // sigmoid(gain/1000)
 	gpu  int
+	// sig2 is sigmoid(gain/1000) under the scorer's second model (its
+	// best GPU for a shared request), when it has one.
+	sig2 float64
 }
 
 type nodeFragCache struct {
 	node    *Node
 	version uint64
 	before  float64
+	before2 float64
 	// byShape[id] is valid when stamp[id] == version+1.
 	byShape []fragEntry
 	stamp   []uint64
@@ -33,7 +37,10 @@ type nodeFragCache struct {
 // maximises it. Request shapes are interned once per request so the
 // per-node lookup is an index.
 type fragScorer struct {
-	model  *FragModel
+	model *FragModel
+	// second, when set, is a second measure computed with the first in
+	// one pass and one cache lookup (fusiond's lexicographic tie-breaker).
+	second *FragModel
 	cache  []nodeFragCache
 	shapes map[fragKey]int
 	// last interned request, to intern once per Place and not per node.
@@ -64,7 +71,11 @@ func (f *fragScorer) shapeID(req *Request) int {
 
 func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	if idx < 0 {
-		return f.compute(req, n, f.model.NodeFrag(n))
+		var b2 float64
+		if f.second != nil {
+			b2 = f.second.NodeFrag(n)
+		}
+		return f.compute(req, n, f.model.NodeFrag(n), b2)
 	}
 	if idx >= len(f.cache) {
 		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
@@ -73,6 +84,9 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
 		c.before = f.model.NodeFrag(n)
+		if f.second != nil {
+			c.before2 = f.second.NodeFrag(n)
+		}
 		clear(c.stamp)
 	}
 	id := f.shapeID(req)
@@ -84,24 +98,33 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	if c.stamp[id] == 1 {
 		return c.byShape[id]
 	}
-	e := f.compute(req, n, c.before)
+	e := f.compute(req, n, c.before, c.before2)
 	c.byShape[id], c.stamp[id] = e, 1
 	return e
 }
 
-func (f *fragScorer) compute(req *Request, n *Node, before float64) fragEntry {
+func (f *fragScorer) compute(req *Request, n *Node, before, before2 float64) fragEntry {
 	if req.Shared() {
 		best := fragEntry{gain: math.Inf(-1), gpu: -1}
+		best2 := math.Inf(-1)
+		var one [1]int
 		for i := range n.GPUs {
-			if !gpuFits(req, &n.GPUs[i]) {
+			if !gpuFits(req, &n.GPUs[i]) || sameShareBefore(req, n, i) {
 				continue
 			}
-			g := before - f.model.fragAfter(n, req, []int{i})
+			one[0] = i
+			g := before - f.model.fragAfter(n, req, one[:])
 			if g > best.gain {
 				best = fragEntry{gain: g, gpu: i}
 			}
+			if f.second != nil {
+				best2 = max(best2, before2-f.second.fragAfter(n, req, one[:]))
+			}
 		}
 		best.sig = sigmoid(best.gain / 1000)
+		if f.second != nil {
+			best.sig2 = sigmoid(best2 / 1000)
+		}
 		return best
 	}
 	var gpus []int
@@ -109,7 +132,25 @@ func (f *fragScorer) compute(req *Request, n *Node, before float64) fragEntry {
 		gpus, _ = pickWholeGPUs(req, n)
 	}
 	g := before - f.model.fragAfter(n, req, gpus)
-	return fragEntry{gain: g, sig: sigmoid(g / 1000), gpu: -1}
+	e := fragEntry{gain: g, sig: sigmoid(g / 1000), gpu: -1}
+	if f.second != nil {
+		e.sig2 = sigmoid((before2 - f.second.fragAfter(n, req, gpus)) / 1000)
+	}
+	return e
+}
+
+// sameShareBefore says whether a GPU before i that fits req has the same
+// free share as GPU i: the fragmentation measures depend only on the
+// multiset of free shares (sums and counts of integers), so taking i
+// leaves the same measure as taking that one, which comes first and wins
+// ties anyway.
+func sameShareBefore(req *Request, n *Node, i int) bool {
+	for j := range i {
+		if n.GPUs[j].MilliFree == n.GPUs[i].MilliFree && gpuFits(req, &n.GPUs[j]) {
+			return true
+		}
+	}
+	return false
 }
 
 // FGD is Fragmentation Gradient Descent (ATC'23): place where the expected

@@ -16,9 +16,11 @@ import (
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
 	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0):
+		if p.fs.second == nil && p.fsCap != nil {
+			p.fs.second = p.fsCap.model // one pass, one cache for both measures
+		}
 		e := p.fs.gain(req, n, idx)
-		c := p.fsCap.gain(req, n, idx)
-		return (math.Trunc(e.sig*maxScore) + c.sig) / (maxScore + 1), e.gpu
+		return (math.Trunc(e.sig*maxScore) + e.sig2) / (maxScore + 1), e.gpu
 	case len(n.GPUs) > 0:
 		return 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU), -1
 	default:

@@ -84,12 +84,25 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 	if !ok {
 		return RunResult{}, fmt.Errorf("%w: unknown policy %q", ErrBadOption, policy)
 	}
+	return runProtocol(ctx, specs, workload, p, policy, seed, frag, thresholds, tie, dedupable(p, tie), nil)
+}
+
+// runProtocol is RunProtocol with the policy built; dedupe scores one node
+// per state group (nodeView); placed, when non-nil, receives each pod's
+// node index (-1: failed).
+func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.Policy, policy string, seed uint64, frag *sched.FragModel, thresholds []float64, tie sched.TieBreak, dedupe bool, placed *[]int) (RunResult, error) {
 	nodes := BuildNodes(specs)
 	var capMilli int64
 	for i := range nodes {
 		capMilli += int64(len(nodes[i].GPUs)) * sched.MilliPerGPU
 	}
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
+	scored := nodes
+	var view *nodeView
+	if dedupe {
+		view = newNodeView(nodes, seed)
+		scored = view.view
+	}
 	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds}
 	res.AllocPct = make([]float64, len(thresholds))
 	res.FragPct = make([]float64, len(thresholds))
@@ -106,9 +119,19 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 		}
 		req := workload[i].Request()
 		arrived += req.GPUMilliTotal()
-		d, err := eng.Place(&req, nodes)
+		d, err := eng.Place(&req, scored)
 		if err == nil {
 			err = eng.Commit(&req, &d.Assignment, nodes)
+			if err == nil && view != nil {
+				view.changed(d.Assignment.NodeIdx)
+			}
+		}
+		if placed != nil {
+			if err != nil {
+				*placed = append(*placed, -1)
+			} else {
+				*placed = append(*placed, d.Assignment.NodeIdx)
+			}
 		}
 		if err != nil {
 			res.Failed++
