@@ -41,6 +41,10 @@ type fragScorer struct {
 	// second, when set, is a second measure computed with the first in
 	// one pass and one cache lookup (fusiond's lexicographic tie-breaker).
 	second *FragModel
+	// reserve, when set, adds its measure (the large shapes, reserve.go)
+	// to the first one's.
+	reserve *FragModel
+	linked  bool
 	cache  []nodeFragCache
 	shapes map[fragKey]int
 	// last interned request, to intern once per Place and not per node.
@@ -75,7 +79,7 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 		if f.second != nil {
 			b2 = f.second.NodeFrag(n)
 		}
-		return f.compute(req, n, f.model.NodeFrag(n), b2)
+		return f.compute(req, n, f.before(n), b2)
 	}
 	if idx >= len(f.cache) {
 		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
@@ -83,7 +87,7 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	c := &f.cache[idx]
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
-		c.before = f.model.NodeFrag(n)
+		c.before = f.before(n)
 		if f.second != nil {
 			c.before2 = f.second.NodeFrag(n)
 		}
@@ -103,6 +107,23 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	return e
 }
 
+// before is the scorer's first measure of n (plus the reserve's).
+func (f *fragScorer) before(n *Node) float64 {
+	b := f.model.NodeFrag(n)
+	if f.reserve != nil {
+		b += f.reserve.NodeFrag(n)
+	}
+	return b
+}
+
+func (f *fragScorer) after(n *Node, req *Request, gpus []int) float64 {
+	a := f.model.fragAfter(n, req, gpus)
+	if f.reserve != nil {
+		a += f.reserve.fragAfter(n, req, gpus)
+	}
+	return a
+}
+
 func (f *fragScorer) compute(req *Request, n *Node, before, before2 float64) fragEntry {
 	if req.Shared() {
 		best := fragEntry{gain: math.Inf(-1), gpu: -1}
@@ -113,7 +134,7 @@ func (f *fragScorer) compute(req *Request, n *Node, before, before2 float64) fra
 				continue
 			}
 			one[0] = i
-			g := before - f.model.fragAfter(n, req, one[:])
+			g := before - f.after(n, req, one[:])
 			if g > best.gain {
 				best = fragEntry{gain: g, gpu: i}
 			}
@@ -131,7 +152,7 @@ func (f *fragScorer) compute(req *Request, n *Node, before, before2 float64) fra
 	if req.GPUs > 0 {
 		gpus, _ = pickWholeGPUs(req, n)
 	}
-	g := before - f.model.fragAfter(n, req, gpus)
+	g := before - f.after(n, req, gpus)
 	e := fragEntry{gain: g, sig: sigmoid(g / 1000), gpu: -1}
 	if f.second != nil {
 		e.sig2 = sigmoid((before2 - f.second.fragAfter(n, req, gpus)) / 1000)

@@ -16,9 +16,7 @@ import (
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
 	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0):
-		if p.fs.second == nil && p.fsCap != nil {
-			p.fs.second = p.fsCap.model // one pass, one cache for both measures
-		}
+		p.linkFrag()
 		e := p.fs.gain(req, n, idx)
 		return (math.Trunc(e.sig*maxScore) + e.sig2) / (maxScore + 1), e.gpu
 	case len(n.GPUs) > 0:
@@ -92,11 +90,14 @@ func (l *ShapeLearner) Model(coverage float64) *FragModel {
 		cum += shapes[n].P
 		n++
 	}
+	reserve := largeShapes(shapes, l.total)
 	shapes = shapes[:n]
 	for i := range shapes {
 		shapes[i].P /= cum
 	}
-	return NewFragModel(shapes)
+	m := NewFragModel(shapes)
+	m.Reserve = reserve
+	return m
 }
 
 // FragModel measures fragmentation the FGD way: for each typical shape k
@@ -107,6 +108,10 @@ type FragModel struct {
 	Shapes []Shape
 	// Capacity selects the multi-copy measure (capacityFrag).
 	Capacity bool
+	// Reserve are the large shapes of the workload (reserve.go) with their
+	// share of all requests, covered or not; only fusiond's policy reads
+	// them, FGD keeps the paper's measure.
+	Reserve []Shape
 	// access caches, per GPU model, which shapes may use it.
 	access map[string][]bool
 }

@@ -59,6 +59,21 @@ type CurvePoint struct {
 	FailedPct  float64 `json:"failed_pct"`
 }
 
+// FailThresholds are the arrived-request points (% of GPU capacity) at
+// which a run reports its failures (FailPoint).
+var FailThresholds = []float64{90, 100, 110, 120, 130}
+
+// FailPoint is what had failed to place by the time the arrived GPU
+// request reached ArrivedPct: pods, their GPUs (whole GPUs, shares summed),
+// and the big pods among them (those asking for as many whole GPUs as the
+// largest node has).
+type FailPoint struct {
+	ArrivedPct float64 `json:"arrived_pct"`
+	Pods       float64 `json:"pods"`
+	GPUs       float64 `json:"gpus"`
+	BigPods    float64 `json:"big_pods"`
+}
+
 // RunResult is one policy × seed run of the protocol.
 type RunResult struct {
 	Trace     string `json:"trace"`
@@ -75,6 +90,11 @@ type RunResult struct {
 	Seconds         float64      `json:"seconds"`
 	DecisionsPerSec float64      `json:"decisions_per_sec"`
 	Curve           []CurvePoint `json:"curve,omitempty"`
+	// FailAt[i] is read when the arrived request first reaches
+	// FailThresholds[i] (zero Pods and NaN GPUs if never); BigGPUs is the
+	// GPU count of the largest node, which defines a big pod.
+	FailAt  []FailPoint `json:"fail_at"`
+	BigGPUs int         `json:"big_gpus"`
 }
 
 // RunProtocol places workload pods one by one with the named policy on
@@ -109,8 +129,16 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 	for i := range thresholds {
 		res.AllocPct[i], res.FragPct[i] = nan(), nan()
 	}
+	for _, n := range nodes {
+		res.BigGPUs = max(res.BigGPUs, len(n.GPUs))
+	}
+	res.FailAt = make([]FailPoint, len(FailThresholds))
+	for i, t := range FailThresholds {
+		res.FailAt[i] = FailPoint{ArrivedPct: t, GPUs: nan()}
+	}
 	var arrived, alloc, failed int64
-	next := 0
+	var failedBig int
+	next, nextFail := 0, 0
 	nextCurve := 0.0
 	start := time.Now()
 	for i := range workload {
@@ -139,6 +167,9 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 				res.FailedGPU++
 			}
 			failed += req.GPUMilliTotal()
+			if req.GPUs >= res.BigGPUs && req.GPUMilli == sched.MilliPerGPU {
+				failedBig++
+			}
 		} else {
 			alloc += req.GPUMilliTotal()
 		}
@@ -151,6 +182,10 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 			res.AllocPct[next] = allocPct
 			res.FragPct[next] = clusterFragPct(nodes, frag)
 			next++
+		}
+		for nextFail < len(FailThresholds) && arrivedPct >= FailThresholds[nextFail] {
+			res.FailAt[nextFail] = FailPoint{ArrivedPct: FailThresholds[nextFail], Pods: float64(res.Failed), GPUs: float64(failed) / sched.MilliPerGPU, BigPods: float64(failedBig)}
+			nextFail++
 		}
 		if arrivedPct >= nextCurve {
 			res.Curve = append(res.Curve, CurvePoint{ArrivedPct: arrivedPct, AllocPct: allocPct, FailedPct: 100 * float64(failed) / float64(capMilli)})
