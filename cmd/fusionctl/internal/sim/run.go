@@ -45,7 +45,7 @@ type Options struct {
 	// utilisation over time and (at WaitPlotPath) the wait CDF of the
 	// time-ordered mode.
 	PlotPaths []string
-	// Timed selects the time-ordered mode; LoadPct compresses its arrivals
+	// Timed selects the time-ordered mode; LoadPct scales its lifetimes
 	// to that offered GPU load (see TimedOptions).
 	Timed   bool
 	LoadPct float64
@@ -311,9 +311,11 @@ func fmtPct(v float64) string {
 func writeTable(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(rep.Timed) > 0 {
-		fmt.Fprintf(tw, "policy\tpods\tplaced\tnever placed\tmean GPU util %%\tpeak GPU util %%\twait p50 s\twait p95 s\tmean wait s\t\n")
+		t0 := rep.Timed[0]
+		fmt.Fprintf(w, "trace %s, time-ordered: window %.1f days (median to last arrival), %d cop(ies) of the trace, lifetimes ×%.3g, offered GPU load in the window %.2f%%\n", rep.Trace, float64(t0.WindowS)/86400, t0.Copies, t0.Scale, t0.OfferedPct)
+		fmt.Fprintf(tw, "policy\tpods\tplaced\tnever placed\tmean GPU util %%\tpeak GPU util %%\tGPU-hours\twait p50 s\twait p95 s\twait p99 s\tmean wait s\t\n")
 		for _, t := range rep.Timed {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.WaitP50, t.WaitP95, t.WaitMean)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.GPUHours, t.WaitP50, t.WaitP95, t.WaitP99, t.WaitMean)
 		}
 		return tw.Flush()
 	}

@@ -115,7 +115,7 @@ func TestTimedMode(t *testing.T) {
 		t.Fatalf("timed results: %+v", rep.Timed)
 	}
 	for _, r := range rep.Timed {
-		if r.Placed+r.NeverPlaced != r.Pods || r.Pods != 60 {
+		if r.Placed+r.NeverPlaced != r.Pods || r.Pods != 60*r.Copies || r.Copies < 1 {
 			t.Fatalf("%s: placed %d + never %d != %d", r.Policy, r.Placed, r.NeverPlaced, r.Pods)
 		}
 		if r.PeakUtilPct <= 0 || r.PeakUtilPct > 100 || r.MeanUtilPct > r.PeakUtilPct || r.WaitP95 < r.WaitP50 {
