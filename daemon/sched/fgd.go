@@ -20,6 +20,8 @@ type fragEntry struct {
 	// sig2 is sigmoid(gain/1000) under the scorer's second model (its
 	// best GPU for a shared request), when it has one.
 	sig2 float64
+	// res is the reserve measure's gain (before − after), when set.
+	res float64
 }
 
 type nodeFragCache struct {
@@ -27,6 +29,7 @@ type nodeFragCache struct {
 	version uint64
 	before  float64
 	before2 float64
+	beforeR float64
 	// byShape[id] is valid when stamp[id] == version+1.
 	byShape []fragEntry
 	stamp   []uint64
@@ -41,12 +44,15 @@ type fragScorer struct {
 	// second, when set, is a second measure computed with the first in
 	// one pass and one cache lookup (fusiond's lexicographic tie-breaker).
 	second *FragModel
-	// reserve, when set, adds its measure (the large shapes, reserve.go)
-	// to the first one's.
+	// secondCPUOnly computes second only for CPU-only requests (the only
+	// ones fusiond's policy uses it for).
+	secondCPUOnly bool
+	// reserve, when set, is a third measure (the large shapes,
+	// reserve.go), computed in the same pass.
 	reserve *FragModel
 	linked  bool
-	cache  []nodeFragCache
-	shapes map[fragKey]int
+	cache   []nodeFragCache
+	shapes  map[fragKey]int
 	// last interned request, to intern once per Place and not per node.
 	lastReq *Request
 	lastKey fragKey
@@ -79,7 +85,11 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 		if f.second != nil {
 			b2 = f.second.NodeFrag(n)
 		}
-		return f.compute(req, n, f.before(n), b2)
+		var br float64
+		if f.reserve != nil {
+			br = f.reserve.NodeFrag(n)
+		}
+		return f.compute(req, n, f.model.NodeFrag(n), b2, br)
 	}
 	if idx >= len(f.cache) {
 		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
@@ -87,9 +97,12 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	c := &f.cache[idx]
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
-		c.before = f.before(n)
+		c.before = f.model.NodeFrag(n)
 		if f.second != nil {
 			c.before2 = f.second.NodeFrag(n)
+		}
+		if f.reserve != nil {
+			c.beforeR = f.reserve.NodeFrag(n)
 		}
 		clear(c.stamp)
 	}
@@ -102,49 +115,42 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	if c.stamp[id] == 1 {
 		return c.byShape[id]
 	}
-	e := f.compute(req, n, c.before, c.before2)
+	e := f.compute(req, n, c.before, c.before2, c.beforeR)
 	c.byShape[id], c.stamp[id] = e, 1
 	return e
 }
 
-// before is the scorer's first measure of n (plus the reserve's).
-func (f *fragScorer) before(n *Node) float64 {
-	b := f.model.NodeFrag(n)
-	if f.reserve != nil {
-		b += f.reserve.NodeFrag(n)
+func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR float64) fragEntry {
+	second := f.second
+	if f.secondCPUOnly && req.GPUs > 0 {
+		second = nil
 	}
-	return b
-}
-
-func (f *fragScorer) after(n *Node, req *Request, gpus []int) float64 {
-	a := f.model.fragAfter(n, req, gpus)
-	if f.reserve != nil {
-		a += f.reserve.fragAfter(n, req, gpus)
-	}
-	return a
-}
-
-func (f *fragScorer) compute(req *Request, n *Node, before, before2 float64) fragEntry {
 	if req.Shared() {
 		best := fragEntry{gain: math.Inf(-1), gpu: -1}
-		best2 := math.Inf(-1)
+		best2, bestR := math.Inf(-1), math.Inf(-1)
 		var one [1]int
 		for i := range n.GPUs {
 			if !gpuFits(req, &n.GPUs[i]) || sameShareBefore(req, n, i) {
 				continue
 			}
 			one[0] = i
-			g := before - f.after(n, req, one[:])
+			g := before - f.model.fragAfter(n, req, one[:])
 			if g > best.gain {
 				best = fragEntry{gain: g, gpu: i}
+				if f.reserve != nil { // of the GPU the request will take
+					bestR = beforeR - f.reserve.fragAfter(n, req, one[:])
+				}
 			}
-			if f.second != nil {
-				best2 = max(best2, before2-f.second.fragAfter(n, req, one[:]))
+			if second != nil {
+				best2 = max(best2, before2-second.fragAfter(n, req, one[:]))
 			}
 		}
 		best.sig = sigmoid(best.gain / 1000)
-		if f.second != nil {
+		if second != nil {
 			best.sig2 = sigmoid(best2 / 1000)
+		}
+		if f.reserve != nil {
+			best.res = bestR
 		}
 		return best
 	}
@@ -152,10 +158,13 @@ func (f *fragScorer) compute(req *Request, n *Node, before, before2 float64) fra
 	if req.GPUs > 0 {
 		gpus, _ = pickWholeGPUs(req, n)
 	}
-	g := before - f.after(n, req, gpus)
+	g := before - f.model.fragAfter(n, req, gpus)
 	e := fragEntry{gain: g, sig: sigmoid(g / 1000), gpu: -1}
-	if f.second != nil {
-		e.sig2 = sigmoid((before2 - f.second.fragAfter(n, req, gpus)) / 1000)
+	if second != nil {
+		e.sig2 = sigmoid((before2 - second.fragAfter(n, req, gpus)) / 1000)
+	}
+	if f.reserve != nil {
+		e.res = beforeR - f.reserve.fragAfter(n, req, gpus)
 	}
 	return e
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/golden.csv")
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func tinyOptions() Options {
 	return Options{
