@@ -125,7 +125,7 @@ func WaitChart(rep *Report) *chart {
 	c := &chart{
 		Title:  fmt.Sprintf("%s (time-ordered): queueing delay CDF", rep.Trace),
 		XLabel: "wait before placement (log scale; waits under 1 s drawn at 1 s)",
-		YLabel: "pods placed within the wait (%)",
+		YLabel: "pods placed within the wait (%; never placed: until the end)",
 		YMin:   0, YMax: 100,
 	}
 	maxWait := 10.0
