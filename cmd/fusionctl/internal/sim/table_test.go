@@ -119,15 +119,21 @@ func MarkdownTable(reps []*Report, pub Published) string {
 // FailThresholds point (pods / GPUs / big pods, mean over seeds).
 func MarkdownFailTable(rep *Report) string {
 	var b strings.Builder
-	if len(rep.Summaries) == 0 {
+	var points []FailPoint
+	for _, s := range rep.Summaries {
+		if len(s.FailAt) > len(points) {
+			points = s.FailAt
+		}
+	}
+	if len(points) == 0 {
 		return ""
 	}
 	b.WriteString("| policy |")
-	for _, f := range rep.Summaries[0].FailAt {
+	for _, f := range points {
 		fmt.Fprintf(&b, " @%g %% |", f.ArrivedPct)
 	}
 	b.WriteString("\n|---|")
-	for range rep.Summaries[0].FailAt {
+	for range points {
 		b.WriteString("---|")
 	}
 	b.WriteString("\n")
