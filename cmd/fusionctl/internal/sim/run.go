@@ -389,7 +389,11 @@ func runRecord(r *RunResult) []string {
 	for _, v := range r.FragPct {
 		rec = append(rec, fmtPct(v))
 	}
-	return append(rec, strconv.FormatFloat(r.Seconds, 'f', 3, 64), strconv.FormatFloat(r.DecisionsPerSec, 'f', 0, 64))
+	rec = append(rec, strconv.FormatFloat(r.Seconds, 'f', 3, 64), strconv.FormatFloat(r.DecisionsPerSec, 'f', 0, 64))
+	for _, f := range r.FailAt {
+		rec = append(rec, strconv.FormatFloat(f.Pods, 'f', 0, 64), fmtPct(f.GPUs), strconv.FormatFloat(f.BigPods, 'f', 0, 64))
+	}
+	return rec
 }
 
 func writeCSV(w io.Writer, rep *Report) error {
@@ -413,7 +417,13 @@ func writeCSV(w io.Writer, rep *Report) error {
 			hdr = append(hdr, fmt.Sprintf("frag_%g", t))
 		}
 	}
-	_ = cw.Write(append(hdr, "seconds", "decisions_per_sec"))
+	hdr = append(hdr, "seconds", "decisions_per_sec")
+	if len(rep.Runs) > 0 {
+		for _, f := range rep.Runs[0].FailAt {
+			hdr = append(hdr, fmt.Sprintf("failed_pods_%g", f.ArrivedPct), fmt.Sprintf("failed_gpus_%g", f.ArrivedPct), fmt.Sprintf("failed_big_pods_%g", f.ArrivedPct))
+		}
+	}
+	_ = cw.Write(hdr)
 	for i := range rep.Runs {
 		_ = cw.Write(runRecord(&rep.Runs[i]))
 	}
