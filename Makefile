@@ -22,7 +22,7 @@ TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prome
 EBPF_PKGS := clang llvm libbpf-dev bpftool
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps ebpf-check bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots
+.PHONY: all build run test test-vm vet deps ebpf-check bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots sim-validate
 all: build
 
 build:
@@ -43,6 +43,12 @@ plots:
 	  --policy $(PLOT_POLICIES) --seeds 42-51 --target 130 --plot docs/img/openb-default-alloc.svg --plot docs/img/openb-default-alloc.png
 	$(GO) run ./cmd/fusionctl simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv \
 	  --policy fusiond,spread,fgd --timed --load 70 --plot docs/img/openb-default-timed.svg --plot docs/img/openb-default-timed.png
+
+# The ±1-point validation of the six paper baselines on all 17 openb
+# traces (mean of seeds 42..51) against FGD_expected_allocation.txt.
+# About 5 minutes on 2 cores; .ci/run runs it.
+sim-validate:
+	FUSIOND_OPENB_DIR=$(abspath $(OPENB)) FUSIOND_SIM_FULL=1 $(GO) test -count=1 -timeout 20m -v -run '^TestOpenBValidationFull$$' ./cmd/fusionctl/internal/sim/
 
 deps:
 	./.ci/deps.sh $(TEST_PKGS)

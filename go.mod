@@ -20,6 +20,7 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5
 	golang.org/x/image v0.48.0
 	golang.org/x/sys v0.50.0
+	gonum.org/v1/gonum v0.17.0
 )
 
 require (

@@ -17,12 +17,19 @@ type fragEntry struct {
 	gain float64 // before − after (higher is better)
 	sig  float64 // sigmoid(gain/1000)
 	gpu  int
+	// sig2 is sigmoid(gain/1000) under the scorer's second model (its
+	// best GPU for a shared request), when it has one.
+	sig2 float64
+	// res is the reserve measure's gain (before − after), when set.
+	res float64
 }
 
 type nodeFragCache struct {
 	node    *Node
 	version uint64
 	before  float64
+	before2 float64
+	beforeR float64
 	// byShape[id] is valid when stamp[id] == version+1.
 	byShape []fragEntry
 	stamp   []uint64
@@ -33,9 +40,19 @@ type nodeFragCache struct {
 // maximises it. Request shapes are interned once per request so the
 // per-node lookup is an index.
 type fragScorer struct {
-	model  *FragModel
-	cache  []nodeFragCache
-	shapes map[fragKey]int
+	model *FragModel
+	// second, when set, is a second measure computed with the first in
+	// one pass and one cache lookup (fusiond's lexicographic tie-breaker).
+	second *FragModel
+	// secondCPUOnly computes second only for CPU-only requests (the only
+	// ones fusiond's policy uses it for).
+	secondCPUOnly bool
+	// reserve, when set, is a third measure (the large shapes,
+	// reserve.go), computed in the same pass.
+	reserve *FragModel
+	linked  bool
+	cache   []nodeFragCache
+	shapes  map[fragKey]int
 	// last interned request, to intern once per Place and not per node.
 	lastReq *Request
 	lastKey fragKey
@@ -64,7 +81,15 @@ func (f *fragScorer) shapeID(req *Request) int {
 
 func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	if idx < 0 {
-		return f.compute(req, n, f.model.NodeFrag(n))
+		var b2 float64
+		if f.second != nil {
+			b2 = f.second.NodeFrag(n)
+		}
+		var br float64
+		if f.reserve != nil {
+			br = f.reserve.NodeFrag(n)
+		}
+		return f.compute(req, n, f.model.NodeFrag(n), b2, br)
 	}
 	if idx >= len(f.cache) {
 		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
@@ -73,6 +98,12 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
 		c.before = f.model.NodeFrag(n)
+		if f.second != nil {
+			c.before2 = f.second.NodeFrag(n)
+		}
+		if f.reserve != nil {
+			c.beforeR = f.reserve.NodeFrag(n)
+		}
 		clear(c.stamp)
 	}
 	id := f.shapeID(req)
@@ -84,24 +115,43 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 	if c.stamp[id] == 1 {
 		return c.byShape[id]
 	}
-	e := f.compute(req, n, c.before)
+	e := f.compute(req, n, c.before, c.before2, c.beforeR)
 	c.byShape[id], c.stamp[id] = e, 1
 	return e
 }
 
-func (f *fragScorer) compute(req *Request, n *Node, before float64) fragEntry {
+func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR float64) fragEntry {
+	second := f.second
+	if f.secondCPUOnly && req.GPUs > 0 {
+		second = nil
+	}
 	if req.Shared() {
 		best := fragEntry{gain: math.Inf(-1), gpu: -1}
+		best2, bestR := math.Inf(-1), math.Inf(-1)
+		var one [1]int
 		for i := range n.GPUs {
-			if !gpuFits(req, &n.GPUs[i]) {
+			if !gpuFits(req, &n.GPUs[i]) || sameShareBefore(req, n, i) {
 				continue
 			}
-			g := before - f.model.fragAfter(n, req, []int{i})
+			one[0] = i
+			g := before - f.model.fragAfter(n, req, one[:])
 			if g > best.gain {
 				best = fragEntry{gain: g, gpu: i}
+				if f.reserve != nil { // of the GPU the request will take
+					bestR = beforeR - f.reserve.fragAfter(n, req, one[:])
+				}
+			}
+			if second != nil {
+				best2 = max(best2, before2-second.fragAfter(n, req, one[:]))
 			}
 		}
 		best.sig = sigmoid(best.gain / 1000)
+		if second != nil {
+			best.sig2 = sigmoid(best2 / 1000)
+		}
+		if f.reserve != nil {
+			best.res = bestR
+		}
 		return best
 	}
 	var gpus []int
@@ -109,7 +159,28 @@ func (f *fragScorer) compute(req *Request, n *Node, before float64) fragEntry {
 		gpus, _ = pickWholeGPUs(req, n)
 	}
 	g := before - f.model.fragAfter(n, req, gpus)
-	return fragEntry{gain: g, sig: sigmoid(g / 1000), gpu: -1}
+	e := fragEntry{gain: g, sig: sigmoid(g / 1000), gpu: -1}
+	if second != nil {
+		e.sig2 = sigmoid((before2 - second.fragAfter(n, req, gpus)) / 1000)
+	}
+	if f.reserve != nil {
+		e.res = beforeR - f.reserve.fragAfter(n, req, gpus)
+	}
+	return e
+}
+
+// sameShareBefore says whether a GPU before i that fits req has the same
+// free share as GPU i: the fragmentation measures depend only on the
+// multiset of free shares (sums and counts of integers), so taking i
+// leaves the same measure as taking that one, which comes first and wins
+// ties anyway.
+func sameShareBefore(req *Request, n *Node, i int) bool {
+	for j := range i {
+		if n.GPUs[j].MilliFree == n.GPUs[i].MilliFree && gpuFits(req, &n.GPUs[j]) {
+			return true
+		}
+	}
+	return false
 }
 
 // FGD is Fragmentation Gradient Descent (ATC'23): place where the expected

@@ -11,14 +11,28 @@ import (
 // req on n (in [0,1], higher is better) and the GPU it chose for a shared
 // request (-1: none chosen). With a shape model it is lexicographic: FGD's
 // measure on its coarse 0..100 scale first, then, among options within one
-// step, the multi-copy (capacity) measure; without one, how much of the
-// node's GPU share (CPU for CPU-only nodes) the request leaves free.
+// step, the reserve for large shapes, then (CPU-only pods) the multi-copy
+// (capacity) measure; without one, how much of the node's GPU share (CPU
+// for CPU-only nodes) the request leaves free.
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
 	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0):
+		p.linkFrag()
 		e := p.fs.gain(req, n, idx)
-		c := p.fsCap.gain(req, n, idx)
-		return (math.Trunc(e.sig*maxScore) + c.sig) / (maxScore + 1), e.gpu
+		// Keys, most significant first: FGD's measure on its 0..100
+		// scale; the reserve for the workload's large shapes
+		// (reserve.go) on reserveSteps steps; for a CPU-only pod the
+		// capacity measure (the GPUs it would strand by taking CPU). The
+		// engine's node ranking breaks what ties remain, which packs.
+		// The capacity measure is not a key for GPU requests: it prefers
+		// fresh nodes, and on the multi-GPU traces it broke the nodes the
+		// 8-GPU pods needed (docs/benchmarks.md).
+		r := math.Trunc(sigmoid(e.res/1000) * reserveSteps)
+		var c float64
+		if req.GPUs == 0 {
+			c = e.sig2
+		}
+		return (math.Trunc(e.sig*maxScore) + (r+c)/(reserveSteps+1)) / (maxScore + 1), e.gpu
 	case len(n.GPUs) > 0:
 		return 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU), -1
 	default:
@@ -90,11 +104,14 @@ func (l *ShapeLearner) Model(coverage float64) *FragModel {
 		cum += shapes[n].P
 		n++
 	}
+	reserve := largeShapes(shapes, l.total)
 	shapes = shapes[:n]
 	for i := range shapes {
 		shapes[i].P /= cum
 	}
-	return NewFragModel(shapes)
+	m := NewFragModel(shapes)
+	m.Reserve = reserve
+	return m
 }
 
 // FragModel measures fragmentation the FGD way: for each typical shape k
@@ -105,6 +122,10 @@ type FragModel struct {
 	Shapes []Shape
 	// Capacity selects the multi-copy measure (capacityFrag).
 	Capacity bool
+	// Reserve are the large shapes of the workload (reserve.go) with their
+	// share of all requests, covered or not; only fusiond's policy reads
+	// them, FGD keeps the paper's measure.
+	Reserve []Shape
 	// access caches, per GPU model, which shapes may use it.
 	access map[string][]bool
 }

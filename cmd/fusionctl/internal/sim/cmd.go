@@ -56,7 +56,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringVar(&o.CSVDir, "csv-dir", "", "write one CSV (allocation curve) per run into this directory")
 	f.StringArrayVar(&o.PlotPaths, "plot", nil, "write a picture (FILE.svg or FILE.png; repeatable): allocation and failed-request curves, or with --timed utilisation over time (FILE) and the wait CDF (FILE-wait)")
 	f.BoolVar(&o.Timed, "timed", false, "time-ordered mode: honour creation/deletion times")
-	f.Float64Var(&o.LoadPct, "load", 0, "timed mode: compress arrivals so the offered GPU load is this % of capacity (0: as traced)")
+	f.Float64Var(&o.LoadPct, "load", 0, "timed mode: scale every lifetime by one factor so the offered GPU load between the first and last arrival is this % of capacity (0: as traced); arrival times stay as traced")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")

@@ -3,9 +3,10 @@
 // offline and deterministic for a seed. It implements the paper's protocol
 // (Run) — pods resampled to a target share of GPU capacity, shuffled by
 // seed, arriving one by one and never leaving — and a time-ordered mode
-// (RunTimed) that honours creation and deletion times. NewCommand exposes
-// both as `fusionctl simulate`.
+// (RunTimed) that honours creation and deletion times, and an upper bound
+// on what any policy could allocate (AllocBound). NewCommand exposes them
+// as `fusionctl simulate`.
 //
 // It runs only offline, in fusionctl; the daemon never links it. It may
-// import daemon/sched and the standard library.
+// import daemon/sched, the standard library and gonum (the bound's LP).
 package sim

@@ -79,7 +79,7 @@ func AllocChart(rep *Report) *chart {
 func UtilChart(rep *Report) *chart {
 	c := &chart{
 		Title:  fmt.Sprintf("%s (time-ordered): GPU allocation over time", rep.Trace),
-		XLabel: "time since the first arrival (hours), until the last pod is placed",
+		XLabel: "time since the first arrival (hours), until the last arrival",
 		YLabel: "GPU allocated (% of capacity)",
 		YMin:   0, YMax: 100,
 	}
@@ -91,14 +91,14 @@ func UtilChart(rep *Report) *chart {
 	}
 	var end int64
 	for _, r := range rep.Timed {
-		end = max(end, r.LastPlaced)
+		end = max(end, r.WindowEnd)
 	}
 	xmax := 0.0
 	for i, r := range rep.Timed {
 		s := series{Name: fmt.Sprintf("%s (mean %.1f%%)", r.Policy, r.MeanUtilPct), Color: palette[i%len(palette)]}
 		for _, p := range r.Util {
 			if p.Time > end {
-				break // the long-lived pods running on after the last placement
+				break // after the window
 			}
 			h := float64(p.Time-t0) / 3600
 			s.X, s.Y = append(s.X, h), append(s.Y, p.UtilPct)
@@ -125,7 +125,7 @@ func WaitChart(rep *Report) *chart {
 	c := &chart{
 		Title:  fmt.Sprintf("%s (time-ordered): queueing delay CDF", rep.Trace),
 		XLabel: "wait before placement (log scale; waits under 1 s drawn at 1 s)",
-		YLabel: "pods placed within the wait (%)",
+		YLabel: "pods placed within the wait (%; never placed: until the end)",
 		YMin:   0, YMax: 100,
 	}
 	maxWait := 10.0

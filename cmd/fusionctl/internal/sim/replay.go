@@ -59,6 +59,21 @@ type CurvePoint struct {
 	FailedPct  float64 `json:"failed_pct"`
 }
 
+// FailThresholds are the arrived-request points (% of GPU capacity) at
+// which a run reports its failures (FailPoint).
+var FailThresholds = []float64{90, 100, 110, 120, 130}
+
+// FailPoint is what had failed to place by the time the arrived GPU
+// request reached ArrivedPct: pods, their GPUs (whole GPUs, shares summed),
+// and the big pods among them (those asking for as many whole GPUs as the
+// largest node has).
+type FailPoint struct {
+	ArrivedPct float64 `json:"arrived_pct"`
+	Pods       float64 `json:"pods"`
+	GPUs       float64 `json:"gpus"`
+	BigPods    float64 `json:"big_pods"`
+}
+
 // RunResult is one policy × seed run of the protocol.
 type RunResult struct {
 	Trace     string `json:"trace"`
@@ -75,6 +90,11 @@ type RunResult struct {
 	Seconds         float64      `json:"seconds"`
 	DecisionsPerSec float64      `json:"decisions_per_sec"`
 	Curve           []CurvePoint `json:"curve,omitempty"`
+	// FailAt[i] is read when the arrived request first reaches
+	// FailThresholds[i] (zero Pods and NaN GPUs if never); BigGPUs is the
+	// GPU count of the largest node, which defines a big pod.
+	FailAt  []FailPoint `json:"fail_at"`
+	BigGPUs int         `json:"big_gpus"`
 }
 
 // RunProtocol places workload pods one by one with the named policy on
@@ -84,20 +104,41 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 	if !ok {
 		return RunResult{}, fmt.Errorf("%w: unknown policy %q", ErrBadOption, policy)
 	}
+	return runProtocol(ctx, specs, workload, p, policy, seed, frag, thresholds, tie, dedupable(p, tie), nil)
+}
+
+// runProtocol is RunProtocol with the policy built; dedupe scores one node
+// per state group (nodeView); placed, when non-nil, receives each pod's
+// node index (-1: failed).
+func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.Policy, policy string, seed uint64, frag *sched.FragModel, thresholds []float64, tie sched.TieBreak, dedupe bool, placed *[]int) (RunResult, error) {
 	nodes := BuildNodes(specs)
 	var capMilli int64
 	for i := range nodes {
 		capMilli += int64(len(nodes[i].GPUs)) * sched.MilliPerGPU
 	}
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
+	scored := nodes
+	var view *nodeView
+	if dedupe {
+		view = newNodeView(nodes, seed)
+		scored = view.view
+	}
 	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds}
 	res.AllocPct = make([]float64, len(thresholds))
 	res.FragPct = make([]float64, len(thresholds))
 	for i := range thresholds {
 		res.AllocPct[i], res.FragPct[i] = nan(), nan()
 	}
+	for _, n := range nodes {
+		res.BigGPUs = max(res.BigGPUs, len(n.GPUs))
+	}
+	res.FailAt = make([]FailPoint, len(FailThresholds))
+	for i, t := range FailThresholds {
+		res.FailAt[i] = FailPoint{ArrivedPct: t, GPUs: nan()}
+	}
 	var arrived, alloc, failed int64
-	next := 0
+	var failedBig int
+	next, nextFail := 0, 0
 	nextCurve := 0.0
 	start := time.Now()
 	for i := range workload {
@@ -106,9 +147,19 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 		}
 		req := workload[i].Request()
 		arrived += req.GPUMilliTotal()
-		d, err := eng.Place(&req, nodes)
+		d, err := eng.Place(&req, scored)
 		if err == nil {
 			err = eng.Commit(&req, &d.Assignment, nodes)
+			if err == nil && view != nil {
+				view.changed(d.Assignment.NodeIdx)
+			}
+		}
+		if placed != nil {
+			if err != nil {
+				*placed = append(*placed, -1)
+			} else {
+				*placed = append(*placed, d.Assignment.NodeIdx)
+			}
 		}
 		if err != nil {
 			res.Failed++
@@ -116,6 +167,9 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 				res.FailedGPU++
 			}
 			failed += req.GPUMilliTotal()
+			if req.GPUs >= res.BigGPUs && req.GPUMilli == sched.MilliPerGPU {
+				failedBig++
+			}
 		} else {
 			alloc += req.GPUMilliTotal()
 		}
@@ -128,6 +182,10 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 			res.AllocPct[next] = allocPct
 			res.FragPct[next] = clusterFragPct(nodes, frag)
 			next++
+		}
+		for nextFail < len(FailThresholds) && arrivedPct >= FailThresholds[nextFail] {
+			res.FailAt[nextFail] = FailPoint{ArrivedPct: FailThresholds[nextFail], Pods: float64(res.Failed), GPUs: float64(failed) / sched.MilliPerGPU, BigPods: float64(failedBig)}
+			nextFail++
 		}
 		if arrivedPct >= nextCurve {
 			res.Curve = append(res.Curve, CurvePoint{ArrivedPct: arrivedPct, AllocPct: allocPct, FailedPct: 100 * float64(failed) / float64(capMilli)})

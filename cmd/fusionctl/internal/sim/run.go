@@ -45,7 +45,7 @@ type Options struct {
 	// utilisation over time and (at WaitPlotPath) the wait CDF of the
 	// time-ordered mode.
 	PlotPaths []string
-	// Timed selects the time-ordered mode; LoadPct compresses its arrivals
+	// Timed selects the time-ordered mode; LoadPct scales its lifetimes
 	// to that offered GPU load (see TimedOptions).
 	Timed   bool
 	LoadPct float64
@@ -101,23 +101,30 @@ func (o *Options) defaults() error {
 
 // Summary is the mean over seeds of one policy.
 type Summary struct {
-	Trace           string    `json:"trace"`
-	Policy          string    `json:"policy"`
-	Seeds           int       `json:"seeds"`
-	Thresholds      []float64 `json:"thresholds"`
-	AllocPct        []float64 `json:"alloc_pct"`
-	FragPct         []float64 `json:"frag_pct"`
-	Failed          float64   `json:"failed"`
-	Seconds         float64   `json:"seconds"`
-	DecisionsPerSec float64   `json:"decisions_per_sec"`
+	Trace      string    `json:"trace"`
+	Policy     string    `json:"policy"`
+	Seeds      int       `json:"seeds"`
+	Thresholds []float64 `json:"thresholds"`
+	AllocPct   []float64 `json:"alloc_pct"`
+	FragPct    []float64 `json:"frag_pct"`
+	Failed     float64   `json:"failed"`
+	// FailAt is the mean of the runs' FailAt (FailThresholds).
+	FailAt          []FailPoint `json:"fail_at"`
+	Seconds         float64     `json:"seconds"`
+	DecisionsPerSec float64     `json:"decisions_per_sec"`
 }
 
 // Report is what Run writes.
 type Report struct {
-	Trace     string        `json:"trace"`
-	Nodes     int           `json:"nodes"`
-	GPUs      int           `json:"gpus"`
-	Shapes    string        `json:"shapes"`
+	Trace  string `json:"trace"`
+	Nodes  int    `json:"nodes"`
+	GPUs   int    `json:"gpus"`
+	Shapes string `json:"shapes"`
+	// BigGPUs is the largest node's GPU count (a big pod asks for that many).
+	BigGPUs int `json:"big_gpus"`
+	// BoundPct is AllocBound at the last threshold, mean over seeds: no
+	// policy can allocate more.
+	BoundPct  float64       `json:"bound_pct"`
 	Summaries []Summary     `json:"summaries"`
 	Runs      []RunResult   `json:"runs"`
 	Timed     []TimedResult `json:"timed,omitempty"`
@@ -159,6 +166,7 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Trace: trace, Nodes: len(specs), Shapes: fmt.Sprintf("learned from the resampled workload of each seed (top %.0f%% of requests), as FGD is primed", o.Coverage*100)}
 	var capMilli int64
 	for _, s := range specs {
+		rep.BigGPUs = max(rep.BigGPUs, s.GPUs)
 		rep.GPUs += s.GPUs
 		capMilli += int64(s.GPUs) * sched.MilliPerGPU
 	}
@@ -171,6 +179,13 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 			rep.Timed = append(rep.Timed, r)
 		}
 		return rep, nil
+	}
+	for _, seed := range o.Seeds {
+		b, err := AllocBound(specs, Workload(pods, seed, o.TargetPct, capMilli), o.Thresholds[len(o.Thresholds)-1])
+		if err != nil {
+			return nil, err
+		}
+		rep.BoundPct += b / float64(len(o.Seeds))
 	}
 	type job struct {
 		pol  string
@@ -231,6 +246,19 @@ func summarise(trace, pol string, th []float64, runs []RunResult) Summary {
 			s.FragPct[i] += r.FragPct[i] / float64(len(runs))
 		}
 		s.Failed += float64(r.Failed) / float64(len(runs))
+		if s.FailAt == nil {
+			s.FailAt = make([]FailPoint, len(r.FailAt))
+			for i := range r.FailAt {
+				s.FailAt[i].ArrivedPct = r.FailAt[i].ArrivedPct
+			}
+		}
+		for i, f := range r.FailAt {
+			if i < len(s.FailAt) {
+				s.FailAt[i].Pods += f.Pods / float64(len(runs))
+				s.FailAt[i].GPUs += f.GPUs / float64(len(runs))
+				s.FailAt[i].BigPods += f.BigPods / float64(len(runs))
+			}
+		}
 		s.Seconds += r.Seconds / float64(len(runs))
 		s.DecisionsPerSec += r.DecisionsPerSec / float64(len(runs))
 	}
@@ -283,13 +311,19 @@ func fmtPct(v float64) string {
 func writeTable(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(rep.Timed) > 0 {
-		fmt.Fprintf(tw, "policy\tpods\tplaced\tnever placed\tmean GPU util %%\tpeak GPU util %%\twait p50 s\twait p95 s\tmean wait s\t\n")
+		t0 := rep.Timed[0]
+		fmt.Fprintf(w, "trace %s, time-ordered: window %.1f days (median to last arrival), %d cop(ies) of the trace, lifetimes ×%.3g, offered GPU load in the window %.2f%%\n", rep.Trace, float64(t0.WindowS)/86400, t0.Copies, t0.Scale, t0.OfferedPct)
+		fmt.Fprintf(tw, "policy\tpods\tplaced\tnever placed\tmean GPU util %%\tpeak GPU util %%\tGPU-hours\twait p50 s\twait p95 s\twait p99 s\tmean wait s\t\n")
 		for _, t := range rep.Timed {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.WaitP50, t.WaitP95, t.WaitMean)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.GPUHours, t.WaitP50, t.WaitP95, t.WaitP99, t.WaitMean)
 		}
 		return tw.Flush()
 	}
 	fmt.Fprintf(w, "trace %s: %d nodes, %d GPUs; typical shapes %s\n", rep.Trace, rep.Nodes, rep.GPUs, rep.Shapes)
+	if len(rep.Summaries) > 0 {
+		th := rep.Summaries[0].Thresholds
+		fmt.Fprintf(w, "upper bound on allocation at %g%% arrived (any policy, LP relaxation): %.2f%%\n", th[len(th)-1], rep.BoundPct)
+	}
 	hdr := "policy\tseeds"
 	if len(rep.Summaries) > 0 {
 		for _, t := range rep.Summaries[0].Thresholds {
@@ -310,7 +344,41 @@ func writeTable(w io.Writer, rep *Report) error {
 		}
 		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%.0f\t\n", line, s.Failed, s.Seconds, s.DecisionsPerSec)
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeFailTable(w, rep)
+}
+
+// writeFailTable is what failed by each FailThresholds point: pods, GPUs
+// and big pods (as many whole GPUs as the largest node), mean over seeds.
+func writeFailTable(w io.Writer, rep *Report) error {
+	if len(rep.Summaries) == 0 || len(rep.Summaries[0].FailAt) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nfailed by arrived GPU request: pods / GPUs / big pods (%d whole GPUs), mean over seeds\n", rep.BigGPUs)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	hdr := "policy"
+	for _, f := range rep.Summaries[0].FailAt {
+		hdr += fmt.Sprintf("\t@%g%%", f.ArrivedPct)
+	}
+	fmt.Fprintln(tw, hdr+"\t")
+	for _, s := range rep.Summaries {
+		line := s.Policy
+		for _, f := range s.FailAt {
+			line += "\t" + fmtFail(f)
+		}
+		fmt.Fprintln(tw, line+"\t")
+	}
 	return tw.Flush()
+}
+
+// fmtFail renders a FailPoint as pods/GPUs/big pods.
+func fmtFail(f FailPoint) string {
+	if math.IsNaN(f.GPUs) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f/%.1f/%.1f", f.Pods, f.GPUs, f.BigPods)
 }
 
 func runRecord(r *RunResult) []string {
@@ -321,7 +389,11 @@ func runRecord(r *RunResult) []string {
 	for _, v := range r.FragPct {
 		rec = append(rec, fmtPct(v))
 	}
-	return append(rec, strconv.FormatFloat(r.Seconds, 'f', 3, 64), strconv.FormatFloat(r.DecisionsPerSec, 'f', 0, 64))
+	rec = append(rec, strconv.FormatFloat(r.Seconds, 'f', 3, 64), strconv.FormatFloat(r.DecisionsPerSec, 'f', 0, 64))
+	for _, f := range r.FailAt {
+		rec = append(rec, strconv.FormatFloat(f.Pods, 'f', 0, 64), fmtPct(f.GPUs), strconv.FormatFloat(f.BigPods, 'f', 0, 64))
+	}
+	return rec
 }
 
 func writeCSV(w io.Writer, rep *Report) error {
@@ -345,7 +417,13 @@ func writeCSV(w io.Writer, rep *Report) error {
 			hdr = append(hdr, fmt.Sprintf("frag_%g", t))
 		}
 	}
-	_ = cw.Write(append(hdr, "seconds", "decisions_per_sec"))
+	hdr = append(hdr, "seconds", "decisions_per_sec")
+	if len(rep.Runs) > 0 {
+		for _, f := range rep.Runs[0].FailAt {
+			hdr = append(hdr, fmt.Sprintf("failed_pods_%g", f.ArrivedPct), fmt.Sprintf("failed_gpus_%g", f.ArrivedPct), fmt.Sprintf("failed_big_pods_%g", f.ArrivedPct))
+		}
+	}
+	_ = cw.Write(hdr)
 	for i := range rep.Runs {
 		_ = cw.Write(runRecord(&rep.Runs[i]))
 	}

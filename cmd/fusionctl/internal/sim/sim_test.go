@@ -15,7 +15,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/golden.csv")
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
 func tinyOptions() Options {
 	return Options{
@@ -115,7 +115,7 @@ func TestTimedMode(t *testing.T) {
 		t.Fatalf("timed results: %+v", rep.Timed)
 	}
 	for _, r := range rep.Timed {
-		if r.Placed+r.NeverPlaced != r.Pods || r.Pods != 60 {
+		if r.Placed+r.NeverPlaced != r.Pods || r.Pods != 60*r.Copies || r.Copies < 1 {
 			t.Fatalf("%s: placed %d + never %d != %d", r.Policy, r.Placed, r.NeverPlaced, r.Pods)
 		}
 		if r.PeakUtilPct <= 0 || r.PeakUtilPct > 100 || r.MeanUtilPct > r.PeakUtilPct || r.WaitP95 < r.WaitP50 {
@@ -214,14 +214,19 @@ func TestMarkdownTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := &Report{Trace: "openb_pod_list_x", Summaries: []Summary{
+	fail := []FailPoint{{ArrivedPct: 90}, {ArrivedPct: 100, Pods: 3, GPUs: 9, BigPods: 1}}
+	rep := &Report{Trace: "openb_pod_list_x", BoundPct: 99.5, Summaries: []Summary{
 		{Policy: "bestfit", AllocPct: []float64{1, 2, 3, 92.5}},
-		{Policy: "fusiond", AllocPct: []float64{1, 2, 3, 95.7}},
+		{Policy: "fgd", AllocPct: []float64{1, 2, 3, 95.4}, FailAt: fail},
+		{Policy: "fusiond", AllocPct: []float64{1, 2, 3, 95.7}, FailAt: []FailPoint{{ArrivedPct: 90}, {ArrivedPct: 100, Pods: 2, GPUs: 2}}},
 	}}
 	got := MarkdownTable([]*Report{rep}, pub)
-	for _, want := range []string{"| x | 92.50 (93.00) | 95.70 | +0.50 |", "| trace | bestfit | fusiond |"} {
+	for _, want := range []string{"| x | 92.50 (93.00) | 95.40 (95.20) | 95.70 | 99.50 | +0.30 | +0.50 | 0.0 / 1.0 |", "| trace | bestfit | fgd | fusiond | bound |"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("table lacks %q:\n%s", want, got)
 		}
+	}
+	if ft := MarkdownFailTable(rep); !strings.Contains(ft, "| fgd | 0.0/0.0/0.0 | 3.0/9.0/1.0 |") || !strings.Contains(ft, "| policy | @90 % | @100 % |") {
+		t.Errorf("failure table:\n%s", ft)
 	}
 }

@@ -18,22 +18,37 @@ type UtilPoint struct {
 	Queued  int     `json:"queued"`
 }
 
-// TimedResult is one run of the time-ordered mode.
+// TimedResult is one run of the time-ordered mode. Every utilisation
+// figure is taken over the same window for every policy: from the first
+// to the last arrival of the (scaled) trace.
 type TimedResult struct {
-	Policy      string      `json:"policy"`
-	Pods        int         `json:"pods"`
-	Placed      int         `json:"placed"`
-	NeverPlaced int         `json:"never_placed"`
-	MeanUtilPct float64     `json:"mean_util_pct"`
-	PeakUtilPct float64     `json:"peak_util_pct"`
-	WaitP50     float64     `json:"wait_p50_s"`
-	WaitP95     float64     `json:"wait_p95_s"`
-	WaitMean    float64     `json:"wait_mean_s"`
-	Util        []UtilPoint `json:"util,omitempty"`
-	// LastPlaced is the time the last pod was placed: the mean
-	// utilisation covers the trace up to it (the long-lived pods that
-	// run on after it are left out).
-	LastPlaced int64 `json:"last_placed_t"`
+	Policy      string `json:"policy"`
+	Pods        int    `json:"pods"`
+	Placed      int    `json:"placed"`
+	NeverPlaced int    `json:"never_placed"`
+	// OfferedPct is the achieved in-window offered GPU load: the GPU time
+	// the pods ask for inside the window, over capacity × window (the
+	// same for every policy).
+	OfferedPct float64 `json:"offered_pct"`
+	// Scale is the factor every pod's lifetime was multiplied by to reach
+	// the asked-for load (1: as traced).
+	Scale float64 `json:"scale"`
+	// Copies is how many copies of the trace arrive (1: the trace).
+	Copies      int     `json:"copies"`
+	WindowS     int64   `json:"window_s"`
+	MeanUtilPct float64 `json:"mean_util_pct"`
+	PeakUtilPct float64 `json:"peak_util_pct"`
+	// GPUHours is the GPU time served inside the window.
+	GPUHours float64 `json:"gpu_hours"`
+	WaitP50  float64 `json:"wait_p50_s"`
+	WaitP95  float64 `json:"wait_p95_s"`
+	WaitP99  float64 `json:"wait_p99_s"`
+	// Waits are over all pods: a pod never placed counts the time from
+	// its arrival to the end of the replay (censored).
+	WaitMean float64     `json:"wait_mean_s"`
+	Util     []UtilPoint `json:"util,omitempty"`
+	// WindowEnd is the end of the window (the last arrival).
+	WindowEnd int64 `json:"window_end_t"`
 	// WaitCDF is the distribution of the placed pods' queueing delays:
 	// the wait below which each share of them (0, 1 … 100 %) was placed.
 	WaitCDF []CDFPoint `json:"wait_cdf,omitempty"`
@@ -69,63 +84,112 @@ type TimedOptions struct {
 	MaxTries int
 	// MaxPoints bounds the utilisation samples kept.
 	MaxPoints int
-	// LoadPct, when > 0, compresses arrival times (lifetimes unchanged) so
-	// that the offered GPU load inside the arrival window is LoadPct % of
-	// the cluster's GPU capacity (see compress). The openb trace spans
-	// 149 days at a few % load, which no policy can tell apart.
+	// LoadPct, when > 0, scales every pod's lifetime by one factor so that
+	// the offered GPU load inside the arrival window is LoadPct % of the
+	// cluster's GPU capacity (see scaleLoad). The openb trace spans 149
+	// days at a few % load, which no policy can tell apart.
 	LoadPct float64
 }
 
-// compress scales arrival times (lifetimes unchanged) by the factor k
-// for which the offered GPU load inside the compressed arrival window —
-// Σ GPU × min(lifetime, window) / (capacity × window) — is loadPct. That
-// load cannot exceed the trace's total request over capacity.
-func compress(pods []Pod, capMilli int64, loadPct float64) []Pod {
+// offeredPct is the in-window offered GPU load of pods whose lifetimes are
+// multiplied by k: Σ GPU × (the part of [creation, creation + k·life]
+// inside [lo, hi]) over capacity × (hi − lo), pods created before the
+// window included for the part they would run inside it.
+func offeredPct(pods []Pod, capMilli, lo, hi int64, k float64) float64 {
+	w := float64(hi - lo)
+	if w <= 0 || capMilli <= 0 {
+		return 0
+	}
+	var sum float64
+	for i := range pods {
+		p := &pods[i]
+		end := float64(hi)
+		if p.Deletion > 0 && p.Deletion >= p.Creation {
+			end = min(end, float64(p.Creation)+k*float64(p.Deletion-p.Creation))
+		}
+		sum += float64(p.GPUMilliTotal()) * max(0, end-float64(max(p.Creation, lo)))
+	}
+	return 100 * sum / (float64(capMilli) * w)
+}
+
+// scaleLoad keeps the arrival process as traced (every creation time, so
+// every gap and burst) and multiplies every lifetime by the factor k for
+// which offeredPct is loadPct; it returns the pods, k and the number of
+// copies of the trace superposed. Stretching service times, not squeezing
+// arrivals, keeps where the load falls: a stretch of the trace that was
+// busy stays busy in proportion. When even endless pods cannot offer
+// loadPct (the trace holds too little GPU request), copies of every pod
+// arrive one second apart per copy (the rate of the arrival process
+// multiplied, its shape kept) until they can with a margin (k ≤ 80 % of
+// the endless case).
+func scaleLoad(pods []Pod, capMilli int64, loadPct float64) ([]Pod, float64, int) {
 	if loadPct <= 0 || len(pods) < 2 || capMilli <= 0 {
-		return pods
+		return pods, 1, 1
 	}
-	lo, hi := pods[0].Creation, pods[0].Creation
-	for _, p := range pods {
-		lo, hi = min(lo, p.Creation), max(hi, p.Creation)
+	lo, hi := window(pods)
+	if hi <= lo {
+		return pods, 1, 1
 	}
-	span := float64(hi - lo)
-	if span <= 0 {
-		return pods
+	const endless = 1e9
+	copies := 1
+	most := offeredPct(pods, capMilli, lo, hi, endless)
+	if most > 0 && most*0.8 < loadPct {
+		copies = int(math.Ceil(loadPct / (most * 0.8)))
 	}
-	offered := func(k float64) float64 {
-		w := span / k
-		var sum float64
-		for _, p := range pods {
-			life := float64(p.Deletion - p.Creation)
-			if p.Deletion == 0 || life < 0 {
-				life = w
+	all := pods
+	if copies > 1 {
+		all = make([]Pod, 0, copies*len(pods))
+		for c := range copies {
+			for _, p := range pods {
+				if c > 0 {
+					p.Name = fmt.Sprintf("%s-c%d", p.Name, c)
+					p.Creation += int64(c)
+					if p.Deletion > 0 {
+						p.Deletion += int64(c)
+					}
+				}
+				all = append(all, p)
 			}
-			sum += float64(p.GPUMilliTotal()) * min(life, w)
-		}
-		return 100 * sum / (float64(capMilli) * w)
-	}
-	klo, khi := 1.0, 1e9
-	if offered(klo) >= loadPct {
-		return pods
-	}
-	for range 100 {
-		mid := math.Sqrt(klo * khi)
-		if offered(mid) < loadPct {
-			klo = mid
-		} else {
-			khi = mid
 		}
 	}
-	k := khi
-	out := slices.Clone(pods)
+	klo, khi := 1e-6, endless
+	if offeredPct(all, capMilli, lo, hi, khi) < loadPct {
+		klo = khi
+	} else {
+		for range 100 {
+			mid := math.Sqrt(klo * khi)
+			if offeredPct(all, capMilli, lo, hi, mid) < loadPct {
+				klo = mid
+			} else {
+				khi = mid
+			}
+		}
+	}
+	k := klo
+	out := slices.Clone(all)
 	for i := range out {
-		life := out[i].Deletion - out[i].Creation
-		out[i].Creation = lo + int64(float64(out[i].Creation-lo)/k)
-		if out[i].Deletion > 0 {
-			out[i].Deletion = out[i].Creation + life
+		if out[i].Deletion > 0 && out[i].Deletion >= out[i].Creation {
+			out[i].Deletion = out[i].Creation + int64(k*float64(out[i].Deletion-out[i].Creation))
 		}
 	}
-	return out
+	return out, k, copies
+}
+
+// window is the measurement window: from the creation of the median pod
+// (by creation time) to the last creation. The openb trace's arrivals are
+// far from even (about half of them in its last tenth), so the first half
+// of the pods is the warm-up that fills the cluster, and the second half
+// arrives inside the window.
+func window(pods []Pod) (int64, int64) {
+	if len(pods) == 0 {
+		return 0, 0
+	}
+	ts := make([]int64, len(pods))
+	for i := range pods {
+		ts[i] = pods[i].Creation
+	}
+	slices.Sort(ts)
+	return ts[len(ts)/2], ts[len(ts)-1]
 }
 
 type finish struct {
@@ -147,11 +211,11 @@ func (h *finishHeap) Pop() any {
 	return x
 }
 
-// RunTimed replays pods in creation order (mean utilisation is taken from
-// the first arrival until the last placement); each runs for its traced
-// lifetime (deletion − creation) from the moment it is placed, then leaves.
-// Pods that do not fit wait in a sched.Queue (priority with aging and
-// backfill). It reports GPU utilisation over time and queueing delay.
+// RunTimed replays pods in creation order; each runs for its (scaled)
+// lifetime from the moment it is placed, then leaves. Pods that do not fit
+// wait in a sched.Queue (priority with aging and backfill). Utilisation is
+// averaged over the window from the first to the last arrival, the same
+// for every policy; waits are those of the pods placed.
 func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, seed uint64, coverage float64, o TimedOptions) (TimedResult, error) {
 	if o.MaxPoints == 0 {
 		o.MaxPoints = 500
@@ -175,8 +239,10 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	if capMilli == 0 {
 		return TimedResult{}, fmt.Errorf("%w: no GPUs in the node list", ErrBadOption)
 	}
-	order := slices.Clone(compress(pods, capMilli, o.LoadPct))
+	scaled, k, copies := scaleLoad(pods, capMilli, o.LoadPct)
+	order := slices.Clone(scaled)
 	slices.SortStableFunc(order, func(a, b Pod) int { return cmp.Or(cmp.Compare(a.Creation, b.Creation), cmp.Compare(a.Name, b.Name)) })
+	lo, hi := window(order)
 	life := map[string]int64{}
 	created := map[string]int64{}
 	for _, pd := range order {
@@ -190,17 +256,15 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed})
 	q := &sched.Queue{Aging: o.Aging, MaxTries: o.MaxTries}
 	var running finishHeap
-	res := TimedResult{Policy: policy, Pods: len(order)}
+	res := TimedResult{Policy: policy, Pods: len(order), Scale: k, Copies: copies, WindowS: hi - lo, WindowEnd: hi, OfferedPct: offeredPct(order, capMilli, lo, hi, 1)}
 	var waits []float64
+	placedIDs := map[string]bool{}
 	var alloc int64
-	var utilArea float64
-	var last, first int64 = 0, 0
-	if len(order) > 0 {
-		first, last = order[0].Creation, order[0].Creation
-	}
+	var area float64 // GPU milli × seconds inside [lo, hi]
+	inWin, last := lo, lo
 	var samples []UtilPoint
 	next := 0
-	for next < len(order) || running.Len() > 0 {
+	for next < len(order) || (running.Len() > 0 && inWin < hi) {
 		if ctx.Err() != nil {
 			return res, ctx.Err()
 		}
@@ -214,10 +278,11 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		if t >= math.MaxInt64/8 {
 			break // only never-ending pods remain
 		}
-		if next < len(order) || q.Len() > 0 { // averaged until the last pod is placed
-			utilArea += float64(alloc) * float64(t-last)
-			last = t
+		if e := min(t, hi); e > inWin {
+			area += float64(alloc) * float64(e-inWin)
+			inWin = e
 		}
+		last = t
 		for running.Len() > 0 && running[0].t <= t {
 			f := heap.Pop(&running).(finish)
 			eng.Release(&f.req, &f.a, nodes)
@@ -231,19 +296,30 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		for _, pl := range placed {
 			alloc += pl.Request.GPUMilliTotal()
 			waits = append(waits, float64(t-created[pl.Request.ID]))
+			placedIDs[pl.Request.ID] = true
 			heap.Push(&running, finish{t: t + life[pl.Request.ID], req: pl.Request, a: pl.Decision.Assignment})
 		}
 		u := 100 * float64(alloc) / float64(capMilli)
-		res.PeakUtilPct = max(res.PeakUtilPct, u)
-		samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len()})
+		if t <= hi {
+			res.PeakUtilPct = max(res.PeakUtilPct, u)
+			samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len()})
+		}
 	}
 	res.Placed = len(waits)
-	res.LastPlaced = last
 	res.NeverPlaced = q.Len()
-	if span := last - first; span > 0 {
-		res.MeanUtilPct = 100 * utilArea / float64(span) / float64(capMilli)
+	// A pod never placed waited at least until the replay ended: counted
+	// so (censored), a policy that leaves big pods waiting forever does
+	// not look fast.
+	for _, pd := range order {
+		if !placedIDs[pd.Name] {
+			waits = append(waits, float64(max(0, last-pd.Creation)))
+		}
 	}
-	res.WaitP50, res.WaitP95, res.WaitMean = percentile(waits, 0.5), percentile(waits, 0.95), mean(waits)
+	if hi > lo {
+		res.MeanUtilPct = 100 * area / float64(hi-lo) / float64(capMilli)
+	}
+	res.GPUHours = area / sched.MilliPerGPU / 3600
+	res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMean = percentile(waits, 0.5), percentile(waits, 0.95), percentile(waits, 0.99), mean(waits)
 	res.Util = downsample(samples, o.MaxPoints)
 	res.WaitCDF = cdf(waits)
 	return res, nil

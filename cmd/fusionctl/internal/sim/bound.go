@@ -1,0 +1,164 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/fusiond/fusiond/daemon/sched"
+	"gonum.org/v1/gonum/mat"
+	"gonum.org/v1/gonum/optimize/convex/lp"
+)
+
+// AllocBound is an upper bound on the GPU allocation (in % of GPU
+// capacity) that any policy, online or not, could reach with the pods that
+// have arrived when the arrived GPU request first reaches arrivedPct of
+// capacity. It is the optimum of a linear relaxation that ignores arrival
+// order, nodes, CPU, memory and GPU models and keeps only how GPU shares
+// pack onto the cluster's G GPUs: choose x_s ≤ (arrived pods of request s)
+// to maximise Σ x_s · GPU milli, subject to, for every threshold a in
+// {1, 500} and each share below 500 milli requested,
+//
+//	Σ c_a(s) · x_s ≤ 1000 · G,
+//
+// where a whole GPU and a share above 1000−a count 1000 (what such a share
+// leaves on its GPU is below a, usable only by shares below a), a share in
+// [a, 1000−a] counts itself and a share below a counts 0. Each GPU of any
+// real placement satisfies the cut on its own (a = 1: capacity; a = 500:
+// at most one share above half per GPU), so the optimum bounds every real
+// placement. Leaving out CPU, memory and models only loosens it: it says
+// what the GPU request mix itself allows.
+//
+// Two node-level facts tighten it, each valid alone, and the smaller
+// result is the bound: G counts only the GPUs of nodes that at least one
+// arrived GPU pod fits when empty (CPU, memory, model), and the sum over
+// nodes of what their CPU and memory allow — a node of C cores can use at
+// most C / r GPUs, r the fewest cores per GPU among the arrived pods its
+// model allows (likewise memory) — caps the total.
+func AllocBound(specs []NodeSpec, workload []Pod, arrivedPct float64) (float64, error) {
+	var total int64
+	for _, s := range specs {
+		total += int64(s.GPUs)
+	}
+	if total == 0 {
+		return 0, fmt.Errorf("%w: no GPUs", ErrBadTrace)
+	}
+	capMilli := total * sched.MilliPerGPU
+	limit := int64(arrivedPct / 100 * float64(capMilli))
+	var arrivedPods []*Pod
+	var arrived int64
+	for i := range workload {
+		if arrived >= limit {
+			break
+		}
+		arrived += workload[i].GPUMilliTotal()
+		if workload[i].GPUMilliTotal() > 0 {
+			arrivedPods = append(arrivedPods, &workload[i])
+		}
+	}
+	gpus, nodeCap := usableGPUs(specs, arrivedPods)
+	type shape struct {
+		milli int64 // per GPU
+		gpus  int
+	}
+	supply := map[shape]float64{}
+	for _, p := range arrivedPods {
+		supply[shape{milli: p.GPUMilli, gpus: p.GPUs}]++
+	}
+	shapes := make([]shape, 0, len(supply))
+	for s := range supply {
+		shapes = append(shapes, s)
+	}
+	slices.SortFunc(shapes, func(a, b shape) int { return int(a.milli-b.milli) + 1000*(a.gpus-b.gpus) })
+	ths := []int64{1, sched.MilliPerGPU / 2}
+	for _, s := range shapes {
+		if s.milli < sched.MilliPerGPU/2 && !slices.Contains(ths, s.milli) {
+			ths = append(ths, s.milli)
+		}
+	}
+	if len(shapes) == 0 || gpus == 0 {
+		return 0, nil
+	}
+	// Rows: supply per shape, one cut per threshold; ≤ made = by slacks.
+	rows := len(shapes) + len(ths)
+	cols := len(shapes) + rows
+	a := mat.NewDense(rows, cols, nil)
+	b := make([]float64, rows)
+	c := make([]float64, cols)
+	for j, s := range shapes {
+		c[j] = -float64(s.milli) * float64(s.gpus) / sched.MilliPerGPU
+		a.Set(j, j, 1)
+		b[j] = supply[s]
+		for k, th := range ths {
+			var coef float64
+			switch {
+			case s.milli >= sched.MilliPerGPU || s.milli > sched.MilliPerGPU-th:
+				coef = float64(s.gpus)
+			case s.milli >= th:
+				coef = float64(s.milli) / sched.MilliPerGPU
+			}
+			a.Set(len(shapes)+k, j, coef)
+		}
+	}
+	for k := range ths {
+		b[len(shapes)+k] = float64(gpus)
+	}
+	for r := range rows {
+		a.Set(r, len(shapes)+r, 1)
+	}
+	opt, _, err := lp.Simplex(c, a, b, 1e-9, nil)
+	if err != nil {
+		return 0, fmt.Errorf("sim: bound: %w", err)
+	}
+	return min(100, 100*-opt*sched.MilliPerGPU/float64(capMilli), 100*nodeCap/float64(total)), nil
+}
+
+// usableGPUs returns the GPUs of nodes that some pod fits when empty and
+// the sum over nodes of min(GPUs, CPU / fewest cores per GPU, memory /
+// least memory per GPU) among the pods the node fits.
+func usableGPUs(specs []NodeSpec, pods []*Pod) (int64, float64) {
+	var gpus int64
+	var sum float64
+	type result struct {
+		fits bool
+		u    float64
+	}
+	seen := map[NodeSpec]result{}
+	for _, n := range specs {
+		n.Name = ""
+		if r, ok := seen[n]; ok {
+			if r.fits {
+				gpus += int64(n.GPUs)
+				sum += r.u
+			}
+			continue
+		}
+		seen[n] = result{}
+		fits := false
+		cpuPer, memPer := math.Inf(1), math.Inf(1)
+		for _, p := range pods {
+			if p.GPUs > n.GPUs || p.CPUMilli > n.CPUMilli || p.MemMiB > n.MemMiB || (p.GPUSpec != "" && !slices.Contains(strings.Split(p.GPUSpec, "|"), n.Model)) {
+				continue
+			}
+			fits = true
+			g := float64(p.GPUMilliTotal()) / sched.MilliPerGPU
+			cpuPer = min(cpuPer, float64(p.CPUMilli)/g)
+			memPer = min(memPer, float64(p.MemMiB)/g)
+		}
+		if !fits {
+			continue
+		}
+		gpus += int64(n.GPUs)
+		u := float64(n.GPUs)
+		if cpuPer > 0 {
+			u = min(u, float64(n.CPUMilli)/cpuPer)
+		}
+		if memPer > 0 {
+			u = min(u, float64(n.MemMiB)/memPer)
+		}
+		sum += u
+		seen[n] = result{fits: true, u: u}
+	}
+	return gpus, sum
+}
