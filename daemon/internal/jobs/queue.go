@@ -43,6 +43,9 @@ type queueState struct {
 	// for, tried first while it is pending so what was freed goes to it.
 	preempting map[string]string
 	preemptor  string
+	// reclaiming maps each job the reclaim loop told to stop to why
+	// (reclaim.go).
+	reclaiming map[string]string
 	// evictions are when the jobs of the current window were preempted.
 	evictions []time.Time
 }
