@@ -11,8 +11,8 @@ import (
 // memory guaranteed and burstable jobs reserved but are not predicted to
 // use, as the reclaim loop last accounted it (SetReclaimable). A group
 // of best-effort jobs only is placed against the unreserved capacity plus
-// what of it is not lent yet; the part of their requests beyond the
-// unreserved capacity is borrowed: it is not taken from the node, so a
+// what of it is not lent yet, and takes the lendable part first: that
+// part of their requests is borrowed, not taken from the node, so a
 // guaranteed or burstable job, which is placed against the unreserved
 // capacity only, never waits for it. It stays borrowed for the job's life
 // and is taken back by the reclaim loop — the best-effort tier throttled,
@@ -75,27 +75,28 @@ func (p *Placer) unlend(l amount) {
 }
 
 // borrow takes back what lend added once the engine committed assigns:
-// what the group took beyond the node's real free capacity is borrowed,
-// taken off the assignments (from the last member back) and returned per
-// member; the node then counts only what the members took of its free
-// capacity. The caller holds p.mu.
+// as much of the group's CPU and memory as was lendable is borrowed
+// (reclaimed capacity is used first, so the unreserved capacity stays for
+// guaranteed and burstable jobs), taken off the assignments (from the
+// first member on) and returned per member; the node then counts only
+// what the members took of its unreserved capacity. The caller holds p.mu.
 func (p *Placer) borrow(assigns []sched.Assignment, l amount) []amount {
 	out := make([]amount, len(assigns))
 	if l.zero() {
 		return out
 	}
 	p.unlend(l)
-	cpu, mem := max(0, -p.node.CPUFreeMilli), max(0, -p.node.MemFreeMiB)
-	for i := len(assigns) - 1; i >= 0; i-- {
+	cpu, mem := l.cpu, l.mem
+	for i := range assigns {
 		a := &assigns[i]
 		c, m := min(cpu, a.CPUMilli), min(mem, a.MemMiB)
 		a.CPUMilli -= c
 		a.MemMiB -= m
+		p.node.CPUFreeMilli += c
+		p.node.MemFreeMiB += m
 		cpu, mem = cpu-c, mem-m
 		out[i] = amount{cpu: c, mem: m}
 	}
-	p.node.CPUFreeMilli += max(0, -p.node.CPUFreeMilli)
-	p.node.MemFreeMiB += max(0, -p.node.MemFreeMiB)
 	p.node.Version++
 	return out
 }
