@@ -100,8 +100,10 @@ func TestBestEffortOnReclaimedCapacityEvicted(t *testing.T) {
 	h := &reclaimHost{m: m, p: p, usage: map[string]reclaim.Usage{}}
 	now := time.Unix(1_000_000, 0)
 	loop, err := reclaim.New(reclaim.Config{EvictAfter: 2 * time.Second, Params: reclaim.Params{Margin: 0.1, Lead: 1},
-		Now:   func() time.Time { return now },
-		Offer: func(a reclaim.Account) { p.SetReclaimable(api.MilliCPU(a.Reclaimable.CPU), api.Bytes(a.Reclaimable.Memory)) }}, h, nil)
+		Now: func() time.Time { return now },
+		Offer: func(a reclaim.Account) {
+			p.SetReclaimable(api.MilliCPU(a.Reclaimable.CPU), api.Bytes(a.Reclaimable.Memory))
+		}}, h, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
