@@ -972,7 +972,9 @@ func (p *Placer) Capacity() api.NodeResources {
 	return api.NodeResources{CPU: p.hw.CPU, Memory: p.hw.Memory, GPUs: len(p.hw.GPUs), FPGAs: len(p.hw.FPGAs)}
 }
 
-// Allocated is what placed and running jobs hold.
+// Allocated is what placed and running jobs hold of the host's capacity;
+// the part of best-effort jobs' requests placed on reclaimed capacity
+// (OnReclaimed) is not in it: guaranteed and burstable jobs reserved it.
 func (p *Placer) Allocated() api.NodeResources {
 	p.mu.Lock()
 	defer p.mu.Unlock()
