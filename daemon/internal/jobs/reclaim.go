@@ -19,6 +19,9 @@ const reclaimEviction = "reclaim"
 // either with reason in its events. Evicting a job already stopping is a
 // no-op.
 func (m *Manager) EvictReclaimed(id, reason string) error {
+	if reason == "" {
+		reason = "evicted to give reclaimed capacity back"
+	}
 	m.mu.Lock()
 	j := m.jobs[id]
 	switch {
