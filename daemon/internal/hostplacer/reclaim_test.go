@@ -117,3 +117,40 @@ func TestReattachKeepsReclaimed(t *testing.T) {
 		t.Errorf("allocated %v CPU %v memory, want 3500m and 3Gi", al.CPU, al.Memory.Human())
 	}
 }
+
+// A gang borrows what is lendable member by member; a best-effort job
+// behind the head that would take unreserved capacity the head waits for
+// is refused and leaves nothing borrowed or allocated.
+func TestReclaimGangAndBackfill(t *testing.T) {
+	p := New(smallHost(), Options{})
+	placeOne(t, p, job("1", api.TierBurstable, api.Resources{CPU: 3000, Memory: 2 << 30}))
+	p.SetReclaimable(1500, 1<<30)
+	gang := []*api.Job{
+		job("2", api.TierBestEffort, api.Resources{CPU: 1000, Memory: 256 << 20}),
+		job("3", api.TierBestEffort, api.Resources{CPU: 1000, Memory: 256 << 20}),
+	}
+	out, why, ok := p.Place(gang)
+	if !ok {
+		t.Fatalf("gang of 2×1000m on 1000m unreserved + 1500m reclaimable: %s", why)
+	}
+	if out[0].ReclaimedCPU != 1000 || out[1].ReclaimedCPU != 500 {
+		t.Errorf("gang borrowed %v and %v CPU, want 1000m and 500m", out[0].ReclaimedCPU, out[1].ReclaimedCPU)
+	}
+	for _, j := range gang {
+		p.Release(j)
+	}
+	before := p.Allocated()
+	head := job("4", api.TierBurstable, api.Resources{CPU: 1000, Memory: 256 << 20})
+	cand := job("5", api.TierBestEffort, api.Resources{CPU: 2000, Memory: 256 << 20})
+	if _, why, ok := p.PlaceBehind([]*api.Job{cand}, []*api.Job{head}); ok || !strings.Contains(why, "job 4, first in the queue") {
+		t.Fatalf("best-effort job taking 500m of the head's 1000m: placed %v (%s), want refused", ok, why)
+	}
+	if after := p.Allocated(); after != before || len(p.OnReclaimed()) != 0 {
+		t.Errorf("refused backfill left %+v allocated (was %+v), %v on reclaimed capacity", after, before, p.OnReclaimed())
+	}
+	// One that fits on what is lendable takes nothing from the head.
+	if _, why, ok := p.PlaceBehind([]*api.Job{job("6", api.TierBestEffort, api.Resources{CPU: 1500, Memory: 256 << 20})}, []*api.Job{head}); !ok {
+		t.Errorf("best-effort job on reclaimed capacity only, behind the head: refused (%s)", why)
+	}
+	placeOne(t, p, head)
+}
