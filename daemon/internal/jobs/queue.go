@@ -105,6 +105,11 @@ func (m *Manager) schedule() {
 			delete(q.preempting, id) // ended and recorded, or forgotten
 		}
 	}
+	for id := range q.reclaiming {
+		if j := m.jobs[id]; j == nil || j.State != api.StateRunning && j.State != api.StateStarting {
+			delete(q.reclaiming, id) // ended otherwise (cancelled, lost)
+		}
+	}
 	keys := make(map[*api.Job]sched.Queued, len(pending))
 	for _, j := range pending {
 		keys[j] = sched.Queued{Priority: j.Spec.Priority, Enqueued: q.queuedAt[j.ID].Sub(q.epoch).Milliseconds(), Tie: fmt.Sprintf("%020d", idNum(j.ID))}
