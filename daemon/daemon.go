@@ -221,7 +221,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	if cg != nil {
 		knobs = &beKnobs{cg: cg}
 	}
-	reclaimLoop, reclaimOff, stopReclaim, err := startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
+	reclaimLoop, reclaimOff, stopReclaim, err := startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
 	if err != nil {
 		return nil, err
 	}

@@ -121,9 +121,18 @@ func (k *beKnobs) setReclaim(milli, bytes int64) error {
 	return k.apply()
 }
 
+// reclaimPlacer is the placer as the reclaim loop feeds it
+// (*hostplacer.Placer): best-effort jobs are placed on the reclaimable
+// capacity it is offered, and it says which jobs hold some.
+type reclaimPlacer interface {
+	SetReclaimable(cpu api.MilliCPU, memory api.Bytes)
+	OnReclaimed() map[string]api.NodeResources
+}
+
 // reclaimHost is the reclaim loop's view of the daemon.
 type reclaimHost struct {
 	mgr      *jobs.Manager
+	placer   reclaimPlacer
 	bus      telemetry.Reader
 	knobs    *beKnobs
 	capacity func() api.NodeResources
@@ -142,9 +151,13 @@ func (h *reclaimHost) Capacity() reclaim.Usage {
 
 func (h *reclaimHost) Running() []reclaim.Job {
 	list := h.mgr.Running()
+	placed := h.placer.OnReclaimed()
 	out := make([]reclaim.Job, 0, len(list))
 	for _, j := range list {
 		rj := reclaim.Job{ID: j.ID, Tier: j.Tier, Request: reclaim.Usage{CPU: float64(j.Spec.Resources.CPU), Memory: float64(j.Spec.Resources.Memory)}}
+		if p, ok := placed[j.ID]; ok {
+			rj.Placed = reclaim.Usage{CPU: float64(p.CPU), Memory: float64(p.Memory)}
+		}
 		if j.StartedAt != nil {
 			rj.Started = *j.StartedAt
 		}
@@ -192,16 +205,17 @@ func (h *reclaimHost) Lend(cpuMilli int64) error {
 	return errors.Join(errs...)
 }
 
-func (h *reclaimHost) Evict(id, _ string) error {
-	_, err := h.mgr.Cancel(context.Background(), admin, id)
-	return err
+// Evict stops a best-effort job like a preemption's victim: it goes back
+// to pending with restart on-failure, else ends preempted.
+func (h *reclaimHost) Evict(id, reason string) error {
+	return h.mgr.EvictReclaimed(id, reason)
 }
 
 func (h *reclaimHost) Publish(ev api.Event) { h.mgr.PublishReclaim(ev) }
 
 // startReclaim starts the reclaim loop; without cgroups or switched off
 // it does not run and the status says why.
-func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, bus telemetry.Reader,
+func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, placer reclaimPlacer, bus telemetry.Reader,
 	capacity func() api.NodeResources, minCPU int64, log *slog.Logger) (*reclaim.Loop, api.ReclaimStatus, func(), error) {
 	switch {
 	case !cfg.Enabled:
@@ -210,8 +224,12 @@ func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, k
 		return nil, api.ReclaimStatus{Reason: "off: jobs run without cgroups"}, func() {}, nil
 	}
 	loop, err := reclaim.New(reclaim.Config{Window: time.Duration(cfg.Window), EvictAfter: time.Duration(cfg.EvictAfter), MinCPU: minCPU,
-		Params: reclaim.Params{Margin: cfg.Margin, Lead: max(1, int(time.Duration(cfg.Lookback)/time.Duration(cfg.Window))/10)}},
-		&reclaimHost{mgr: mgr, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback), cg: cg, lent: map[string]int64{}}, log)
+		Params: reclaim.Params{Margin: cfg.Margin, Lead: max(1, int(time.Duration(cfg.Lookback)/time.Duration(cfg.Window))/10)},
+		// The placer admits best-effort jobs against what is reclaimable.
+		Offer: func(a reclaim.Account) {
+			placer.SetReclaimable(api.MilliCPU(a.Reclaimable.CPU), api.Bytes(a.Reclaimable.Memory))
+		}},
+		&reclaimHost{mgr: mgr, placer: placer, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback), cg: cg, lent: map[string]int64{}}, log)
 	if err != nil {
 		return nil, api.ReclaimStatus{}, nil, err
 	}

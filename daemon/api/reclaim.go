@@ -17,6 +17,11 @@ type ReclaimStatus struct {
 	// use now (their use beyond their own requests).
 	ReclaimedCPU    MilliCPU `json:"reclaimed_cpu"`
 	ReclaimedMemory Bytes    `json:"reclaimed_memory"`
+	// PlacedCPU and PlacedMemory are what best-effort jobs placed on
+	// reclaimed capacity hold of it: the part of their requests the
+	// placer admitted beyond unreserved capacity.
+	PlacedCPU    MilliCPU `json:"placed_cpu"`
+	PlacedMemory Bytes    `json:"placed_memory"`
 	// BestEffortCPU and BestEffortMemory are the best-effort jobs' use now.
 	BestEffortCPU    MilliCPU `json:"besteffort_cpu"`
 	BestEffortMemory Bytes    `json:"besteffort_memory"`
@@ -27,7 +32,9 @@ type ReclaimStatus struct {
 	// LentCPU is what each best-effort job may use beyond its own CPU
 	// request now (its cgroup's quota raised by it).
 	LentCPU MilliCPU `json:"lent_cpu"`
-	// Evictions counts best-effort jobs evicted to give memory back.
+	// Evictions counts best-effort jobs evicted to give memory back
+	// (they end as preempted, or go back to pending with restart
+	// on-failure).
 	Evictions    int        `json:"evictions"`
 	LastAction   string     `json:"last_action,omitempty"`
 	LastActionAt *time.Time `json:"last_action_at,omitempty"`

@@ -240,6 +240,12 @@ type Job struct {
 type Allocation struct {
 	CPU    MilliCPU `json:"cpu"`
 	Memory Bytes    `json:"memory"`
+	// ReclaimedCPU and ReclaimedMemory are the part of CPU and Memory a
+	// best-effort job was placed on reclaimed capacity: reserved by
+	// guaranteed and burstable jobs but not predicted to be used by them
+	// (docs/load.md, "Reclaimed capacity").
+	ReclaimedCPU    MilliCPU `json:"reclaimed_cpu,omitempty"`
+	ReclaimedMemory Bytes    `json:"reclaimed_memory,omitempty"`
 	// CPUSet is the cores the job is pinned to, when it is ("0-3").
 	CPUSet string `json:"cpuset,omitempty"`
 	// NUMANode is the node the job is aligned to, or -1.

@@ -119,6 +119,10 @@ type Placer struct {
 	// service: they offer nothing to new work until SetHealthy brings
 	// them back.
 	down map[string]bool
+	// reclaimable is what best-effort jobs may be placed on beyond the
+	// unreserved capacity, borrowed what each holds of it (reclaim.go).
+	reclaimable amount
+	borrowed    map[string]amount
 }
 
 var _ jobs.Placer = (*Placer)(nil)
@@ -133,6 +137,8 @@ func New(hw Hardware, o Options) *Placer {
 		held:    map[string]held{},
 		down:    map[string]bool{},
 		log:     o.Logger,
+
+		borrowed: map[string]amount{},
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -629,12 +635,15 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 	nodes := []*sched.Node{p.node}
 	var assigns []sched.Assignment
 	var explain []string
+	lent := p.lend(reqs)
 	if len(reqs) == 1 {
 		d, err := p.eng.Place(&reqs[0], nodes)
 		if err != nil {
+			p.unlend(lent)
 			return nil, p.withUnhealthy(waitReason(d, err)), false
 		}
 		if err := p.eng.Commit(&reqs[0], &d.Assignment, nodes); err != nil {
+			p.unlend(lent)
 			return nil, err.Error(), false
 		}
 		assigns = []sched.Assignment{d.Assignment}
@@ -642,6 +651,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 	} else {
 		as, err := p.eng.PlaceGang(reqs, nodes)
 		if err != nil {
+			p.unlend(lent)
 			return nil, p.withUnhealthy(fmt.Sprintf("gang of %d does not fit: %v", len(reqs), err)), false
 		}
 		assigns = as
@@ -649,6 +659,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 			explain = append(explain, fmt.Sprintf("gang of %d placed together", len(as)))
 		}
 	}
+	borrowed := p.borrow(assigns, lent)
 	if guard != nil {
 		if why := guard(reqs); why != "" {
 			for k := range reqs {
@@ -677,6 +688,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 			out[i].Explain = strings.TrimSpace(fmt.Sprintf("%s\nexclusive cores %s (NUMA node %d)", out[i].Explain, out[i].CPUSet, out[i].NUMANode))
 		}
 	}
+	p.noteBorrowed(group, borrowed, out)
 	p.publish()
 	return out, "", true
 }
@@ -856,12 +868,16 @@ func (p *Placer) Reclaim(j *api.Job) error {
 			}
 		}
 	}
+	b := p.borrowReattached(a, &as)
 	// Commit refuses what another reservation holds: a device is never
 	// booked twice.
 	if err := p.eng.Commit(&req, &as, []*sched.Node{p.node}); err != nil {
 		return fmt.Errorf("re-reserving job %s: %w", j.ID, err)
 	}
 	p.held[j.ID] = held{req: req, assign: as, cpus: cpus}
+	if !b.zero() {
+		p.borrowed[j.ID] = b
+	}
 	if len(renamed) > 0 {
 		renameGPUs(a, renamed)
 	}
@@ -910,6 +926,7 @@ func (p *Placer) Release(j *api.Job) {
 	}
 	delete(p.held, j.ID)
 	delete(p.seen, j.ID)
+	p.released(j.ID, h.req.Tier)
 	p.eng.Release(&h.req, &h.assign, []*sched.Node{p.node})
 	p.publish()
 	// Release gives back to the node what the job held; an unhealthy
@@ -955,7 +972,9 @@ func (p *Placer) Capacity() api.NodeResources {
 	return api.NodeResources{CPU: p.hw.CPU, Memory: p.hw.Memory, GPUs: len(p.hw.GPUs), FPGAs: len(p.hw.FPGAs)}
 }
 
-// Allocated is what placed and running jobs hold.
+// Allocated is what placed and running jobs hold of the host's capacity;
+// the part of best-effort jobs' requests placed on reclaimed capacity
+// (OnReclaimed) is not in it: guaranteed and burstable jobs reserved it.
 func (p *Placer) Allocated() api.NodeResources {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -65,7 +65,7 @@ func (m *Manager) preempt(head *api.Job) string {
 	procs := map[string]Process{}
 	for id, j := range m.jobs {
 		p := m.procs[id]
-		if j.State != api.StateRunning || p == nil || m.cancels[id] || j.Tier.Rank() >= head.Tier.Rank() {
+		if j.State != api.StateRunning || p == nil || m.cancels[id] || q.reclaiming[id] != "" || j.Tier.Rank() >= head.Tier.Rank() {
 			continue
 		}
 		cost := 0.0
@@ -123,10 +123,14 @@ func (m *Manager) preempt(head *api.Job) string {
 }
 
 // preemptedBy takes the record that id was told to stop for a preemption:
-// the preemptor's ID, or "" if it was not.
+// the preemptor's ID, reclaimEviction for the reclaim loop's eviction, or
+// "" if it was not.
 func (m *Manager) preemptedBy(id string) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if _, ok := m.queue.reclaiming[id]; ok {
+		return reclaimEviction // finishEvicted takes the entry
+	}
 	by := m.queue.preempting[id]
 	delete(m.queue.preempting, id)
 	return by
@@ -135,6 +139,9 @@ func (m *Manager) preemptedBy(id string) string {
 // finishPreempted records how a preempted job ended: queued again with
 // restart on-failure (its retries left untouched), preempted otherwise.
 func (m *Manager) finishPreempted(j *api.Job, by, desc string, record func(*api.Job)) error {
+	if by == reclaimEviction {
+		return m.finishEvicted(j, desc, record)
+	}
 	if r := j.Spec.Restart; r != nil && r.Policy == api.RestartOnFailure {
 		return m.transition(j, api.StatePending, fmt.Sprintf("preempted by job %s (%s); queued again (not counted as a retry)", by, desc), func(j *api.Job) {
 			record(j)

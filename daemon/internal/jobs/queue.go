@@ -43,6 +43,9 @@ type queueState struct {
 	// for, tried first while it is pending so what was freed goes to it.
 	preempting map[string]string
 	preemptor  string
+	// reclaiming maps each job the reclaim loop told to stop to why
+	// (reclaim.go).
+	reclaiming map[string]string
 	// evictions are when the jobs of the current window were preempted.
 	evictions []time.Time
 }
@@ -100,6 +103,11 @@ func (m *Manager) schedule() {
 	for id := range q.preempting {
 		if j := m.jobs[id]; j == nil || j.State != api.StateRunning && j.State != api.StateStarting {
 			delete(q.preempting, id) // ended and recorded, or forgotten
+		}
+	}
+	for id := range q.reclaiming {
+		if j := m.jobs[id]; j == nil || j.State != api.StateRunning && j.State != api.StateStarting {
+			delete(q.reclaiming, id) // ended otherwise (cancelled, lost)
 		}
 	}
 	keys := make(map[*api.Job]sched.Queued, len(pending))

@@ -36,6 +36,10 @@ type Config struct {
 	EvictAfter time.Duration
 	MinCPU     int64
 	Now        func() time.Time
+	// Offer, when set, is given every account (and a zero one when the
+	// loop stops): the placer admits best-effort jobs against its
+	// Reclaimable (hostplacer.SetReclaimable).
+	Offer func(Account)
 }
 
 // Loop accounts and acts every window.
@@ -81,6 +85,9 @@ func (l *Loop) Run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			if l.cfg.Offer != nil {
+				l.cfg.Offer(Account{})
+			}
 			if cpu, mem, lend := l.ctrl.Limits(); cpu != 0 || mem != 0 || lend != 0 {
 				if err := l.host.Limit(0, 0); err != nil {
 					l.log.Warn("reclaim: lifting the best-effort limits", "err", err)
@@ -104,8 +111,11 @@ func (l *Loop) Step() {
 	var be []BestEffortJob
 	for _, j := range jobs {
 		if j.Tier == api.TierBestEffort {
-			be = append(be, BestEffortJob{ID: j.ID, Started: j.Started})
+			be = append(be, BestEffortJob{ID: j.ID, Started: j.Started, OnReclaimed: j.Placed.CPU > 0 || j.Placed.Memory > 0})
 		}
+	}
+	if l.cfg.Offer != nil {
+		l.cfg.Offer(a)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -141,6 +151,7 @@ func (l *Loop) Step() {
 	l.status.LentCPU = api.MilliCPU(lend)
 	l.status.ReclaimableCPU, l.status.ReclaimableMemory = api.MilliCPU(a.Reclaimable.CPU), api.Bytes(a.Reclaimable.Memory)
 	l.status.ReclaimedCPU, l.status.ReclaimedMemory = api.MilliCPU(a.Reclaimed.CPU), api.Bytes(a.Reclaimed.Memory)
+	l.status.PlacedCPU, l.status.PlacedMemory = api.MilliCPU(a.Placed.CPU), api.Bytes(a.Placed.Memory)
 	l.status.BestEffortCPU, l.status.BestEffortMemory = api.MilliCPU(a.BestEffort.CPU), api.Bytes(a.BestEffort.Memory)
 	l.status.BudgetCPU, l.status.BudgetMemory = api.MilliCPU(cpu), api.Bytes(mem)
 }

@@ -36,6 +36,10 @@ type Job struct {
 	Recent []Usage
 	// Started orders best-effort jobs for eviction (the newest goes first).
 	Started time.Time
+	// Placed is the part of a best-effort job's request the placer put on
+	// reclaimed capacity (zero for a job placed on unreserved capacity
+	// only); such jobs are evicted first.
+	Placed Usage
 }
 
 // Params tune the accounting.
@@ -63,6 +67,9 @@ type Account struct {
 	// their requests; Reclaimed the part of the usage beyond the requests
 	// (what they run on lent capacity), at most Reclaimable.
 	BestEffort, BestEffortRequest, Reclaimed Usage
+	// Placed is what best-effort jobs placed on reclaimed capacity hold of
+	// it (their Job.Placed summed).
+	Placed Usage
 }
 
 // Compute does the accounting for the running jobs on a host of capacity.
@@ -78,6 +85,8 @@ func Compute(capacity Usage, jobs []Job, p Params) Account {
 			a.BestEffort.Memory += now.Memory
 			a.BestEffortRequest.CPU += j.Request.CPU
 			a.BestEffortRequest.Memory += j.Request.Memory
+			a.Placed.CPU += j.Placed.CPU
+			a.Placed.Memory += j.Placed.Memory
 			continue
 		}
 		peak := predictPeak(j.Recent, p.Lead)
@@ -169,6 +178,9 @@ type Controller struct {
 type BestEffortJob struct {
 	ID      string
 	Started time.Time
+	// OnReclaimed is true for a job placed (partly) on reclaimed
+	// capacity: those go first.
+	OnReclaimed bool
 }
 
 // Limits are the best-effort tier's limits in force (0: none) and the CPU
@@ -177,8 +189,9 @@ func (c *Controller) Limits() (cpuMilli, memoryHigh, lendCPU int64) { return c.c
 
 // Step decides from the account at now. The CPU budget becomes the
 // tier's quota at once (throttle); the memory budget its memory high; a
-// tier still over its memory budget EvictAfter after that loses its
-// newest job, one per EvictAfter.
+// tier still over its memory budget EvictAfter after that loses a job,
+// one per EvictAfter: the newest of those placed on reclaimed capacity, or
+// the newest of all when none is.
 func (c *Controller) Step(now time.Time, a Account, be []BestEffortJob) []Action {
 	var acts []Action
 	cpu := max(int64(a.Budget.CPU), c.MinCPU)
@@ -205,16 +218,29 @@ func (c *Controller) Step(now time.Time, a Account, be []BestEffortJob) []Action
 	case now.Sub(c.overSince) >= c.EvictAfter && now.Sub(c.lastEvict) >= c.EvictAfter:
 		victim := be[0]
 		for _, j := range be[1:] {
+			if j.OnReclaimed != victim.OnReclaimed {
+				if j.OnReclaimed {
+					victim = j
+				}
+				continue
+			}
 			if j.Started.After(victim.Started) {
 				victim = j
 			}
 		}
 		c.lastEvict = now
 		acts = append(acts, Action{Kind: ActEvict, JobID: victim.ID,
-			Reason: fmt.Sprintf("evicted: best-effort jobs use %s, over their %s memory budget for %v after being throttled",
-				api.Bytes(a.BestEffort.Memory).Human(), api.Bytes(a.Budget.Memory).Human(), now.Sub(c.overSince).Round(time.Second))})
+			Reason: fmt.Sprintf("evicted%s: best-effort jobs use %s, over their %s memory budget for %v after being throttled",
+				onReclaimed(victim), api.Bytes(a.BestEffort.Memory).Human(), api.Bytes(a.Budget.Memory).Human(), now.Sub(c.overSince).Round(time.Second))})
 	}
 	return acts
+}
+
+func onReclaimed(j BestEffortJob) string {
+	if j.OnReclaimed {
+		return " from reclaimed capacity"
+	}
+	return ""
 }
 
 func differs(a, b, step int64) bool {

@@ -1,7 +1,9 @@
 package reclaim
 
 import (
+	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,5 +140,71 @@ func TestControllerLendsReclaimableCPU(t *testing.T) {
 	}
 	if _, _, lend := c.Limits(); lend != 200 {
 		t.Errorf("lent %d", lend)
+	}
+}
+
+// The jobs placed on reclaimed capacity are evicted first (the newest of
+// them), even when a job on unreserved capacity started later.
+func TestEvictsReclaimedFirst(t *testing.T) {
+	c := Controller{EvictAfter: time.Second, MinCPU: 100, MinChange: 50}
+	t0 := time.Unix(1000, 0)
+	be := []BestEffortJob{
+		{ID: "lent-old", Started: t0.Add(-time.Hour), OnReclaimed: true},
+		{ID: "lent-new", Started: t0.Add(-30 * time.Minute), OnReclaimed: true},
+		{ID: "own", Started: t0.Add(-time.Minute)},
+	}
+	a := Account{Capacity: Usage{CPU: 4000, Memory: 8 * gib}, Budget: Usage{CPU: 1500, Memory: 2 * gib}, BestEffort: Usage{CPU: 2000, Memory: 3 * gib}}
+	c.Step(t0, a, be)
+	acts := c.Step(t0.Add(time.Second), a, be)
+	if len(acts) != 1 || acts[0].Kind != ActEvict || acts[0].JobID != "lent-new" || !strings.Contains(acts[0].Reason, "evicted from reclaimed capacity") {
+		t.Fatalf("eviction %+v, want lent-new, the newest job on reclaimed capacity, with a reason saying so", acts)
+	}
+	acts = c.Step(t0.Add(2*time.Second), a, be[2:])
+	if len(acts) != 1 || acts[0].JobID != "own" || strings.Contains(acts[0].Reason, "reclaimed capacity") {
+		t.Fatalf("with no job on reclaimed capacity left: %+v, want own evicted", acts)
+	}
+}
+
+// offerHost is a Host of one burstable job and one best-effort job placed
+// on reclaimed capacity, with fixed readings.
+type offerHost struct{ evicted []string }
+
+func (h *offerHost) Capacity() Usage { return Usage{CPU: 4000, Memory: 4 * gib} }
+func (h *offerHost) Running() []Job {
+	idle := []Usage{{CPU: 100, Memory: 0.5 * gib}, {CPU: 100, Memory: 0.5 * gib}}
+	return []Job{
+		{ID: "svc", Tier: api.TierBurstable, Request: Usage{CPU: 2000, Memory: 2 * gib}, Recent: idle},
+		{ID: "be", Tier: api.TierBestEffort, Request: Usage{CPU: 1000, Memory: gib}, Recent: idle[:1], Placed: Usage{CPU: 1000, Memory: gib}},
+	}
+}
+func (h *offerHost) Limit(int64, int64) error { return nil }
+func (h *offerHost) Lend(int64) error         { return nil }
+func (h *offerHost) Evict(id, _ string) error { h.evicted = append(h.evicted, id); return nil }
+func (h *offerHost) Publish(api.Event)        {}
+
+// Every step offers the account to placement, and the status says what
+// jobs placed on reclaimed capacity hold; stopping withdraws the offer.
+func TestLoopOffersReclaimable(t *testing.T) {
+	var offered []Account
+	l, err := New(Config{Params: Params{Margin: 0.1, Lead: 1}, Offer: func(a Account) { offered = append(offered, a) }}, &offerHost{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Step()
+	if len(offered) != 1 {
+		t.Fatalf("%d offers after a step, want 1", len(offered))
+	}
+	// need = 100 + 0.1·2000 = 300m, 0.5 Gi + 0.2 Gi: 1700m and 1.3 Gi reclaimable.
+	if r := offered[0].Reclaimable; math.Abs(r.CPU-1700) > 1e-6 || math.Abs(r.Memory-1.3*gib) > 1 {
+		t.Errorf("offered reclaimable %+v, want 1700m and 1.3 GiB", r)
+	}
+	if st := l.Status(); st.PlacedCPU != 1000 || st.PlacedMemory != api.Bytes(gib) {
+		t.Errorf("status placed %v CPU and %v memory, want 1000m and 1Gi", st.PlacedCPU, st.PlacedMemory.Human())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.Run(ctx)
+	if last := offered[len(offered)-1]; last.Reclaimable != (Usage{}) {
+		t.Errorf("after the loop stopped the last offer is %+v, want nothing reclaimable", last.Reclaimable)
 	}
 }

@@ -110,8 +110,9 @@ func TestForecastRefusesTraceWithoutTimes(t *testing.T) {
 
 func TestReclaimLine(t *testing.T) {
 	s := reclaimLine(api.ReclaimStatus{Enabled: true, ReclaimableCPU: 1500, ReclaimableMemory: 2 << 30, ReclaimedCPU: 700,
-		ReclaimedMemory: 1 << 30, BestEffortCPU: 900, BestEffortMemory: 1 << 30, BudgetCPU: 2500, Evictions: 1})
-	for _, want := range []string{"reclaimable 1500m CPU and 2Gi memory", "reclaimed 700m CPU and 1Gi memory", "best-effort held to 2500m CPU", "1 evicted"} {
+		ReclaimedMemory: 1 << 30, BestEffortCPU: 900, BestEffortMemory: 1 << 30, BudgetCPU: 2500, Evictions: 1,
+		PlacedCPU: 400, PlacedMemory: 512 << 20})
+	for _, want := range []string{"reclaimable 1500m CPU and 2Gi memory", "reclaimed 700m CPU and 1Gi memory", "placed on it 400m CPU and 512Mi memory", "best-effort held to 2500m CPU", "1 evicted"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("%q lacks %q", s, want)
 		}

@@ -68,9 +68,9 @@ func reclaimLine(r api.ReclaimStatus) string {
 	if r.LentCPU > 0 {
 		budget += fmt.Sprintf(", %s CPU lent to each best-effort job beyond its request", r.LentCPU)
 	}
-	s := fmt.Sprintf("reclaimable %s CPU and %s memory, reclaimed %s CPU and %s memory (best-effort uses %s and %s); %s; %d evicted",
+	s := fmt.Sprintf("reclaimable %s CPU and %s memory, reclaimed %s CPU and %s memory (best-effort uses %s and %s), held by best-effort jobs placed on it %s CPU and %s memory; %s; %d evicted",
 		r.ReclaimableCPU, r.ReclaimableMemory.Human(), r.ReclaimedCPU, r.ReclaimedMemory.Human(),
-		r.BestEffortCPU, r.BestEffortMemory.Human(), budget, r.Evictions)
+		r.BestEffortCPU, r.BestEffortMemory.Human(), r.PlacedCPU, r.PlacedMemory.Human(), budget, r.Evictions)
 	if r.LastAction != "" && r.LastActionAt != nil {
 		s += fmt.Sprintf("; last: %s (%s)", r.LastAction, r.LastActionAt.Local().Format("15:04:05"))
 	}
