@@ -3,9 +3,6 @@ package daemon
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/executor/exectest"
 )
 
 // TestElasticJobRunsItsReplicas runs a daemon and submits an elastic
@@ -23,33 +18,10 @@ import (
 // job of its own (labelled, same owner), says so on the event stream,
 // and cancels it when the elastic job is cancelled.
 func TestElasticJobRunsItsReplicas(t *testing.T) {
-	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.Socket = filepath.Join(dir, "api.sock")
-	cfg.SocketGroup = ""
-	cfg.CgroupParent = fmt.Sprintf("fusiond-test-elastic-%d", os.Getpid())
-	cfg.LeaveJobsOnShutdown = false
-	cfg.Elastic.Step = Duration(200 * time.Millisecond)
-	t.Cleanup(func() {
-		if err := exectest.Cleanup(cgroups.DefaultRoot, cfg.CgroupParent, cfg.StateDir, 10*time.Second); err != nil {
-			t.Error(err)
-		}
+	ctx, c, stop := serveDaemon(t, "elastic", func(cfg *Config) {
+		cfg.LeaveJobsOnShutdown = false
+		cfg.Elastic.Step = Duration(200 * time.Millisecond)
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	d, err := New(ctx, Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, ln) }()
-	c := api.NewClient(cfg.Socket)
-	defer c.Close()
 
 	// Burstable: this 2-CPU test host has one core to give exclusively.
 	leader, err := c.Submit(ctx, api.JobSpec{Name: "web", Class: api.ClassService, Tier: api.TierBurstable, Command: []string{"/bin/sleep", "120"},
@@ -118,10 +90,7 @@ func TestElasticJobRunsItsReplicas(t *testing.T) {
 	if len(got) < 1 || !strings.Contains(got[0].Reason, "replicas 1 → 2") {
 		t.Errorf("scale events %+v, want replicas 1 → 2 first", got)
 	}
-	cancel()
-	if err := <-served; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
 
 func TestCustomMetric(t *testing.T) {
@@ -166,34 +135,11 @@ func TestElasticConfig(t *testing.T) {
 // burstable job spinning on a core gets a CPU limit of about its use ×
 // 1.3 (a resize event says so), never below its request.
 func TestBurstableCPULimitFollowsUsage(t *testing.T) {
-	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.Socket = filepath.Join(dir, "api.sock")
-	cfg.SocketGroup = ""
-	cfg.CgroupParent = fmt.Sprintf("fusiond-test-resize-%d", os.Getpid())
-	cfg.LeaveJobsOnShutdown = false
-	cfg.Telemetry.JobInterval = Duration(100 * time.Millisecond)
-	cfg.Elastic.Resize, cfg.Elastic.ResizePeriod = true, Duration(500*time.Millisecond)
-	t.Cleanup(func() {
-		if err := exectest.Cleanup(cgroups.DefaultRoot, cfg.CgroupParent, cfg.StateDir, 10*time.Second); err != nil {
-			t.Error(err)
-		}
+	ctx, c, stop := serveDaemon(t, "resize", func(cfg *Config) {
+		cfg.LeaveJobsOnShutdown = false
+		cfg.Telemetry.JobInterval = Duration(100 * time.Millisecond)
+		cfg.Elastic.Resize, cfg.Elastic.ResizePeriod = true, Duration(500*time.Millisecond)
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	d, err := New(ctx, Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, ln) }()
-	c := api.NewClient(cfg.Socket)
-	defer c.Close()
 	job, err := c.Submit(ctx, api.JobSpec{Name: "spin", Class: api.ClassTraining, Tier: api.TierBurstable,
 		Command: []string{"/bin/sh", "-c", "while :; do :; done"}, Resources: api.Resources{CPU: 100, Memory: 16 << 20}})
 	if err != nil {
@@ -221,8 +167,5 @@ func TestBurstableCPULimitFollowsUsage(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no resize event 30 s after a burstable job started spinning")
 	}
-	cancel()
-	if err := <-served; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }

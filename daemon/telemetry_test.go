@@ -1,12 +1,7 @@
 package daemon
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +10,6 @@ import (
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/executor/exectest"
 )
 
 func TestTelemetryConfig(t *testing.T) {
@@ -46,32 +40,9 @@ func TestTelemetryConfig(t *testing.T) {
 // TestStatusShowsTelemetry runs a daemon and reads the telemetry bus's
 // summary through the API: it samples this host's /proc at 10 Hz.
 func TestStatusShowsTelemetry(t *testing.T) {
-	dir := t.TempDir()
-	cfg := DefaultConfig()
-	cfg.StateDir = filepath.Join(dir, "state")
-	cfg.Socket = filepath.Join(dir, "api.sock")
-	cfg.SocketGroup = ""
-	cfg.CgroupParent = fmt.Sprintf("fusiond-test-telemetry-%d", os.Getpid())
-	cfg.Telemetry.PowercapRoot = filepath.Join(dir, "no-powercap")
-	t.Cleanup(func() {
-		if err := exectest.Cleanup(cgroups.DefaultRoot, cfg.CgroupParent, cfg.StateDir, 10*time.Second); err != nil {
-			t.Error(err)
-		}
+	ctx, c, stop := serveDaemon(t, "telemetry", func(cfg *Config) {
+		cfg.Telemetry.PowercapRoot = filepath.Join(t.TempDir(), "no-powercap")
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	d, err := New(ctx, Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("unix", cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- d.Serve(ctx, ln) }()
-	c := api.NewClient(cfg.Socket)
-	defer c.Close()
 	var st *api.TelemetryStatus
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		n, err := c.Node(ctx)
@@ -109,8 +80,5 @@ func TestStatusShowsTelemetry(t *testing.T) {
 	if n.Reclaim == nil || !n.Reclaim.Enabled || n.Reclaim.ReclaimableCPU != 0 || n.Reclaim.BudgetCPU != 0 {
 		t.Errorf("reclaim status with no jobs: %+v", n.Reclaim)
 	}
-	cancel()
-	if err := <-served; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }
