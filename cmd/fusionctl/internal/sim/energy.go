@@ -29,7 +29,7 @@ type GPUPower struct {
 func openbPower(model string) (table, note string, ok bool) {
 	switch strings.ToUpper(model) {
 	case "V100M16", "V100M32":
-		return "V100 SXM2", "form assumed: most on 8-GPU nodes", true
+		return "V100 SXM2", "form assumed: SXM2", true
 	case "P100":
 		return "P100 PCIe", "form assumed: 1–2-GPU nodes", true
 	case "G1", "G2", "G3":
