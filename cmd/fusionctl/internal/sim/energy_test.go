@@ -28,9 +28,10 @@ import (
 // (b); the idle GPUs drew 20 + 30 = 50 Wh, 40 of them on b, so with idle
 // nodes powered off (230 − 40) / 2.5 = 76 Wh per GPU-hour; mean draw 115 W.
 func TestEnergyHandTrace(t *testing.T) {
+	// b first, so a's GPUs are found by the assignment's node index.
 	specs := []NodeSpec{
-		{Name: "a", CPUMilli: 8000, MemMiB: 8192, GPUs: 2, Model: "T4"},
 		{Name: "b", CPUMilli: 1000, MemMiB: 8192, GPUs: 1, Model: "X"},
+		{Name: "a", CPUMilli: 8000, MemMiB: 8192, GPUs: 2, Model: "T4"},
 	}
 	pods := []Pod{
 		{Name: "p0", CPUMilli: 4000, MemMiB: 1024, GPUs: 1, GPUMilli: 1000, Creation: 0, Deletion: 10000},
