@@ -83,7 +83,7 @@ func TestTelemetryLines(t *testing.T) {
 		GPUs: 8, GPUPowerW: 1500, IdleGPUs: 3, IdleGPUPowerW: 180,
 		Forecasts: []api.SeriesForecast{{Series: "cpu_busy", Model: "holt", Horizon: api.Duration(15 * time.Minute), Value: 0.5, Now: 0.25, SMAPE: 3, Points: 120}}})
 	s := b.String()
-	for _, want := range []string{"CPU 25% busy (node0 10%, node1 40%)", "pressure cpu 1.5%", "CPU packages 123.4 W", "GPUs 1500.0 W (3 idle, drawing 180.0 W)", "job PSI: none: cgroup v1", "cpu_busy in 15m0s: 0.5"} {
+	for _, want := range []string{"CPU 25% busy (node0 10%, node1 40%)", "pressure cpu 1.5%", "CPU packages 123.4 W", "GPUs 1500.0 W (3 idle, drawing 180.0 W; placement scores waking an idle GPU lower)", "job PSI: none: cgroup v1", "cpu_busy in 15m0s: 0.5"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("status lacks %q:\n%s", want, s)
 		}

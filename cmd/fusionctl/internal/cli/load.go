@@ -33,7 +33,9 @@ func telemetryLines(w io.Writer, t api.TelemetryStatus) {
 	if t.GPUs > 0 {
 		power += fmt.Sprintf("; GPUs %.1f W", t.GPUPowerW)
 		if t.IdleGPUs > 0 {
-			power += fmt.Sprintf(" (%d idle, drawing %.1f W)", t.IdleGPUs, t.IdleGPUPowerW)
+			// What placement does with them: the energy dimension scores
+			// an option on an idle GPU lower (docs/load.md "Energy").
+			power += fmt.Sprintf(" (%d idle, drawing %.1f W; placement scores waking an idle GPU lower)", t.IdleGPUs, t.IdleGPUPowerW)
 		}
 	}
 	fmt.Fprintf(w, "Power:\t%s\n", power)

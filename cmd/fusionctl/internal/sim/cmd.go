@@ -17,6 +17,7 @@ func NewCommand() *cobra.Command {
 		policies string
 		seeds    string
 		verbose  bool
+		gpuPower string
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -40,6 +41,9 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 					o.Policies = append(o.Policies, p)
 				}
 			}
+			if o.GPUPower, err = ParsePowerOverrides(gpuPower); err != nil {
+				return err
+			}
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			}
@@ -57,6 +61,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringArrayVar(&o.PlotPaths, "plot", nil, "write a picture (FILE.svg or FILE.png; repeatable): allocation and failed-request curves, or with --timed utilisation over time (FILE) and the wait CDF (FILE-wait)")
 	f.BoolVar(&o.Timed, "timed", false, "time-ordered mode: honour creation/deletion times")
 	f.Float64Var(&o.LoadPct, "load", 0, "timed mode: scale every lifetime by one factor so the offered GPU load between the first and last arrival is this % of capacity (0: as traced); arrival times stay as traced")
+	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")

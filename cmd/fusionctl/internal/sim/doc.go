@@ -3,7 +3,8 @@
 // offline and deterministic for a seed. It implements the paper's protocol
 // (Run) — pods resampled to a target share of GPU capacity, shuffled by
 // seed, arriving one by one and never leaving — and a time-ordered mode
-// (RunTimed) that honours creation and deletion times, and an upper bound
+// (RunTimed) that honours creation and deletion times and reports the
+// GPUs' energy under a stated power model (PowerModel), and an upper bound
 // on what any policy could allocate (AllocBound). NewCommand exposes them
 // as `fusionctl simulate`.
 //

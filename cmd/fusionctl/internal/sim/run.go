@@ -49,6 +49,9 @@ type Options struct {
 	// to that offered GPU load (see TimedOptions).
 	Timed   bool
 	LoadPct float64
+	// GPUPower overrides the timed mode's power model (idle and TDP watts
+	// per GPU model; see PowerModel).
+	GPUPower map[string][2]float64
 	// Workers bounds parallel runs (GOMAXPROCS by default).
 	Workers int
 	// RandomTies breaks score ties at random per decision (the stock
@@ -172,7 +175,7 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.Timed {
 		for _, pol := range o.Policies {
-			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct})
+			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower})
 			if err != nil {
 				return nil, err
 			}
@@ -313,9 +316,11 @@ func writeTable(w io.Writer, rep *Report) error {
 	if len(rep.Timed) > 0 {
 		t0 := rep.Timed[0]
 		fmt.Fprintf(w, "trace %s, time-ordered: window %.1f days (median to last arrival), %d cop(ies) of the trace, lifetimes ×%.3g, offered GPU load in the window %.2f%%\n", rep.Trace, float64(t0.WindowS)/86400, t0.Copies, t0.Scale, t0.OfferedPct)
-		fmt.Fprintf(tw, "policy\tpods\tplaced\tnever placed\tmean GPU util %%\tpeak GPU util %%\tGPU-hours\twait p50 s\twait p95 s\twait p99 s\tmean wait s\t\n")
+		writePowerModel(w, t0.Energy.Power)
+		fmt.Fprintf(tw, "policy\tpods\tplaced\tnever placed\tmean GPU util %%\tpeak GPU util %%\tGPU-hours\twait p50 s\twait p95 s\twait p99 s\tmean wait s\tGPU MWh\tWh/GPU-hour\tidle GPU-hours\ton idle nodes\tWh/GPU-hour idle nodes off\t\n")
 		for _, t := range rep.Timed {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.GPUHours, t.WaitP50, t.WaitP95, t.WaitP99, t.WaitMean)
+			e := t.Energy
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.GPUHours, t.WaitP50, t.WaitP95, t.WaitP99, t.WaitMean, e.KWh/1000, e.WhPerGPUHour, e.IdleGPUHours, e.IdleNodeGPUHours, e.WhPerGPUHourOff)
 		}
 		return tw.Flush()
 	}
@@ -399,10 +404,10 @@ func runRecord(r *RunResult) []string {
 func writeCSV(w io.Writer, rep *Report) error {
 	cw := csv.NewWriter(w)
 	if len(rep.Timed) > 0 {
-		_ = cw.Write([]string{"policy", "time_s", "gpu_util_pct", "queued"})
+		_ = cw.Write([]string{"policy", "time_s", "gpu_util_pct", "queued", "gpu_power_kw", "idle_gpus"})
 		for _, t := range rep.Timed {
 			for _, p := range t.Util {
-				_ = cw.Write([]string{t.Policy, strconv.FormatInt(p.Time, 10), fmtPct(p.UtilPct), strconv.Itoa(p.Queued)})
+				_ = cw.Write([]string{t.Policy, strconv.FormatInt(p.Time, 10), fmtPct(p.UtilPct), strconv.Itoa(p.Queued), strconv.FormatFloat(p.PowerKW, 'f', 3, 64), strconv.Itoa(p.IdleGPUs)})
 			}
 		}
 		cw.Flush()

@@ -16,6 +16,10 @@ type UtilPoint struct {
 	Time    int64   `json:"t"`
 	UtilPct float64 `json:"util_pct"`
 	Queued  int     `json:"queued"`
+	// PowerKW is the GPUs' draw and IdleGPUs the GPUs with nothing
+	// allocated (see Energy).
+	PowerKW  float64 `json:"power_kw"`
+	IdleGPUs int     `json:"idle_gpus"`
 }
 
 // TimedResult is one run of the time-ordered mode. Every utilisation
@@ -52,6 +56,8 @@ type TimedResult struct {
 	// WaitCDF is the distribution of the placed pods' queueing delays:
 	// the wait below which each share of them (0, 1 … 100 %) was placed.
 	WaitCDF []CDFPoint `json:"wait_cdf,omitempty"`
+	// Energy is the GPUs' energy and idle time inside the window.
+	Energy Energy `json:"energy"`
 }
 
 // CDFPoint says that Frac (0..1) of the placed pods waited at most WaitS
@@ -89,6 +95,9 @@ type TimedOptions struct {
 	// cluster's GPU capacity (see scaleLoad). The openb trace spans 149
 	// days at a few % load, which no policy can tell apart.
 	LoadPct float64
+	// Power overrides the power model's idle and TDP watts per GPU model
+	// (see PowerModel).
+	Power map[string][2]float64
 }
 
 // offeredPct is the in-window offered GPU load of pods whose lifetimes are
@@ -243,6 +252,14 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	order := slices.Clone(scaled)
 	slices.SortStableFunc(order, func(a, b Pod) int { return cmp.Or(cmp.Compare(a.Creation, b.Creation), cmp.Compare(a.Name, b.Name)) })
 	lo, hi := window(order)
+	power, err := PowerModel(specs, o.Power)
+	if err != nil {
+		return TimedResult{}, err
+	}
+	meter, err := newEnergyMeter(nodes, power, lo, hi)
+	if err != nil {
+		return TimedResult{}, err
+	}
 	life := map[string]int64{}
 	created := map[string]int64{}
 	for _, pd := range order {
@@ -283,9 +300,11 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 			inWin = e
 		}
 		last = t
+		meter.advance(t)
 		for running.Len() > 0 && running[0].t <= t {
 			f := heap.Pop(&running).(finish)
 			eng.Release(&f.req, &f.a, nodes)
+			meter.change(&f.a, -1)
 			alloc -= f.req.GPUMilliTotal()
 		}
 		for next < len(order) && order[next].Creation == t {
@@ -295,6 +314,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		placed, _ := q.Schedule(t, eng, nodes)
 		for _, pl := range placed {
 			alloc += pl.Request.GPUMilliTotal()
+			meter.change(&pl.Decision.Assignment, +1)
 			waits = append(waits, float64(t-created[pl.Request.ID]))
 			placedIDs[pl.Request.ID] = true
 			heap.Push(&running, finish{t: t + life[pl.Request.ID], req: pl.Request, a: pl.Decision.Assignment})
@@ -302,7 +322,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		u := 100 * float64(alloc) / float64(capMilli)
 		if t <= hi {
 			res.PeakUtilPct = max(res.PeakUtilPct, u)
-			samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len()})
+			samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len(), PowerKW: meter.watts / 1000, IdleGPUs: meter.idle})
 		}
 	}
 	res.Placed = len(waits)
@@ -319,6 +339,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		res.MeanUtilPct = 100 * area / float64(hi-lo) / float64(capMilli)
 	}
 	res.GPUHours = area / sched.MilliPerGPU / 3600
+	res.Energy = meter.result(res.GPUHours, power)
 	res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMean = percentile(waits, 0.5), percentile(waits, 0.95), percentile(waits, 0.99), mean(waits)
 	res.Util = downsample(samples, o.MaxPoints)
 	res.WaitCDF = cdf(waits)
