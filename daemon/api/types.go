@@ -221,6 +221,10 @@ type Job struct {
 	// Latency is the running job's run-queue latency and SLO state, where
 	// the daemon has probes.
 	Latency *Latency `json:"latency,omitempty"`
+	// Handover, on the origin, says which peer runs the job and why;
+	// Origin, on that peer, which daemon the job came from.
+	Handover *Handover   `json:"handover,omitempty"`
+	Origin   *Provenance `json:"origin,omitempty"`
 }
 
 // Allocation is what the placement engine reserved for a job.

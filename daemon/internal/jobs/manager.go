@@ -93,6 +93,9 @@ type Manager struct {
 	// recorded (wall-clock) FinishedAt.
 	finished map[string]time.Time
 
+	// ovf hands jobs that do not fit to peers (nil: no peers).
+	ovf *overflowState
+
 	kick     chan struct{}
 	wg       sync.WaitGroup
 	stopping chan struct{}
@@ -168,6 +171,12 @@ func (m *Manager) Recover() error {
 	m.cordoned = cordon == "true"
 	attached := 0
 	for _, j := range unfinished {
+		if j.Handover != nil {
+			if err := m.resumeHandover(j); err != nil {
+				return err
+			}
+			continue
+		}
 		switch j.State {
 		case api.StatePending:
 		case api.StatePlaced:
@@ -837,6 +846,9 @@ func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, e
 	case state.Terminal():
 		m.mu.Unlock()
 		return api.Job{}, api.Errorf(api.CodeConflict, "job %s already %s", id, state)
+	case j.Handover != nil:
+		m.mu.Unlock()
+		return m.cancelHandedOver(c, j, by)
 	case state == api.StatePending:
 		m.mu.Unlock()
 		err := m.transitionFrom(j, api.StatePending, api.StateCancelled, by, func(j *api.Job) {

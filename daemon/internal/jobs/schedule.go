@@ -84,9 +84,15 @@ func (m *Manager) schedule() {
 				cmp.Or(j.Owner.User, "uid "+strconv.FormatUint(uint64(uid), 10)), active[uid], LimitRunningJobs))
 			continue
 		}
+		if m.handingOver(j) {
+			continue
+		}
 		decided := time.Now()
 		allocs, why, ok := m.placer.Place(group)
 		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
+		if !ok && m.overflow(group, why) {
+			continue
+		}
 		if !ok {
 			switch {
 			case ahead == 1:
