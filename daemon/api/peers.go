@@ -2,7 +2,9 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -117,4 +119,21 @@ func (c *Client) Keyring(ctx context.Context, req KeyringRequest) (PeerList, err
 	var out PeerList
 	err = c.do(ctx, "POST", "/v1/peers/keyring", body, &out)
 	return out, err
+}
+
+// Validate checks a keyring request's operation and key.
+func (k KeyringRequest) Validate() error {
+	switch k.Op {
+	case "install", "use", "remove":
+	default:
+		return FieldError("op", "want install, use or remove, got "+strconv.Quote(k.Op))
+	}
+	b, err := base64.StdEncoding.DecodeString(k.Key)
+	if err != nil {
+		return FieldError("key", "not base64: "+err.Error())
+	}
+	if n := len(b); n != 16 && n != 24 && n != 32 {
+		return FieldError("key", "a key is 16, 24 or 32 bytes (AES-128/192/256), got "+strconv.Itoa(n))
+	}
+	return nil
 }
