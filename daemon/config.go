@@ -84,6 +84,9 @@ type Config struct {
 	// QoS holds the latency SLO defaults per class and the QoS loop's
 	// tuning (see QoSConfig).
 	QoS QoSConfig `json:"qos"`
+	// Peers is the membership among other fusiond and the hand-over of
+	// jobs that do not fit here (see PeersConfig; off by default).
+	Peers PeersConfig `json:"peers"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -236,7 +239,8 @@ func DefaultConfig() Config {
 				Streams:     64,
 			},
 		},
-		QoS: DefaultQoSConfig(),
+		QoS:   DefaultQoSConfig(),
+		Peers: DefaultPeersConfig(),
 	}
 }
 
@@ -359,6 +363,9 @@ func (c *Config) Validate() error {
 		return bad("metrics.listen", "%v", err)
 	}
 	if key, err := c.QoS.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Peers.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

@@ -28,6 +28,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
+	"github.com/fusiond/fusiond/daemon/internal/peers"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/daemon/internal/store"
 	"github.com/fusiond/fusiond/devices"
@@ -70,6 +71,7 @@ type Daemon struct {
 	srv      *apiserver.Server
 	audit    *audit.Log
 	metrics  *metrics.Metrics
+	peers    *peers.Node
 
 	unsubscribeMetrics func()
 
@@ -188,6 +190,11 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		Observer: d.metrics,
 	}, d.store, runner, engine, log)
 	prep.holders = d.mgr
+	if cfg.Peers.Enabled {
+		if d.peers, err = startPeers(cfg, d.mgr, engine, log); err != nil {
+			return nil, err
+		}
+	}
 	if err := d.mgr.Recover(); err != nil {
 		return nil, err
 	}
@@ -230,6 +237,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		StreamsExemptRoot: cfg.Limits.ExemptRoot,
 		StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
 		Observer:          d.metrics,
+		Peers:             peerBackend(d.peers),
 	})
 	return d, nil
 }
@@ -240,6 +248,9 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 func (d *Daemon) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
+		if d.peers != nil {
+			d.peers.Close()
+		}
 		if d.disconnect != nil {
 			d.disconnect()
 		}
@@ -306,6 +317,9 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	d.mgr.Start()
+	if d.peers != nil {
+		d.peers.Start()
+	}
 	hs := &http.Server{
 		Handler:           d.srv,
 		ConnContext:       d.srv.ConnContext,
