@@ -440,7 +440,7 @@ func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec
 		if err := spec.Validate(); err != nil {
 			return nil, name(i, err)
 		}
-		if err := m.placer.Admit(*spec); err != nil {
+		if err := m.admit1(*spec); err != nil {
 			return nil, name(i, err)
 		}
 		tiers[i] = cmp.Or(spec.Tier, m.cfg.DefaultTiers[spec.Class], api.TierBurstable)
@@ -797,14 +797,15 @@ func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions
 	return ids, next, nil
 }
 
-// Running returns a copy of every running job, oldest first (the QoS
-// loop's view of what to protect and what to squeeze).
+// Running returns a copy of every job running on this host, oldest first
+// (the QoS loop's view of what to protect and what to squeeze); jobs
+// handed over to peers run there.
 func (m *Manager) Running() []api.Job {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []api.Job
 	for _, j := range m.jobs {
-		if j.State == api.StateRunning {
+		if j.State == api.StateRunning && j.Handover == nil {
 			out = append(out, cloneJob(j))
 		}
 	}

@@ -102,6 +102,21 @@ func (m *Manager) SetOverflow(o Overflow, cfg OverflowConfig) {
 	m.ovf = &overflowState{o: o, cfg: cfg, since: map[string]time.Time{}, offering: map[string]bool{}, retryAt: map[string]time.Time{}}
 }
 
+// admit1 is the placer's Admit, except that with peers a job this host
+// can never run is taken when its class may be handed over (it is offered
+// at once, see overflow).
+func (m *Manager) admit1(spec api.JobSpec) error {
+	err := m.placer.Admit(spec)
+	var e *api.Error
+	if err == nil || m.ovf == nil || spec.Gang != nil || !errors.As(err, &e) || e.Code != api.CodeUnsatisfiable {
+		return err
+	}
+	if _, ok := m.ovf.cfg.Budget[spec.Class]; !ok {
+		return err
+	}
+	return nil
+}
+
 // handingOver is true while an offer of j to peers is in flight: the queue
 // leaves it alone, so it is never placed here and there at once.
 func (m *Manager) handingOver(j *api.Job) bool {
@@ -125,6 +140,9 @@ func (m *Manager) overflow(group []*api.Job, why string) bool {
 	budget, ok := m.ovf.cfg.Budget[j.Spec.Class]
 	if !ok {
 		return false
+	}
+	if m.placer.Admit(j.Spec) != nil {
+		budget = 0 // it can never run here
 	}
 	now := time.Now()
 	m.ovf.mu.Lock()
