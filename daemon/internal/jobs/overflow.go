@@ -141,8 +141,10 @@ func (m *Manager) overflow(group []*api.Job, why string) bool {
 	if !ok {
 		return false
 	}
-	if m.placer.Admit(j.Spec) != nil {
+	left := fmt.Sprintf("did not fit here within its %s wait budget (%s)", budget, why)
+	if err := m.placer.Admit(j.Spec); err != nil {
 		budget = 0 // it can never run here
+		left = fmt.Sprintf("cannot run on this host (%v)", err)
 	}
 	now := time.Now()
 	m.ovf.mu.Lock()
@@ -159,12 +161,12 @@ func (m *Manager) overflow(group []*api.Job, why string) bool {
 	m.ovf.mu.Unlock()
 	m.setWaiting(group, "waiting: "+why+"; offering to peers")
 	m.wg.Add(1)
-	go m.offer(j, why)
+	go m.offer(j, why, left)
 	return true
 }
 
 // offer hands j over to the first peer that accepts it.
-func (m *Manager) offer(j *api.Job, why string) {
+func (m *Manager) offer(j *api.Job, why, left string) {
 	defer m.wg.Done()
 	defer func() {
 		m.ovf.mu.Lock()
@@ -193,7 +195,7 @@ func (m *Manager) offer(j *api.Job, why string) {
 		return
 	}
 	h.At = m.now()
-	h.Why = "did not fit here within its wait budget (" + why + "); " + h.Why
+	h.Why = left + "; " + h.Why
 	if err := m.transitionFrom(j, api.StatePending, api.StatePlaced, "handed over to peer "+h.Peer+": "+h.Why, func(j *api.Job) {
 		hc := h
 		j.Handover = &hc
