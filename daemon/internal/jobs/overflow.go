@@ -83,6 +83,7 @@ type overflowState struct {
 	since    map[string]time.Time
 	offering map[string]bool
 	retryAt  map[string]time.Time
+	refused  map[string]string
 	// accept serialises hand-overs accepted from peers.
 	accept sync.Mutex
 }
@@ -99,7 +100,7 @@ func (m *Manager) SetOverflow(o Overflow, cfg OverflowConfig) {
 	if cfg.Retry <= 0 {
 		cfg.Retry = 5 * time.Second
 	}
-	m.ovf = &overflowState{o: o, cfg: cfg, since: map[string]time.Time{}, offering: map[string]bool{}, retryAt: map[string]time.Time{}}
+	m.ovf = &overflowState{o: o, cfg: cfg, since: map[string]time.Time{}, offering: map[string]bool{}, retryAt: map[string]time.Time{}, refused: map[string]string{}}
 }
 
 // admit1 is the placer's Admit, except that with peers a job this host
@@ -146,6 +147,7 @@ func (m *Manager) overflow(group []*api.Job, why string) bool {
 		budget = 0 // it can never run here
 		left = fmt.Sprintf("cannot run on this host (%v)", err)
 	}
+	m.pruneOverflow()
 	now := time.Now()
 	m.ovf.mu.Lock()
 	first, seen := m.ovf.since[j.ID]
@@ -153,7 +155,14 @@ func (m *Manager) overflow(group []*api.Job, why string) bool {
 		first = now
 		m.ovf.since[j.ID] = now
 	}
-	if now.Sub(first) < budget || now.Before(m.ovf.retryAt[j.ID]) {
+	if now.Before(m.ovf.retryAt[j.ID]) {
+		// Every peer refused it a moment ago: that stays its reason.
+		refused := m.ovf.refused[j.ID]
+		m.ovf.mu.Unlock()
+		m.setWaiting(group, refused)
+		return true
+	}
+	if now.Sub(first) < budget {
 		m.ovf.mu.Unlock()
 		return false
 	}
@@ -188,10 +197,12 @@ func (m *Manager) offer(j *api.Job, why, left string) {
 	defer cancel()
 	h, err := m.ovf.o.Offer(ctx, local, snap)
 	if err != nil {
+		reason := fmt.Sprintf("waiting: %s; no peer took it: %v", why, err)
 		m.ovf.mu.Lock()
 		m.ovf.retryAt[j.ID] = time.Now().Add(m.ovf.cfg.Retry)
+		m.ovf.refused[j.ID] = reason
 		m.ovf.mu.Unlock()
-		m.setWaiting([]*api.Job{j}, fmt.Sprintf("waiting: %s; no peer took it: %v", why, err))
+		m.setWaiting([]*api.Job{j}, reason)
 		return
 	}
 	h.At = m.now()
@@ -207,12 +218,39 @@ func (m *Manager) offer(j *api.Job, why, left string) {
 		}
 		return
 	}
-	m.ovf.mu.Lock()
-	delete(m.ovf.since, j.ID)
-	delete(m.ovf.retryAt, j.ID)
-	m.ovf.mu.Unlock()
+	m.ovf.forget(j.ID)
 	m.wg.Add(1)
 	go m.follow(j)
+}
+
+// pruneOverflow forgets the waits of jobs no longer pending (placed
+// here, cancelled).
+func (m *Manager) pruneOverflow() {
+	m.ovf.mu.Lock()
+	ids := make([]string, 0, len(m.ovf.since))
+	for id := range m.ovf.since {
+		ids = append(ids, id)
+	}
+	m.ovf.mu.Unlock()
+	var gone []string
+	m.mu.Lock()
+	for _, id := range ids {
+		if j, ok := m.jobs[id]; !ok || j.State != api.StatePending {
+			gone = append(gone, id)
+		}
+	}
+	m.mu.Unlock()
+	for _, id := range gone {
+		m.ovf.forget(id)
+	}
+}
+
+func (o *overflowState) forget(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.since, id)
+	delete(o.retryAt, id)
+	delete(o.refused, id)
 }
 
 // resumeHandover follows, after a restart, a job an earlier daemon handed

@@ -161,7 +161,9 @@ type cluster struct {
 	jobs  []*fakeJobs
 }
 
-func key(b byte) string { return base64.StdEncoding.EncodeToString([]byte(strings.Repeat(string(b), 32))) }
+func key(b byte) string {
+	return base64.StdEncoding.EncodeToString([]byte(strings.Repeat(string(b), 32)))
+}
 
 // start makes a node named name on loopback, with keyring keys (none: no
 // encryption) and joining join.
