@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"strconv"
 	"time"
 )
 
@@ -126,14 +125,14 @@ func (k KeyringRequest) Validate() error {
 	switch k.Op {
 	case "install", "use", "remove":
 	default:
-		return FieldError("op", "want install, use or remove, got "+strconv.Quote(k.Op))
+		return FieldError("op", "want install, use or remove, got %q", k.Op)
 	}
 	b, err := base64.StdEncoding.DecodeString(k.Key)
 	if err != nil {
-		return FieldError("key", "not base64: "+err.Error())
+		return FieldError("key", "not base64: %v", err)
 	}
 	if n := len(b); n != 16 && n != 24 && n != 32 {
-		return FieldError("key", "a key is 16, 24 or 32 bytes (AES-128/192/256), got "+strconv.Itoa(n))
+		return FieldError("key", "a key is 16, 24 or 32 bytes (AES-128/192/256), got %d", n)
 	}
 	return nil
 }

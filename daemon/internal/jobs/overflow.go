@@ -48,6 +48,10 @@ type RemoteStatus struct {
 	Attempt int             `json:"attempt,omitempty"`
 	PID     int             `json:"pid,omitempty"`
 	Exit    *api.ExitStatus `json:"exit,omitempty"`
+	// LeaseEnded is set when the peer stopped the job because this
+	// daemon did not poll it for its lease (a partition): the origin
+	// takes the job back instead of recording it cancelled.
+	LeaseEnded bool `json:"lease_ended,omitempty"`
 	// Log is the job's output from the offset asked for (bounded; the
 	// next Poll reads on).
 	Log []byte `json:"log,omitempty"`
@@ -378,6 +382,10 @@ func (m *Manager) mirror(j *api.Job, h api.Handover, st RemoteStatus) bool {
 	}
 	if !remote.Terminal() {
 		return false
+	}
+	if st.LeaseEnded {
+		m.takeBack(j, h, "peer "+h.Peer+" stopped the job when its lease ended (it heard nothing from this daemon)")
+		return true
 	}
 	cur := state()
 	if cur.Terminal() {

@@ -108,7 +108,10 @@ func (n *Node) servePoll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n.renew(j.Origin.Key)
-	st := jobs.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit}
+	n.mu.Lock()
+	ended := n.expired[j.Origin.Key]
+	n.mu.Unlock()
+	st := jobs.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit, LeaseEnded: ended}
 	if path, _, err := n.jobs.LogPath(api.Caller{Admin: true}, j.ID); err == nil {
 		if st.Log, err = readChunk(path, offset); err != nil {
 			n.log.Warn("reading a handed-over job's output", "job", j.ID, "err", err)

@@ -83,7 +83,8 @@ type Node struct {
 	view map[string]*peerView
 	// leases: last poll (monotonic) per hand-over key accepted here.
 	leases map[string]time.Time
-	// expired: keys whose lease ended (stopped once).
+	// expired: keys whose lease ended (stopped once; kept, so that
+	// polls after a healed partition say why the job stopped).
 	expired map[string]bool
 	seq     uint64
 
@@ -581,8 +582,7 @@ func (n *Node) leaseLoop() {
 		n.mu.Lock()
 		for k := range n.leases {
 			if !live[k] {
-				delete(n.leases, k)
-				delete(n.expired, k)
+				delete(n.leases, k) // expired stays: polls report the lease's end
 			}
 		}
 		n.mu.Unlock()
