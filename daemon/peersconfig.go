@@ -79,13 +79,16 @@ func (c PeersConfig) validate() (string, error) {
 	if !c.Enabled {
 		return "", nil
 	}
-	for key, addr := range map[string]string{"peers.gossip": c.Gossip, "peers.api": c.API,
-		"peers.advertise_gossip": c.AdvertiseGossip, "peers.advertise_api": c.AdvertiseAPI, "peers.dns_seed": c.DNSSeed} {
-		if addr == "" && key != "peers.gossip" && key != "peers.api" {
+	for _, a := range []struct {
+		key, addr string
+		optional  bool
+	}{{"peers.gossip", c.Gossip, false}, {"peers.api", c.API, false}, {"peers.advertise_gossip", c.AdvertiseGossip, true},
+		{"peers.advertise_api", c.AdvertiseAPI, true}, {"peers.dns_seed", c.DNSSeed, true}} {
+		if a.addr == "" && a.optional {
 			continue
 		}
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return key, fmt.Errorf("want host:port, got %q", addr)
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return a.key, fmt.Errorf("want host:port, got %q", a.addr)
 		}
 	}
 	for i, j := range c.Join {
@@ -96,9 +99,9 @@ func (c PeersConfig) validate() (string, error) {
 	if !slices.Contains([]string{"lan", "wan", "local"}, c.Profile) {
 		return "peers.profile", fmt.Errorf("want lan, wan or local, got %q", c.Profile)
 	}
-	for key, v := range map[string]string{"peers.cert": c.Cert, "peers.key": c.Key, "peers.ca": c.CA} {
-		if v == "" {
-			return key, fmt.Errorf("required with peers.enabled: the peer API uses mutual TLS (fusionctl peers cert makes a test CA)")
+	for _, f := range [][2]string{{"peers.cert", c.Cert}, {"peers.key", c.Key}, {"peers.ca", c.CA}} {
+		if f[1] == "" {
+			return f[0], fmt.Errorf("required with peers.enabled: the peer API uses mutual TLS (fusionctl peers cert makes a test CA)")
 		}
 	}
 	switch {
