@@ -9,6 +9,7 @@ package peers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -51,7 +52,8 @@ type Config struct {
 	KeyringFile string
 	// CertFile, KeyFile and CAFile are the peer API's mutual TLS.
 	CertFile, KeyFile, CAFile string
-	// Broadcast is how often this daemon gossips its load.
+	// Broadcast is how often this daemon reads its load: gossiped when it
+	// changed, and every 5 intervals regardless.
 	Broadcast time.Duration
 	// Lease is how long a job handed over here runs without a poll from
 	// its origin before it is stopped.
@@ -113,7 +115,7 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 		cfg.Lease = 10 * time.Second
 	}
 	if cfg.MaxLoadAge <= 0 {
-		cfg.MaxLoadAge = 10 * cfg.Broadcast
+		cfg.MaxLoadAge = 15 * cfg.Broadcast // three missed heartbeats
 	}
 	n := &Node{cfg: cfg, log: log.With("part", "peers"), jobs: j, host: h,
 		view: map[string]*peerView{}, leases: map[string]time.Time{}, expired: map[string]bool{}, clients: map[string]*http.Client{},
@@ -307,13 +309,24 @@ func (n *Node) joinLoop() {
 	}
 }
 
-// broadcastLoop gossips this host's load every Broadcast interval.
+// broadcastLoop looks at this host's load every Broadcast interval and
+// gossips it when it changed, and every 5 intervals regardless (so peers'
+// views stay fresh). Gossiping only changes keeps a large quiet cluster
+// within memberlist's gossip budget (GossipNodes packets per
+// GossipInterval), where every load change of every member must be
+// relayed.
 func (n *Node) broadcastLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.Broadcast)
 	defer t.Stop()
+	var last api.PeerLoad
+	var lastSent time.Time
 	for {
-		n.broadcastSelf()
+		l := localLoad(n.host, n.jobs)
+		if !sameLoad(l, last) || time.Since(lastSent) >= 5*n.cfg.Broadcast {
+			n.gossip(l)
+			last, lastSent = l, time.Now()
+		}
 		select {
 		case <-n.stop:
 			return
@@ -322,8 +335,16 @@ func (n *Node) broadcastLoop() {
 	}
 }
 
-func (n *Node) broadcastSelf() {
-	msg := loadMsg{Node: n.cfg.NodeName, API: n.api, Load: localLoad(n.host, n.jobs)}
+// sameLoad compares loads, the predicted wait to the second.
+func sameLoad(a, b api.PeerLoad) bool {
+	a.Wait, b.Wait = a.Wait/api.Duration(time.Second), b.Wait/api.Duration(time.Second)
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+func (n *Node) gossip(l api.PeerLoad) {
+	msg := loadMsg{Node: n.cfg.NodeName, API: n.api, Load: l}
 	n.mu.Lock()
 	n.seq++
 	msg.Seq = n.seq
