@@ -326,6 +326,7 @@ func (m *Manager) Stop(ctx context.Context) {
 		procs[id] = p
 	}
 	m.mu.Unlock()
+	m.cancelHandedOverOnStop()
 	for id, p := range procs {
 		m.log.Info("stopping job for shutdown", "job", id, "pid", p.PID())
 		_ = p.Signal(syscall.SIGTERM)

@@ -466,6 +466,30 @@ func (m *Manager) cancelHandedOver(c api.Caller, j *api.Job, by string) (api.Job
 	return m.Get(context.Background(), c, j.ID)
 }
 
+// cancelHandedOverOnStop asks the peers to cancel the jobs handed over
+// from here when fusiond stops and stops its jobs with it
+// (leave_jobs_on_shutdown: false); the next daemon records how they ended.
+func (m *Manager) cancelHandedOverOnStop() {
+	if m.ovf == nil {
+		return
+	}
+	m.mu.Lock()
+	var hs []api.Handover
+	for _, j := range m.jobs {
+		if j.Handover != nil && !j.State.Terminal() {
+			hs = append(hs, *j.Handover)
+		}
+	}
+	m.mu.Unlock()
+	for _, h := range hs {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if err := m.ovf.o.Cancel(ctx, h); err != nil {
+			m.log.Warn("stopping: cancelling a handed-over job on its peer failed; its lease ends it", "peer", h.Peer, "key", h.Key, "err", err)
+		}
+		cancel()
+	}
+}
+
 // Refusal is AcceptHandover's answer when this host does not take a job.
 type Refusal struct{ Why string }
 

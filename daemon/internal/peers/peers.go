@@ -456,11 +456,12 @@ func (n *Node) Peers() api.PeerList {
 	if d := time.Since(n.started).Seconds(); d > 0 {
 		out.GossipBytesPerSecond = float64(n.sent.Load()) / d
 	}
+	members := n.ml.Members() // before n.mu: memberlist calls the delegate under its own locks
 	now := time.Now()
 	seen := map[string]bool{}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, m := range n.ml.Members() {
+	for _, m := range members {
 		p := api.Peer{Name: m.Name, Address: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
 			State: stateName(m.State), Self: m.Name == n.cfg.NodeName}
 		if md, err := decodeMeta(m.Meta); err == nil {
