@@ -223,3 +223,101 @@ func countJobs(t *testing.T, c *api.Client) int {
 	}
 	return len(js)
 }
+
+// TestPeersCrossHostGang: a gang bigger than any host (two members of 8
+// GPUs) submitted to a daemon without GPUs is reserved on two simulated
+// DGX peers, one member each, and committed; a gang of three finds room
+// for two, so nothing of it starts: the members held are released.
+func TestPeersCrossHostGang(t *testing.T) {
+	root := publicTempDir(t)
+	pki := filepath.Join(root, "pki")
+	names := []string{"o", "dgx1", "dgx2"}
+	keyring := peerPKI(t, pki, names...)
+	var ds []*daemon
+	var cs []*api.Client
+	seed := ""
+	for i, n := range names {
+		dir := filepath.Join(root, n)
+		os.MkdirAll(dir, 0o755)
+		extra := ""
+		if i > 0 {
+			extra = "simulate: dgxh200\n"
+		}
+		var join []string
+		if seed != "" {
+			join = []string{seed}
+		}
+		d := newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...))
+		d.start()
+		ds, cs = append(ds, d), append(cs, d.client())
+		if i == 0 {
+			seed = selfGossip(t, cs[0])
+		}
+	}
+	converged(t, cs, names...)
+	member := func(gang string, size int) string {
+		return fmt.Sprintf(`{"name":%q,"class":"training","command":["sh","-c","echo member on $CUDA_VISIBLE_DEVICES"],
+		  "resources":{"cpu":"1","memory":"64Mi","gpu":{"count":8}},"gang":{"name":%q,"size":%d}}`, gang, gang, size)
+	}
+	var ids []string
+	for range 2 {
+		r := ds[0].ctl(nil, member("two", 2), "submit", "-q", "-")
+		if r.code != 0 {
+			t.Fatalf("submit: %s%s", r.stdout, r.stderr)
+		}
+		ids = append(ids, strings.TrimSpace(r.stdout))
+	}
+	peersOfGang := map[string]bool{}
+	for _, id := range ids {
+		j := waitFor(t, cs[0], id, api.StateSucceeded)
+		if j.Handover == nil || !strings.Contains(j.Handover.Why, "gang of 2 did not fit here") {
+			t.Fatalf("member %s: %+v", id, j.Handover)
+		}
+		peersOfGang[j.Handover.Peer] = true
+	}
+	if !peersOfGang["dgx1"] || !peersOfGang["dgx2"] {
+		t.Fatalf("the two members ran on %v, want one on each DGX", peersOfGang)
+	}
+
+	var three []string
+	for range 3 {
+		r := ds[0].ctl(nil, member("three", 3), "submit", "-q", "-")
+		three = append(three, strings.TrimSpace(r.stdout))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		j, err := cs[0].Get(context.Background(), three[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State != api.StatePending {
+			t.Fatalf("a member of a gang too big for the peers is %s (%s)", j.State, j.Reason)
+		}
+		if strings.Contains(j.Reason, "could not be reserved across peers") && strings.Contains(j.Reason, "no peer holds member 3 of 3") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reason: %s", j.Reason)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// What the peers held of it was released, never started.
+	released := 0
+	for _, c := range cs[1:] {
+		for _, j := range listAll(t, c) {
+			if j.Spec.Name != "three" {
+				continue
+			}
+			if j.State != api.StateCancelled || j.StartedAt != nil {
+				t.Errorf("a held member of the failed gang is %s (started %v)", j.State, j.StartedAt)
+			}
+			released++
+		}
+	}
+	if released == 0 {
+		t.Error("no peer ever held a member of the failed gang")
+	}
+	for _, id := range three {
+		ds[0].ctl(nil, "", "cancel", id)
+	}
+}

@@ -88,6 +88,9 @@ type overflowState struct {
 	offering map[string]bool
 	retryAt  map[string]time.Time
 	refused  map[string]string
+	// held are accepted gang members waiting for their gang's commit,
+	// each with the timer that releases it.
+	held map[string]*time.Timer
 	// accept serialises hand-overs accepted from peers.
 	accept sync.Mutex
 }
@@ -113,7 +116,10 @@ func (m *Manager) SetOverflow(o Overflow, cfg OverflowConfig) {
 func (m *Manager) admit1(spec api.JobSpec) error {
 	err := m.placer.Admit(spec)
 	var e *api.Error
-	if err == nil || m.ovf == nil || spec.Gang != nil || !errors.As(err, &e) || e.Code != api.CodeUnsatisfiable {
+	if err == nil || m.ovf == nil || !errors.As(err, &e) || e.Code != api.CodeUnsatisfiable {
+		return err
+	}
+	if _, ok := m.ovf.o.(GangOverflow); spec.Gang != nil && !ok {
 		return err
 	}
 	if _, ok := m.ovf.cfg.Budget[spec.Class]; !ok {
@@ -138,7 +144,13 @@ func (m *Manager) handingOver(j *api.Job) bool {
 // class's budget is offered to peers in the background. It reports whether
 // it took the job (the queue then skips it).
 func (m *Manager) overflow(group []*api.Job, why string) bool {
-	if m.ovf == nil || len(group) != 1 || group[0].Spec.Gang != nil || group[0].Origin != nil {
+	if m.ovf == nil || group[0].Origin != nil {
+		return false
+	}
+	if group[0].Spec.Gang != nil {
+		return m.overflowGang(group, why)
+	}
+	if len(group) != 1 {
 		return false
 	}
 	j := group[0]
@@ -501,7 +513,10 @@ func (r *Refusal) Error() string { return "refused: " + r.Why }
 // same name here. A key already accepted returns the job it made, so a
 // retried offer never runs twice. It fails with a *Refusal when the host
 // does not take it.
-func (m *Manager) AcceptHandover(from api.Provenance, userName string, spec api.JobSpec) (api.Job, error) {
+//
+// A hold above zero reserves a gang member: placed and stored but not
+// started until CommitHeld, and released when hold passes first.
+func (m *Manager) AcceptHandover(from api.Provenance, userName string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
 	if m.isStopping() {
 		return api.Job{}, &Refusal{"fusiond is shutting down"}
 	}
@@ -584,7 +599,11 @@ func (m *Manager) AcceptHandover(from api.Provenance, userName string, spec api.
 	m.specBytes[j.ID] = specSize(spec)
 	m.mu.Unlock()
 	m.publish(&j, ev)
-	m.log.Info("accepted a job from a peer", "job", j.ID, "peer", from.Node, "key", from.Key, "user", userName)
+	m.log.Info("accepted a job from a peer", "job", j.ID, "peer", from.Node, "key", from.Key, "user", userName, "hold", hold)
+	if hold > 0 {
+		m.hold(&live, hold)
+		return j, nil
+	}
 	m.wg.Add(1)
 	go m.launch(&live)
 	return j, nil

@@ -208,22 +208,22 @@ func TestAcceptHandover(t *testing.T) {
 	spec := api.JobSpec{Name: "x", Class: api.ClassBatch, Command: []string{"sleep", "30"}, Resources: api.Resources{CPU: 2000, Memory: 16 << 20}}
 	from := api.Provenance{Node: "o", JobID: "5", Key: "o/5#2"}
 	var ref *jobs.Refusal
-	if _, err := m.AcceptHandover(from, "no-such-user-fusiond", spec); !errors.As(err, &ref) || !strings.Contains(ref.Why, "no user") {
+	if _, err := m.AcceptHandover(from, "no-such-user-fusiond", spec, 0); !errors.As(err, &ref) || !strings.Contains(ref.Why, "no user") {
 		t.Fatalf("unknown user: %v", err)
 	}
-	j, err := m.AcceptHandover(from, "nobody", spec)
+	j, err := m.AcceptHandover(from, "nobody", spec, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if j.Owner.User != "nobody" || j.Owner.UID != 65534 || j.Origin == nil || j.Origin.Key != from.Key || j.State != api.StatePlaced {
 		t.Fatalf("accepted job %+v", j)
 	}
-	again, err := m.AcceptHandover(from, "nobody", spec)
+	again, err := m.AcceptHandover(from, "nobody", spec, 0)
 	if err != nil || again.ID != j.ID {
 		t.Fatalf("the same key again: %s, %v (first %s)", again.ID, err, j.ID)
 	}
 	waitFor(t, m, j.ID, state(api.StateRunning))
-	if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "6", Key: "o/6#2"}, "nobody", spec); !errors.As(err, &ref) {
+	if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "6", Key: "o/6#2"}, "nobody", spec, 0); !errors.As(err, &ref) {
 		t.Fatalf("a job that does not fit now: %v", err)
 	}
 	if ids, _, _ := m.ListPage(context.Background(), root, api.ListOptions{}); len(ids) != 1 {
@@ -231,5 +231,108 @@ func TestAcceptHandover(t *testing.T) {
 	}
 	if got, ok := m.AcceptedByKey(from.Key); !ok || got.ID != j.ID || len(m.Accepted()) != 1 {
 		t.Fatalf("AcceptedByKey %+v %v; Accepted %d", got, ok, len(m.Accepted()))
+	}
+}
+
+// A held gang member is placed but not started until its commit; one not
+// committed within its hold is released; an aborted one too.
+func TestHeldGangMembers(t *testing.T) {
+	m, _ := newOverflowManager(t, api.NodeResources{CPU: 4000, Memory: 1 << 30}, &fakePeers{polls: map[string]int{}}, time.Hour)
+	spec := api.JobSpec{Name: "m", Class: api.ClassTraining, Command: []string{"true"}, Resources: api.Resources{CPU: 1000, Memory: 16 << 20}}
+	held, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, "root", spec, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if j, _ := m.Get(context.Background(), root, held.ID); j.State != api.StatePlaced {
+		t.Fatalf("a held member is %s before its commit", j.State)
+	}
+	if err := m.CommitHeld("o/1#1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, m, held.ID, state(api.StateSucceeded))
+	if err := m.CommitHeld("o/1#1"); err != nil {
+		t.Errorf("a second commit: %v", err)
+	}
+
+	expires, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, "root", spec, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := waitFor(t, m, expires.ID, state(api.StateCancelled))
+	if !strings.Contains(j.Reason, "not committed within") {
+		t.Errorf("expired hold: %s", j.Reason)
+	}
+	if err := m.CommitHeld("o/2#1"); !errors.Is(err, jobs.ErrNotHeld) {
+		t.Errorf("commit after the hold ended: %v", err)
+	}
+
+	aborted, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "3", Key: "o/3#1"}, "root", spec, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.ReleaseHeld("o/3#1") || m.ReleaseHeld("o/3#1") {
+		t.Fatal("ReleaseHeld did not release exactly once")
+	}
+	if j := waitFor(t, m, aborted.ID, state(api.StateCancelled)); !strings.Contains(j.Reason, "aborted by the origin") {
+		t.Errorf("aborted: %s", j.Reason)
+	}
+	// Released members gave their CPUs back: four 1-CPU members fit.
+	for i := range 4 {
+		if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: fmt.Sprint(10 + i), Key: fmt.Sprintf("o/%d#1", 10+i)}, "root", spec, time.Minute); err != nil {
+			t.Fatalf("member %d after the releases: %v", i, err)
+		}
+	}
+}
+
+// fakeGangPeers reserves a gang's members on p1 and p2 in turn.
+type fakeGangPeers struct {
+	*fakePeers
+	reserved, committed int
+	fail                string
+}
+
+func (f *fakeGangPeers) ReserveGang(_ context.Context, locals []string, members []api.Job) ([]api.Handover, error) {
+	f.fakePeers.mu.Lock()
+	fail := f.fail
+	f.fakePeers.mu.Unlock()
+	if fail != "" {
+		return nil, errors.New(fail)
+	}
+	var hs []api.Handover
+	for i, j := range members {
+		p := []string{"p1", "p2"}[i%2]
+		hs = append(hs, api.Handover{Key: "me/" + locals[i], Peer: p, Address: p + ":1", RemoteID: "r" + j.ID, Why: "held"})
+	}
+	f.reserved += len(hs)
+	return hs, nil
+}
+
+func (f *fakeGangPeers) CommitGang(_ context.Context, hs []api.Handover) error {
+	f.committed += len(hs)
+	return nil
+}
+
+// A gang bigger than this host goes to peers whole or stays queued.
+func TestGangHandedOverWhole(t *testing.T) {
+	f := &fakeGangPeers{fakePeers: &fakePeers{polls: map[string]int{}, scripts: map[string][]pollAnswer{
+		"p1": {remote(api.StateSucceeded, "")}, "p2": {remote(api.StateSucceeded, "")},
+	}}, fail: "member 2 of 2: no peer has room"}
+	m, _ := newOverflowManager(t, api.NodeResources{CPU: 1000, Memory: 1 << 30}, f, 0)
+	gang := &api.Gang{Name: "g", Size: 2}
+	a := submit(t, m, api.JobSpec{Name: "g0", Class: api.ClassTraining, Command: []string{"true"}, Resources: api.Resources{CPU: 1000}, Gang: gang})
+	b := submit(t, m, api.JobSpec{Name: "g1", Class: api.ClassTraining, Command: []string{"true"}, Resources: api.Resources{CPU: 1000}, Gang: gang})
+	j := waitFor(t, m, a.ID, func(j api.Job) bool { return strings.Contains(j.Reason, "could not be reserved across peers") })
+	if j.State != api.StatePending || f.committed != 0 {
+		t.Fatalf("after a failed reservation: %s, %d committed", j.State, f.committed)
+	}
+	f.fakePeers.mu.Lock()
+	f.fail = ""
+	f.fakePeers.mu.Unlock()
+	ja := waitFor(t, m, a.ID, state(api.StateSucceeded))
+	jb := waitFor(t, m, b.ID, state(api.StateSucceeded))
+	if f.committed != 2 || ja.Handover == nil || jb.Handover == nil || ja.Handover.Peer == jb.Handover.Peer ||
+		!strings.Contains(ja.Handover.Why, "gang of 2 did not fit here") {
+		t.Fatalf("committed %d; handovers %+v %+v", f.committed, ja.Handover, jb.Handover)
 	}
 }

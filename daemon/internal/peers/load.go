@@ -22,7 +22,9 @@ type Jobs interface {
 	QueueLoad() (pending int, oldest time.Duration, shares map[string]int, cordoned bool)
 	HeldDevices() map[string]bool
 	Ready() error
-	AcceptHandover(from api.Provenance, userName string, spec api.JobSpec) (api.Job, error)
+	AcceptHandover(from api.Provenance, userName string, spec api.JobSpec, hold time.Duration) (api.Job, error)
+	CommitHeld(key string) error
+	ReleaseHeld(key string) bool
 	AcceptedByKey(key string) (api.Job, bool)
 	Accepted() []api.Job
 	Cancel(ctx context.Context, c api.Caller, id string) (api.Job, error)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
@@ -22,7 +23,8 @@ import (
 //
 //	POST /peer/v1/offers                     offer a job (offerRequest) → offerAnswer
 //	GET  /peer/v1/handover?key=K&offset=N    the job's state and output from N; renews its lease
-//	POST /peer/v1/handover/cancel?key=K      cancel it
+//	POST /peer/v1/handover/cancel?key=K      cancel it (a held gang member: release it)
+//	POST /peer/v1/handover/commit?key=K      start a held gang member
 //
 // The calling peer is the node its certificate names: an offer's key must
 // start with that name, and only the origin may poll or cancel its jobs.
@@ -32,6 +34,7 @@ func (n *Node) handler() http.Handler {
 	mux.HandleFunc("POST /peer/v1/offers", n.serveOffer)
 	mux.HandleFunc("GET /peer/v1/handover", n.servePoll)
 	mux.HandleFunc("POST /peer/v1/handover/cancel", n.serveCancel)
+	mux.HandleFunc("POST /peer/v1/handover/commit", n.serveCommit)
 	return mux
 }
 
@@ -65,7 +68,11 @@ func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusForbidden, "peer %s may offer only keys of its own jobs (%s/...), not %q", from, from, o.Key)
 		return
 	}
-	j, err := n.jobs.AcceptHandover(api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, o.User, o.Spec)
+	if o.Hold < 0 || time.Duration(o.Hold) > maxHold {
+		fail(w, http.StatusBadRequest, "hold: between 0 and %s", maxHold)
+		return
+	}
+	j, err := n.jobs.AcceptHandover(api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, o.User, o.Spec, time.Duration(o.Hold))
 	var ref *jobs.Refusal
 	switch {
 	case errors.As(err, &ref):
@@ -120,9 +127,26 @@ func (n *Node) servePoll(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
+func (n *Node) serveCommit(w http.ResponseWriter, r *http.Request) {
+	j, ok := n.handedOver(w, r)
+	if !ok {
+		return
+	}
+	if err := n.jobs.CommitHeld(j.Origin.Key); err != nil {
+		fail(w, http.StatusConflict, "%v", err)
+		return
+	}
+	n.renew(j.Origin.Key)
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
 	j, ok := n.handedOver(w, r)
 	if !ok {
+		return
+	}
+	if n.jobs.ReleaseHeld(j.Origin.Key) {
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	if !j.State.Terminal() {
@@ -203,28 +227,17 @@ func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handov
 		if len(refused) > 0 {
 			why += " after " + strings.Join(refused, "; ")
 		}
-		resp, wrote, err := n.call(ctx, c.name, c.api, "POST", "/peer/v1/offers", body)
-		if err != nil {
-			if wrote {
-				// It may have accepted: follow it there; the poll finds
-				// out, and its lease stops it if this daemon never does.
-				h.Why = why + "; its answer was lost (" + err.Error() + ")"
-				return h, nil
-			}
-			refused = append(refused, c.name+" unreachable ("+err.Error()+")")
+		a, lost, err := n.offerTo(ctx, c, body)
+		switch {
+		case lost:
+			// It may have accepted: follow it there; the poll finds
+			// out, and its lease stops it if this daemon never does.
+			h.Why = why + "; its answer was lost (" + err.Error() + ")"
+			return h, nil
+		case err != nil:
+			refused = append(refused, err.Error())
 			continue
-		}
-		b, err := readAnswer(resp)
-		if err != nil {
-			refused = append(refused, c.name+" failed ("+err.Error()+")")
-			continue
-		}
-		a, err := decodeAnswer(b)
-		if err != nil {
-			refused = append(refused, c.name+" answered badly ("+err.Error()+")")
-			continue
-		}
-		if !a.Accepted {
+		case !a.Accepted:
 			refused = append(refused, c.name+" refused ("+a.Why+")")
 			continue
 		}
@@ -233,6 +246,27 @@ func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handov
 		return h, nil
 	}
 	return api.Handover{}, errors.New(strings.Join(refused, "; "))
+}
+
+// offerTo sends one offer to c. lost is true when the request was sent
+// but its answer did not come back (the peer may have accepted).
+func (n *Node) offerTo(ctx context.Context, c candidate, body []byte) (offerAnswer, bool, error) {
+	resp, wrote, err := n.call(ctx, c.name, c.api, "POST", "/peer/v1/offers", body)
+	if err != nil {
+		if wrote {
+			return offerAnswer{}, true, err
+		}
+		return offerAnswer{}, false, fmt.Errorf("%s unreachable (%v)", c.name, err)
+	}
+	b, err := readAnswer(resp)
+	if err != nil {
+		return offerAnswer{}, false, fmt.Errorf("%s failed (%v)", c.name, err)
+	}
+	a, err := decodeAnswer(b)
+	if err != nil {
+		return offerAnswer{}, false, fmt.Errorf("%s answered badly (%v)", c.name, err)
+	}
+	return a, false, nil
 }
 
 // Poll reads the job's state and output on its peer (renewing its lease).

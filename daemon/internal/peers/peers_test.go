@@ -96,6 +96,32 @@ type fakeJobs struct {
 	accepted map[string]*api.Job
 	offers   int
 	cancels  []string
+	// held, committed, released: gang member keys.
+	held, committed, released []string
+}
+
+func (f *fakeJobs) CommitHeld(key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	j, ok := f.accepted[key]
+	if !ok || j.State != api.StatePlaced {
+		return errors.New("not held")
+	}
+	j.State = api.StateRunning
+	f.committed = append(f.committed, key)
+	return nil
+}
+
+func (f *fakeJobs) ReleaseHeld(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	j, ok := f.accepted[key]
+	if !ok || j.State != api.StatePlaced {
+		return false
+	}
+	j.State = api.StateCancelled
+	f.released = append(f.released, key)
+	return true
 }
 
 func newFakeJobs() *fakeJobs { return &fakeJobs{accepted: map[string]*api.Job{}} }
@@ -103,10 +129,20 @@ func newFakeJobs() *fakeJobs { return &fakeJobs{accepted: map[string]*api.Job{}}
 func (f *fakeJobs) QueueLoad() (int, time.Duration, map[string]int, bool) { return 0, 0, nil, false }
 func (f *fakeJobs) HeldDevices() map[string]bool                          { return nil }
 func (f *fakeJobs) Ready() error                                          { return nil }
-func (f *fakeJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec) (api.Job, error) {
+func (f *fakeJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.offers++
+	if hold > 0 {
+		if f.refuse != "" {
+			return api.Job{}, &jobs.Refusal{Why: f.refuse}
+		}
+		o := from
+		j := &api.Job{ID: fmt.Sprint(len(f.accepted) + 1), Spec: spec, State: api.StatePlaced, Origin: &o}
+		f.accepted[from.Key] = j
+		f.held = append(f.held, from.Key)
+		return *j, nil
+	}
 	if f.refuse != "" {
 		return api.Job{}, &jobs.Refusal{Why: f.refuse}
 	}
@@ -433,5 +469,46 @@ func TestLeaseStopsJobsTheOriginStopsPolling(t *testing.T) {
 	})
 	if cs := c.jobs[1].cancels; len(cs) != 1 || !strings.Contains(cs[0], "lease: origin a silent") {
 		t.Fatalf("cancels %q", cs)
+	}
+}
+
+func TestGangReservedAcrossPeersAllOrNothing(t *testing.T) {
+	c := newCluster(t)
+	gpu := func(id string) devices.Device {
+		return devices.Device{ID: id, Kind: devices.GPU, Model: "NVIDIA H100", Health: devices.Health{Healthy: true}}
+	}
+	a := c.start("a", &fakeHost{cpu: 4000}, nil)
+	c.start("b", &fakeHost{cpu: 8000, gpus: []devices.Device{gpu("b1")}}, nil, a.GossipAddr())
+	c.start("c", &fakeHost{cpu: 8000, gpus: []devices.Device{gpu("c1")}}, nil, a.GossipAddr())
+	eventually(t, "loads", func() bool { return len(loads(a)) == 3 })
+	member := func(id string) api.Job { return api.Job{ID: id, Spec: gpuSpec(), Owner: api.Owner{User: "root"}} }
+	hs, err := a.ReserveGang(context.Background(), []string{"1#1", "2#1"}, []api.Job{member("1"), member("2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) != 2 || hs[0].Peer == hs[1].Peer {
+		t.Fatalf("gang of two one-GPU members on two one-GPU peers: %+v", hs)
+	}
+	if len(c.jobs[1].held)+len(c.jobs[2].held) != 2 || len(c.jobs[1].committed)+len(c.jobs[2].committed) != 0 {
+		t.Fatal("members not held, or started before the commit")
+	}
+	if err := a.CommitGang(context.Background(), hs); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.jobs[1].committed) != 1 || len(c.jobs[2].committed) != 1 {
+		t.Fatalf("committed b %v, c %v", c.jobs[1].committed, c.jobs[2].committed)
+	}
+	// Three members, room for two (by the gossip, which still shows the
+	// fake peers' GPUs free): the third finds no peer, and the two held
+	// are released.
+	c.jobs[2].refuse = "no GPU left"
+	_, err = a.ReserveGang(context.Background(), []string{"3#1", "4#1", "5#1"}, []api.Job{member("3"), member("4"), member("5")})
+	if err == nil || !strings.Contains(err.Error(), "no peer holds member") {
+		t.Fatalf("a gang too big: %v", err)
+	}
+	released := len(c.jobs[1].released) + len(c.jobs[2].released)
+	held := len(c.jobs[1].held) + len(c.jobs[2].held) - 2
+	if held == 0 || released != held {
+		t.Fatalf("held %d members of the failed gang, released %d", held, released)
 	}
 }

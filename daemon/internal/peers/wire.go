@@ -54,6 +54,9 @@ type offerRequest struct {
 	JobID string      `json:"job_id"`
 	User  string      `json:"user"`
 	Spec  api.JobSpec `json:"spec"`
+	// Hold, when set, reserves a gang member: placed and held, started
+	// only by a commit, released when the hold passes first.
+	Hold api.Duration `json:"hold,omitempty"`
 }
 
 // offerAnswer is its answer.
