@@ -79,10 +79,14 @@ func (m *Manager) offerGang(g GangOverflow, group []*api.Job, why string, budget
 	}()
 	snaps := make([]api.Job, len(group))
 	locals := make([]string, len(group))
+	// Each reservation attempt has keys of its own: the members an
+	// aborted attempt left on peers (released, cancelled there) are never
+	// mistaken for held ones by the next.
+	attempt := strconv.FormatInt(time.Now().UnixNano(), 36)
 	m.mu.Lock()
 	for i, j := range group {
 		snaps[i] = cloneJob(j)
-		locals[i] = j.ID + "#" + strconv.Itoa(len(j.Events))
+		locals[i] = j.ID + "#" + strconv.Itoa(len(j.Events)) + "g" + attempt
 	}
 	m.mu.Unlock()
 	for _, s := range snaps {
@@ -141,7 +145,7 @@ var ErrNotHeld = errors.New("no held gang member under that key")
 func (m *Manager) hold(j *api.Job, d time.Duration) {
 	m.ovf.mu.Lock()
 	if m.ovf.held == nil {
-		m.ovf.held = map[string]*time.Timer{}
+		m.ovf.held, m.ovf.committed = map[string]*time.Timer{}, map[string]bool{}
 	}
 	id := j.ID
 	m.ovf.held[id] = time.AfterFunc(d, func() {
@@ -160,15 +164,17 @@ func (m *Manager) CommitHeld(key string) error {
 	t, held := m.ovf.held[j.ID]
 	if held && t.Stop() {
 		delete(m.ovf.held, j.ID)
+		m.ovf.committed[j.ID] = true
 	} else {
 		held = false
 	}
+	committed := m.ovf.committed[j.ID]
 	m.ovf.mu.Unlock()
 	if !held {
-		if j.State == api.StateCancelled {
-			return ErrNotHeld // released at the end of its hold, or aborted
+		if committed {
+			return nil // committed before: idempotent
 		}
-		return nil // committed before: idempotent
+		return ErrNotHeld // released at the end of its hold, or aborted
 	}
 	m.mu.Lock()
 	live := m.jobs[j.ID]

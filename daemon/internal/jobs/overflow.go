@@ -90,7 +90,8 @@ type overflowState struct {
 	refused  map[string]string
 	// held are accepted gang members waiting for their gang's commit,
 	// each with the timer that releases it.
-	held map[string]*time.Timer
+	held      map[string]*time.Timer
+	committed map[string]bool
 	// accept serialises hand-overs accepted from peers.
 	accept sync.Mutex
 }
