@@ -77,6 +77,7 @@ func FuzzDecodeMeta(f *testing.F) {
 func FuzzDecodeOffer(f *testing.F) {
 	f.Add([]byte(`{"key":"a/1#1","job_id":"1","user":"root","spec":{"name":"x","class":"batch","command":["true"],"resources":{"cpu":"1","memory":"1Mi"}}}`))
 	f.Add([]byte(`{"key":"","job_id":"1"}`))
+	f.Add([]byte(`{"key":"a/1#1g1","job_id":"1","user":"root","spec":{"name":"x","class":"training","command":["true"],"resources":{"cpu":"1","memory":"1Mi","gpu":{"count":8}},"gang":{"name":"g","size":2}},"hold":"10s"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		o, err := decodeOffer(b)
 		if err == nil && (o.Key == "" || o.JobID == "") {
