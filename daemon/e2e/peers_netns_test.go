@@ -160,7 +160,7 @@ func TestPeersNetnsFailures(t *testing.T) {
 
 	script := fmt.Sprintf(`echo "start $JOB $$ $(date +%%s.%%N)" >> %[1]s
 trap 'echo "stop $$ $(date +%%s.%%N)" >> %[1]s; exit 143' TERM
-i=0; while [ $i -lt 40 ]; do sleep 0.1; i=$((i+1)); done
+i=0; while [ $i -lt 80 ]; do sleep 0.1; i=$((i+1)); done
 echo "end $$ $(date +%%s.%%N)" >> %[1]s`, marks)
 	submit := func(name string) string {
 		spec := fmt.Sprintf(`{"name":%q,"class":"training","command":["sh","-c",%q],"env":{"JOB":%q},

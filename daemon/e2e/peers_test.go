@@ -60,7 +60,7 @@ func peerConfig(pki, keyring, name, addr string, join ...string) string {
   ca: %s/ca.pem
   broadcast_interval: 100ms
   poll: 100ms
-  lease: 2s
+  lease: 4s
   wait_budget: {training: 0s, batch: 0s, inference: 0s, service: 0s}
 %s`, name, addr, host, keyring, pki, name, pki, name, pki, j)
 }

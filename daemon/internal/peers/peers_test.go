@@ -191,6 +191,8 @@ func (f *fakeJobs) LogPath(api.Caller, string) (string, bool, error) {
 }
 
 type cluster struct {
+	// lease is the nodes' lease (500ms when 0).
+	lease time.Duration
 	t     *testing.T
 	ca    *testCA
 	nodes []*Node
@@ -208,7 +210,7 @@ func (c *cluster) start(name string, host *fakeHost, keys []string, join ...stri
 	cert, k := c.ca.issue(c.t, name)
 	cfg := Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Join: join, Profile: "local",
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"),
-		Broadcast: 50 * time.Millisecond, Lease: 500 * time.Millisecond}
+		Broadcast: 50 * time.Millisecond, Lease: cmpOr2(c.lease, 500*time.Millisecond)}
 	if keys != nil {
 		cfg.KeyringFile = filepath.Join(c.ca.dir, name+".keyring")
 		os.WriteFile(cfg.KeyringFile, []byte(strings.Join(keys, "\n")+"\n"), 0o600)
@@ -223,6 +225,13 @@ func (c *cluster) start(name string, host *fakeHost, keys []string, join ...stri
 	c.nodes = append(c.nodes, n)
 	c.jobs = append(c.jobs, j)
 	return n
+}
+
+func cmpOr2(a, b time.Duration) time.Duration {
+	if a != 0 {
+		return a
+	}
+	return b
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -445,6 +454,7 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 
 func TestLeaseStopsJobsTheOriginStopsPolling(t *testing.T) {
 	c := newCluster(t)
+	c.lease = 2 * time.Second // polls 200ms apart keep it even on a loaded machine
 	a := c.start("a", &fakeHost{cpu: 4000}, nil)
 	c.start("b", &fakeHost{cpu: 8000}, nil, a.GossipAddr())
 	eventually(t, "loads", func() bool { return len(loads(a)) == 2 })
@@ -453,12 +463,12 @@ func TestLeaseStopsJobsTheOriginStopsPolling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Polled: the lease (500ms) holds.
-	for range 10 {
+	// Polled: the lease (2s) holds.
+	for range 15 {
 		if _, err := a.Poll(context.Background(), h, 0); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 	}
 	if j, _ := c.jobs[1].AcceptedByKey(h.Key); j.State != api.StateRunning {
 		t.Fatalf("a polled job is %s", j.State)
