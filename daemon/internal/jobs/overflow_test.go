@@ -336,3 +336,80 @@ func TestGangHandedOverWhole(t *testing.T) {
 		t.Fatalf("committed %d; handovers %+v %+v", f.committed, ja.Handover, jb.Handover)
 	}
 }
+
+// A restarted origin resumes following its handed-over jobs (and records
+// them lost when it runs without peers now); a stopping one that stops
+// its jobs asks the peers to cancel them.
+func TestHandoverSurvivesOriginRestart(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	open := func(o jobs.Overflow) *jobs.Manager {
+		m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, LeaveJobsRunning: true}, st,
+			jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(1000, 1<<30), slog.New(slog.DiscardHandler))
+		if o != nil {
+			m.SetOverflow(o, jobs.OverflowConfig{Budget: map[api.Class]time.Duration{api.ClassBatch: 0}, Poll: 20 * time.Millisecond, Lost: time.Hour})
+		}
+		if err := m.Recover(); err != nil {
+			t.Fatal(err)
+		}
+		m.Start()
+		return m
+	}
+	stop := func(m *jobs.Manager) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m.Stop(ctx)
+	}
+	running := &fakePeers{order: []string{"p1", "p1"}, polls: map[string]int{}, scripts: map[string][]pollAnswer{"p1": {remote(api.StateRunning, "")}}}
+	m := open(running)
+	spec := api.JobSpec{Name: "big", Class: api.ClassBatch, Command: []string{"true"}, Resources: api.Resources{CPU: 4000, Memory: 16 << 20}}
+	a := submit(t, m, spec)
+	b := submit(t, m, spec)
+	waitFor(t, m, a.ID, state(api.StateRunning))
+	waitFor(t, m, b.ID, state(api.StateRunning))
+	stop(m) // leaves them running there
+
+	done := &fakePeers{polls: map[string]int{}, scripts: map[string][]pollAnswer{"p1": {remote(api.StateSucceeded, "")}}}
+	m = open(done)
+	if j := waitFor(t, m, a.ID, state(api.StateSucceeded)); j.Handover == nil || j.Handover.Peer != "p1" {
+		t.Fatalf("after the restart: %+v", j.Handover)
+	}
+	stop(m)
+
+	// b too finished, per the restarted daemon; now a daemon without
+	// peers over a record still handed over.
+	j, err := st.GetJob(b.ID)
+	if err != nil || j.State != api.StateSucceeded {
+		t.Fatalf("b after the restart: %s, %v", j.State, err)
+	}
+	j.State, j.Version = api.StateRunning, j.Version+1
+	j.FinishedAt = nil
+	if err := st.PutJob(j); err != nil {
+		t.Fatal(err)
+	}
+	m = open(nil)
+	if j := waitFor(t, m, b.ID, state(api.StateLost)); !strings.Contains(j.Reason, "runs without peers") {
+		t.Errorf("without peers: %s", j.Reason)
+	}
+	stop(m)
+}
+
+// A daemon that stops its jobs when it stops asks the peers to cancel
+// the jobs it handed over.
+func TestStopCancelsHandedOverJobs(t *testing.T) {
+	f := &fakePeers{order: []string{"p1"}, polls: map[string]int{}, scripts: map[string][]pollAnswer{"p1": {remote(api.StateRunning, "")}}}
+	t.Cleanup(func() { // runs after the manager's Stop
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.cancels) != 1 || f.cancels[0] != "p1" {
+			t.Errorf("cancels sent on stop: %v", f.cancels)
+		}
+	})
+	m, _ := newOverflowManager(t, api.NodeResources{CPU: 1000, Memory: 1 << 30}, f, time.Hour)
+	j := submit(t, m, api.JobSpec{Name: "big", Class: api.ClassBatch, Command: []string{"true"}, Resources: api.Resources{CPU: 4000}})
+	waitFor(t, m, j.ID, state(api.StateRunning))
+}
