@@ -84,7 +84,7 @@ func BenchmarkConvergence(b *testing.B) {
 					if time.Since(t0) > 30*time.Second {
 						b.Fatalf("load change %d did not reach every member in 30s", i)
 					}
-					time.Sleep(time.Millisecond)
+					time.Sleep(5 * time.Millisecond)
 				}
 				took = append(took, time.Since(t0))
 			}
