@@ -522,3 +522,20 @@ func TestGangReservedAcrossPeersAllOrNothing(t *testing.T) {
 		t.Fatalf("held %d members of the failed gang, released %d", held, released)
 	}
 }
+
+// A member with only a DNS seed (a name that resolves to a member's
+// address) joins.
+func TestDNSSeedJoins(t *testing.T) {
+	c := newCluster(t)
+	a := c.start("a", &fakeHost{cpu: 1000}, nil)
+	_, port, _ := strings.Cut(a.GossipAddr(), ":")
+	cert, k := c.ca.issue(t, "b")
+	b, err := New(Config{NodeName: "b", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", DNSSeed: "localhost:" + port,
+		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"), Broadcast: 50 * time.Millisecond}, newFakeJobs(), &fakeHost{cpu: 2000}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Start()
+	t.Cleanup(b.Close)
+	eventually(t, "b to join through its DNS seed", func() bool { return len(loads(a)) == 2 && len(loads(b)) == 2 })
+}
