@@ -17,7 +17,7 @@ export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 # package tests, promtool (prometheus) for the metrics, alert-rule and
 # dashboard checks, tmux for the `fusionctl top` test; then the linters
 # and the booted-Debian test's tools.
-TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux bpftrace
+TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux bpftrace iproute2
 # The eBPF toolchain `make ebpf-check` regenerates the committed probes with.
 EBPF_PKGS := clang llvm libbpf-dev bpftool
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
