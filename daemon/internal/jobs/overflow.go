@@ -338,6 +338,18 @@ func (m *Manager) follow(j *api.Job) {
 			continue
 		}
 		last = time.Now()
+		if h.RemoteID == "" && st.ID != "" {
+			// The offer's answer was lost; the peer had accepted it.
+			h.RemoteID = st.ID
+			m.mu.Lock()
+			if j.Handover != nil {
+				// A new value: copies of the record share the old one.
+				hc := *j.Handover
+				hc.RemoteID = st.ID
+				j.Handover = &hc // stored with the next transition
+			}
+			m.mu.Unlock()
+		}
 		if len(st.Log) > 0 {
 			if err := appendFile(logPath, st.Log); err != nil {
 				m.log.Warn("appending a handed-over job's output", "job", j.ID, "err", err)
