@@ -15,9 +15,10 @@ export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 # and the hwloc oracle for topology, a static busybox for container rootfs,
 # qemu for the cgroup v2 VM, systemd-analyze/dpkg/rpm for the unit and
 # package tests, promtool (prometheus) for the metrics, alert-rule and
-# dashboard checks, tmux for the `fusionctl top` test; then the linters
+# dashboard checks, tmux for the `fusionctl top` test, iproute2 for the peers' network
+# namespaces; then the linters
 # and the booted-Debian test's tools.
-TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux bpftrace
+TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prometheus tmux bpftrace iproute2
 # The eBPF toolchain `make ebpf-check` regenerates the committed probes with.
 EBPF_PKGS := clang llvm libbpf-dev bpftool
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap

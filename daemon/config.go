@@ -95,6 +95,9 @@ type Config struct {
 	Elastic ElasticConfig `json:"elastic"`
 	// Reclaim lets best-effort jobs use reserved-but-unused capacity.
 	Reclaim ReclaimConfig `json:"reclaim"`
+	// Peers is the membership among other fusiond and the hand-over of
+	// jobs that do not fit here (see PeersConfig; off by default).
+	Peers PeersConfig `json:"peers"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -252,6 +255,7 @@ func DefaultConfig() Config {
 		Telemetry:  DefaultTelemetryConfig(),
 		Elastic:    DefaultElasticConfig(),
 		Reclaim:    DefaultReclaimConfig(),
+		Peers:      DefaultPeersConfig(),
 	}
 }
 
@@ -389,6 +393,9 @@ func (c *Config) Validate() error {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Reclaim.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Peers.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

@@ -28,6 +28,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
+	"github.com/fusiond/fusiond/daemon/internal/peers"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/daemon/internal/reclaim"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -72,6 +73,7 @@ type Daemon struct {
 	srv      *apiserver.Server
 	audit    *audit.Log
 	metrics  *metrics.Metrics
+	peers    *peers.Node
 
 	unsubscribeMetrics func()
 
@@ -207,6 +209,11 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		Queue:    cfg.Scheduling.queue(),
 	}, d.store, runner, engine, log)
 	prep.holders = d.mgr
+	if cfg.Peers.Enabled {
+		if d.peers, err = startPeers(cfg, d.mgr, engine, log); err != nil {
+			return nil, err
+		}
+	}
 	if err := d.mgr.Recover(); err != nil {
 		return nil, err
 	}
@@ -263,6 +270,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		StreamsExemptRoot: cfg.Limits.ExemptRoot,
 		StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
 		Observer:          d.metrics,
+		Peers:             peerBackend(d.peers),
 	})
 	return d, nil
 }
@@ -273,6 +281,9 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 func (d *Daemon) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
+		if d.peers != nil {
+			d.peers.Close()
+		}
 		if d.disconnect != nil {
 			d.disconnect()
 		}
@@ -348,6 +359,9 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	d.mgr.Start()
+	if d.peers != nil {
+		d.peers.Start()
+	}
 	hs := &http.Server{
 		Handler:           d.srv,
 		ConnContext:       d.srv.ConnContext,

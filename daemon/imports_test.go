@@ -62,6 +62,9 @@ func TestImportRules(t *testing.T) {
 		"github.com/cilium/ebpf":            {"cgroups", "ebpf"},
 		"github.com/opencontainers/runc":    {"daemon/internal/executor/container"}, // containers are the executor's, over cgroups' limits
 		"github.com/opencontainers/cgroups": {"cgroups", "daemon/internal/executor/container"},
+		// Not hardware, but confined the same way: membership and gossip
+		// are the peers package's.
+		"github.com/hashicorp/memberlist": {"daemon/internal/peers"},
 	}
 	// Public packages: what a user of the module may import. None of them
 	// may reach into the daemon's internals or its composition root.
@@ -129,7 +132,7 @@ func TestBinaryDependencies(t *testing.T) {
 	}
 	for _, p := range linked("fusionctl") {
 		if under(rel(p), "daemon/internal", "devices/nvidia", "devices/rapl", "cgroups", "ebpf") ||
-			under(p, "github.com/NVIDIA/go-nvml", "github.com/opencontainers/runc", "github.com/containerd/cgroups", "github.com/cilium/ebpf", "go.etcd.io/bbolt") {
+			under(p, "github.com/NVIDIA/go-nvml", "github.com/opencontainers/runc", "github.com/containerd/cgroups", "github.com/cilium/ebpf", "go.etcd.io/bbolt", "github.com/hashicorp/memberlist") {
 			t.Errorf("fusionctl links %s: the CLI talks to the daemon's API and touches no hardware", p)
 		}
 	}

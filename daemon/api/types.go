@@ -234,6 +234,10 @@ type Job struct {
 	// retries.
 	PreemptedBy string `json:"preempted_by,omitempty"`
 	Preemptions int    `json:"preemptions,omitempty"`
+	// Handover, on the origin, says which peer runs the job and why;
+	// Origin, on that peer, which daemon the job came from.
+	Handover *Handover   `json:"handover,omitempty"`
+	Origin   *Provenance `json:"origin,omitempty"`
 }
 
 // Allocation is what the placement engine reserved for a job.

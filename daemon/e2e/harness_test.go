@@ -67,6 +67,8 @@ type daemon struct {
 	done         chan error
 	// args are extra fusiond flags.
 	args []string
+	// netns, when set, is the network namespace fusiond runs in.
+	netns string
 }
 
 // newDaemon writes a config for a daemon living in dir. extra is appended
@@ -104,6 +106,10 @@ func (d *daemon) start() {
 	d.t.Helper()
 	d.log = &bytes.Buffer{}
 	d.cmd = osexec.Command(filepath.Join(binDir, "fusiond"), append([]string{"--config", d.config}, d.args...)...)
+	if d.netns != "" {
+		// nsenter, not ip netns exec: that remounts /sys, hiding the cgroups.
+		d.cmd = osexec.Command("nsenter", append([]string{"--net=/var/run/netns/" + d.netns, d.cmd.Path}, d.cmd.Args[1:]...)...)
+	}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)

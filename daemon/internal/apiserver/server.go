@@ -82,6 +82,8 @@ var Routes = []Route{
 	{"GET", "/v1/fpga/bitstreams", "the bitstream library"},
 	{"POST", "/v1/fpga/bitstreams", "upload a bitstream (body: the file; query: name, file) (admin)"},
 	{"DELETE", "/v1/fpga/bitstreams/{ref}", "remove a bitstream from the library (admin)"},
+	{"GET", "/v1/peers", "the peers: members, addresses, gossiped load and its age, health, gossip keyring fingerprints"},
+	{"POST", "/v1/peers/keyring", "install, use or remove a gossip encryption key (body: KeyringRequest) (admin)"},
 }
 
 // Config tunes the HTTP server.
@@ -112,6 +114,8 @@ type Config struct {
 	StreamIdleTimeout time.Duration
 	// Observer, if set, is told of every request once it is answered.
 	Observer RequestObserver
+	// Peers serves the peer routes; nil: the daemon runs without peers.
+	Peers PeerBackend
 }
 
 // RequestObserver records answered requests (the daemon's metrics).
@@ -176,6 +180,7 @@ func New(b Backend, cfg Config) *Server {
 		"GET /v1/version":           s.version,
 	}
 	maps.Copy(handlers, s.deviceHandlers())
+	maps.Copy(handlers, s.peerHandlers())
 	paths := map[string]bool{}
 	for _, r := range Routes {
 		h, ok := handlers[r.Method+" "+r.Path]

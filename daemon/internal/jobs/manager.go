@@ -97,6 +97,8 @@ type Manager struct {
 
 	// queue is the queue's and preemption's memory (queue.go).
 	queue queueState
+	// ovf hands jobs that do not fit to peers (nil: no peers).
+	ovf *overflowState
 
 	kick     chan struct{}
 	wg       sync.WaitGroup
@@ -173,6 +175,12 @@ func (m *Manager) Recover() error {
 	m.cordoned = cordon == "true"
 	attached := 0
 	for _, j := range unfinished {
+		if j.Handover != nil {
+			if err := m.resumeHandover(j); err != nil {
+				return err
+			}
+			continue
+		}
 		switch j.State {
 		case api.StatePending:
 		case api.StatePlaced:
@@ -322,6 +330,7 @@ func (m *Manager) Stop(ctx context.Context) {
 		procs[id] = p
 	}
 	m.mu.Unlock()
+	m.cancelHandedOverOnStop()
 	for id, p := range procs {
 		m.log.Info("stopping job for shutdown", "job", id, "pid", p.PID())
 		_ = p.Signal(syscall.SIGTERM)
@@ -436,7 +445,7 @@ func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec
 		if err := spec.Validate(); err != nil {
 			return nil, name(i, err)
 		}
-		if err := m.placer.Admit(*spec); err != nil {
+		if err := m.admit1(*spec); err != nil {
 			return nil, name(i, err)
 		}
 		tiers[i] = cmp.Or(spec.Tier, m.cfg.DefaultTiers[spec.Class], api.TierBurstable)
@@ -793,14 +802,15 @@ func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions
 	return ids, next, nil
 }
 
-// Running returns a copy of every running job, oldest first (the QoS
-// loop's view of what to protect and what to squeeze).
+// Running returns a copy of every job running on this host, oldest first
+// (the QoS loop's view of what to protect and what to squeeze); jobs
+// handed over to peers run there.
 func (m *Manager) Running() []api.Job {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []api.Job
 	for _, j := range m.jobs {
-		if j.State == api.StateRunning {
+		if j.State == api.StateRunning && j.Handover == nil {
 			out = append(out, cloneJob(j))
 		}
 	}
@@ -842,6 +852,9 @@ func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, e
 	case state.Terminal():
 		m.mu.Unlock()
 		return api.Job{}, api.Errorf(api.CodeConflict, "job %s already %s", id, state)
+	case j.Handover != nil:
+		m.mu.Unlock()
+		return m.cancelHandedOver(c, j, by)
 	case state == api.StatePending:
 		m.mu.Unlock()
 		err := m.transitionFrom(j, api.StatePending, api.StateCancelled, by, func(j *api.Job) {

@@ -149,6 +149,9 @@ func (m *Manager) schedule() {
 				cmp.Or(j.Owner.User, "uid "+strconv.FormatUint(uint64(uid), 10)), active[uid], LimitRunningJobs))
 			continue
 		}
+		if m.handingOver(j) {
+			continue // offered to peers right now
+		}
 		decided := time.Now()
 		var allocs []api.Allocation
 		var why string
@@ -159,13 +162,20 @@ func (m *Manager) schedule() {
 			allocs, why, ok = m.placer.Place(group)
 		}
 		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
+		if !ok && m.overflow(group, why) {
+			continue // handed to peers (overflow.go)
+		}
 		if !ok {
 			w := sched.Waiting{Reason: why, Ahead: ahead}
 			if head == nil && backfill != nil {
 				switch ever, now := backfill.FitsEmpty(group); {
-				case !ever && e.gang != nil:
+				case !ever && e.gang != nil && m.ovf == nil:
 					m.failPending(group, fmt.Sprintf("gang %q of %d can never fit on this host together: %s", e.gang.Name, len(group), why))
 					continue
+				case !ever:
+					// Only peers can run it (with peers on, Admit lets
+					// such jobs in): no reservation here.
+					w.Reason += "; cannot fit on this host even empty: waiting for a peer to take it"
 				case !now:
 					// Waits for devices out of service: holding a
 					// reservation meanwhile would stop the jobs behind it.

@@ -41,6 +41,10 @@ type Record struct {
 	// before lack them (zero: never preempted).
 	PreemptedBy string `json:"preempted_by,omitempty"`
 	Preemptions int    `json:"preemptions,omitempty"`
+	// Handover and Origin are optional (omitempty): records without them
+	// are the schema-1 bytes above, so adding them needed no migration.
+	Handover *api.Handover   `json:"handover,omitempty"`
+	Origin   *api.Provenance `json:"origin,omitempty"`
 }
 
 // recordOf is the record of j, converted at the store's boundary.
@@ -49,7 +53,7 @@ func recordOf(j api.Job) Record {
 		ID: j.ID, Spec: j.Spec, Owner: j.Owner, Tier: j.Tier, State: j.State, Reason: j.Reason,
 		Attempt: j.Attempt, Allocation: j.Allocation, Exit: j.Exit, PID: j.PID, Events: j.Events,
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Version: j.Version,
-		Usage: j.Usage, Degraded: j.Degraded,
+		Usage: j.Usage, Degraded: j.Degraded, Handover: j.Handover, Origin: j.Origin,
 		PreemptedBy: j.PreemptedBy, Preemptions: j.Preemptions,
 	}
 }
@@ -60,7 +64,7 @@ func (r Record) Job() api.Job {
 		ID: r.ID, Spec: r.Spec, Owner: r.Owner, Tier: r.Tier, State: r.State, Reason: r.Reason,
 		Attempt: r.Attempt, Allocation: r.Allocation, Exit: r.Exit, PID: r.PID, Events: r.Events,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Version: r.Version,
-		Usage: r.Usage, Degraded: r.Degraded,
+		Usage: r.Usage, Degraded: r.Degraded, Handover: r.Handover, Origin: r.Origin,
 		PreemptedBy: r.PreemptedBy, Preemptions: r.Preemptions,
 	}
 }

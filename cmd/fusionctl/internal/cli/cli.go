@@ -90,11 +90,18 @@ and run jobs, watch them, read their logs, cancel them, and inspect the node.`,
 	root.AddCommand(
 		newSubmitCmd(o), newRunCmd(o), newListCmd(o), newShowCmd(o), newCancelCmd(o),
 		newLogsCmd(o), newStatusCmd(o), newVersionCmd(o), newEventsCmd(o), newNodeCmd(o),
-		newTopologyCmd(o), newGPUCmd(o), newMIGCmd(o), newFPGACmd(o), newTopCmd(o), newForecastCmd(o),
-		sim.NewCommand(),
+		newTopologyCmd(o), newGPUCmd(o), newMIGCmd(o), newFPGACmd(o), newTopCmd(o), newForecastCmd(o), newPeersCmd(o),
+		simulateCmd(),
 	)
 	root.AddCommand(newDocsCmd(root))
 	return root, o
+}
+
+// simulateCmd is fusionctl simulate with its peers replay.
+func simulateCmd() *cobra.Command {
+	c := sim.NewCommand()
+	c.AddCommand(sim.NewPeersCommand())
+	return c
 }
 
 // printJobs prints jobs as a table, JSON, YAML, or IDs alone with --quiet.

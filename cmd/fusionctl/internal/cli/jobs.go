@@ -423,6 +423,7 @@ func showJob(w io.Writer, j api.Job) error {
 	p("Command", "%s", strings.Join(j.Spec.Command, " "))
 	r := j.Spec.Resources
 	p("Requests", "cpu %s, memory %s%s", r.CPU, r.Memory, deviceRequest(r))
+	showProvenance(p, j)
 	if a := j.Allocation; a != nil {
 		p("Allocation", "cpu %s, memory %s", a.CPU, a.Memory)
 		if a.CPUSet != "" {

@@ -25,7 +25,12 @@ func newStatusCmd(o *options) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return o.print(n, func(w io.Writer) error { return nodeTable(w, n) })
+			return o.print(n, func(w io.Writer) error {
+				if err := nodeTable(w, n); err != nil {
+					return err
+				}
+				return peerSummary(cmd.Context(), w, c)
+			})
 		},
 	}
 }

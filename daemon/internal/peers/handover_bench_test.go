@@ -1,0 +1,85 @@
+package peers
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
+	"github.com/fusiond/fusiond/daemon/internal/store"
+)
+
+func TestMain(m *testing.M) {
+	jobstest.Reexec() // the monitors of the benchmark's peer manager
+	os.Exit(m.Run())
+}
+
+// BenchmarkHandover measures one hand-over on loopback: the origin ranks
+// its peers by gossiped load and offers the job over mutual TLS; the peer
+// admits and places it with its own job manager (placer, store writes)
+// and answers. Jobs go one at a time; each accepted job runs `true` on
+// the peer.
+//
+//	go test -run '^$' -bench Handover -benchtime 200x ./daemon/internal/peers/
+func BenchmarkHandover(b *testing.B) {
+	ca := newTestCA(b, b.TempDir())
+	dir := b.TempDir()
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
+		jobstest.Runner(b, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(64000, 64<<30), slog.New(slog.DiscardHandler))
+	start := func(name string, j Jobs, h Host, join ...string) *Node {
+		cert, key := ca.issue(b, name)
+		n, err := New(Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", Join: join,
+			CertFile: cert, KeyFile: key, CAFile: filepath.Join(ca.dir, "ca.pem"), Broadcast: 100 * time.Millisecond}, j, h, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n.Start()
+		return n
+	}
+	origin := start("origin", newFakeJobs(), &fakeHost{cpu: 1000})
+	defer origin.Close()
+	peer := start("peer", mgr, &fakeHost{cpu: 64000}, origin.GossipAddr())
+	defer peer.Close()
+	mgr.SetOverflow(peer, jobs.OverflowConfig{})
+	if err := mgr.Recover(); err != nil {
+		b.Fatal(err)
+	}
+	mgr.Start()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		mgr.Stop(ctx)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); len(origin.candidates()) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			b.Fatal("the origin never saw the peer's load")
+		}
+	}
+	spec := api.JobSpec{Name: "x", Class: api.ClassBatch, Command: []string{"true"}, Resources: api.Resources{CPU: 100, Memory: 16 << 20}}
+	var took []time.Duration
+	i := 0
+	for b.Loop() {
+		i++
+		t0 := time.Now()
+		h, err := origin.Offer(context.Background(), fmt.Sprintf("%d#1", i), api.Job{ID: fmt.Sprint(i), Spec: spec, Owner: api.Owner{User: "root"}})
+		if err != nil || h.RemoteID == "" {
+			b.Fatalf("hand-over %d: %+v, %v", i, h, err)
+		}
+		took = append(took, time.Since(t0))
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "ms-p50")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "ms-p99")
+}

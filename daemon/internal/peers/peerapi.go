@@ -1,0 +1,303 @@
+package peers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+)
+
+// The peer API (HTTPS, mutual TLS, under /peer/v1):
+//
+//	POST /peer/v1/offers                     offer a job (offerRequest) → offerAnswer
+//	GET  /peer/v1/handover?key=K&offset=N    the job's state and output from N; renews its lease
+//	POST /peer/v1/handover/cancel?key=K      cancel it (a held gang member: release it)
+//	POST /peer/v1/handover/commit?key=K      start a held gang member
+//
+// The calling peer is the node its certificate names: an offer's key must
+// start with that name, and only the origin may poll or cancel its jobs.
+
+func (n *Node) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /peer/v1/offers", n.serveOffer)
+	mux.HandleFunc("GET /peer/v1/handover", n.servePoll)
+	mux.HandleFunc("POST /peer/v1/handover/cancel", n.serveCancel)
+	mux.HandleFunc("POST /peer/v1/handover/commit", n.serveCommit)
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func fail(w http.ResponseWriter, code int, format string, args ...any) {
+	http.Error(w, fmt.Sprintf(format, args...), code)
+}
+
+func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
+	from, err := peerName(r.TLS)
+	if err != nil {
+		fail(w, http.StatusForbidden, "%v", err)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		fail(w, http.StatusBadRequest, "reading the offer: %v", err)
+		return
+	}
+	o, err := decodeOffer(body)
+	if err != nil {
+		fail(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	if !strings.HasPrefix(o.Key, from+"/") {
+		fail(w, http.StatusForbidden, "peer %s may offer only keys of its own jobs (%s/...), not %q", from, from, o.Key)
+		return
+	}
+	if o.Hold < 0 || time.Duration(o.Hold) > maxHold {
+		fail(w, http.StatusBadRequest, "hold: between 0 and %s", maxHold)
+		return
+	}
+	j, err := n.jobs.AcceptHandover(api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, o.User, o.Spec, time.Duration(o.Hold))
+	var ref *jobs.Refusal
+	switch {
+	case errors.As(err, &ref):
+		n.log.Info("refused a job from a peer", "peer", from, "key", o.Key, "why", ref.Why)
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Why})
+		return
+	case err != nil:
+		fail(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	n.renew(o.Key)
+	writeJSON(w, http.StatusOK, offerAnswer{Accepted: true, RemoteID: j.ID})
+}
+
+// handedOver finds the job of the request's key, if the caller is its
+// origin.
+func (n *Node) handedOver(w http.ResponseWriter, r *http.Request) (api.Job, bool) {
+	from, err := peerName(r.TLS)
+	if err != nil {
+		fail(w, http.StatusForbidden, "%v", err)
+		return api.Job{}, false
+	}
+	key := r.URL.Query().Get("key")
+	j, ok := n.jobs.AcceptedByKey(key)
+	if !ok || j.Origin.Node != from {
+		fail(w, http.StatusNotFound, "no job handed over by %s under key %q", from, key)
+		return api.Job{}, false
+	}
+	return j, true
+}
+
+func (n *Node) servePoll(w http.ResponseWriter, r *http.Request) {
+	j, ok := n.handedOver(w, r)
+	if !ok {
+		return
+	}
+	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
+	if err != nil || offset < 0 {
+		fail(w, http.StatusBadRequest, "offset: want a byte offset, got %q", r.URL.Query().Get("offset"))
+		return
+	}
+	n.renew(j.Origin.Key)
+	n.mu.Lock()
+	ended := n.expired[j.Origin.Key]
+	n.mu.Unlock()
+	st := jobs.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit, LeaseEnded: ended}
+	if path, _, err := n.jobs.LogPath(api.Caller{Admin: true}, j.ID); err == nil {
+		if st.Log, err = readChunk(path, offset); err != nil {
+			n.log.Warn("reading a handed-over job's output", "job", j.ID, "err", err)
+		}
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (n *Node) serveCommit(w http.ResponseWriter, r *http.Request) {
+	j, ok := n.handedOver(w, r)
+	if !ok {
+		return
+	}
+	if err := n.jobs.CommitHeld(j.Origin.Key); err != nil {
+		fail(w, http.StatusConflict, "%v", err)
+		return
+	}
+	n.renew(j.Origin.Key)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
+	j, ok := n.handedOver(w, r)
+	if !ok {
+		return
+	}
+	if n.jobs.ReleaseHeld(j.Origin.Key) {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	if !j.State.Terminal() {
+		caller := api.Caller{Admin: true, User: "origin " + j.Origin.Node}
+		if _, err := n.jobs.Cancel(r.Context(), caller, j.ID); err != nil {
+			var ae *api.Error
+			if !errors.As(err, &ae) || ae.Code != api.CodeConflict {
+				fail(w, http.StatusInternalServerError, "%v", err)
+				return
+			}
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// call sends one peer API request to peer at addr and reports whether the
+// request was written (so a failure after that may have taken effect).
+func (n *Node) call(ctx context.Context, peer, addr, method, path string, body []byte) (*http.Response, bool, error) {
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) }})
+	req, err := http.NewRequestWithContext(ctx, method, "https://"+addr+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, false, err
+	}
+	// The server's certificate must name the peer: its node name.
+	req.Host = peer
+	resp, err := n.clientFor(peer).Do(req)
+	return resp, wrote.Load(), err
+}
+
+// clientFor is the HTTP client that verifies peer's certificate by its
+// node name (dialled by address).
+func (n *Node) clientFor(peer string) *http.Client {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c, ok := n.clients[peer]; ok {
+		return c
+	}
+	t := n.transport.Clone()
+	t.TLSClientConfig = n.transport.TLSClientConfig.Clone()
+	t.TLSClientConfig.ServerName = peer
+	c := &http.Client{Transport: t}
+	n.clients[peer] = c
+	return c
+}
+
+func readAnswer(resp *http.Response) ([]byte, error) {
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	return b, nil
+}
+
+// Offer offers job to the peers that fit it by their gossiped load, best
+// ranked first, until one accepts.
+func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handover, error) {
+	key := n.cfg.NodeName + "/" + local
+	ranked, skipped := rank(job.Spec, n.candidates())
+	if len(ranked) == 0 {
+		if len(skipped) == 0 {
+			return api.Handover{}, errors.New("no live peer with a recent load")
+		}
+		return api.Handover{}, fmt.Errorf("no peer has room by its gossiped load (%s)", strings.Join(skipped, "; "))
+	}
+	body, err := json.Marshal(offerRequest{Key: key, JobID: job.ID, User: job.Owner.User, Spec: job.Spec})
+	if err != nil {
+		return api.Handover{}, err
+	}
+	var refused []string
+	for i, c := range ranked {
+		h := api.Handover{Key: key, Peer: c.name, Address: c.api}
+		why := fmt.Sprintf("peer %s ranked %d of %d by gossiped load (score %.2f)", c.name, i+1, len(ranked), c.score)
+		if len(refused) > 0 {
+			why += " after " + strings.Join(refused, "; ")
+		}
+		a, lost, err := n.offerTo(ctx, c, body)
+		switch {
+		case lost:
+			// It may have accepted: follow it there; the poll finds
+			// out, and its lease stops it if this daemon never does.
+			h.Why = why + "; its answer was lost (" + err.Error() + ")"
+			return h, nil
+		case err != nil:
+			refused = append(refused, err.Error())
+			continue
+		case !a.Accepted:
+			refused = append(refused, c.name+" refused ("+a.Why+")")
+			continue
+		}
+		h.RemoteID, h.Why = a.RemoteID, why
+		n.log.Info("handed a job over", "job", job.ID, "peer", c.name, "remote", a.RemoteID, "key", key)
+		return h, nil
+	}
+	return api.Handover{}, errors.New(strings.Join(refused, "; "))
+}
+
+// offerTo sends one offer to c. lost is true when the request was sent
+// but its answer did not come back (the peer may have accepted).
+func (n *Node) offerTo(ctx context.Context, c candidate, body []byte) (offerAnswer, bool, error) {
+	resp, wrote, err := n.call(ctx, c.name, c.api, "POST", "/peer/v1/offers", body)
+	if err != nil {
+		if wrote {
+			return offerAnswer{}, true, err
+		}
+		return offerAnswer{}, false, fmt.Errorf("%s unreachable (%v)", c.name, err)
+	}
+	b, err := readAnswer(resp)
+	if err != nil {
+		return offerAnswer{}, false, fmt.Errorf("%s failed (%v)", c.name, err)
+	}
+	a, err := decodeAnswer(b)
+	if err != nil {
+		return offerAnswer{}, false, fmt.Errorf("%s answered badly (%v)", c.name, err)
+	}
+	return a, false, nil
+}
+
+// Poll reads the job's state and output on its peer (renewing its lease).
+func (n *Node) Poll(ctx context.Context, h api.Handover, offset int64) (jobs.RemoteStatus, error) {
+	q := url.Values{"key": {h.Key}, "offset": {strconv.FormatInt(offset, 10)}}
+	resp, _, err := n.call(ctx, h.Peer, h.Address, "GET", "/peer/v1/handover?"+q.Encode(), nil)
+	if err != nil {
+		return jobs.RemoteStatus{}, err
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		resp.Body.Close()
+		return jobs.RemoteStatus{}, jobs.ErrRemoteGone
+	}
+	b, err := readAnswer(resp)
+	if err != nil {
+		return jobs.RemoteStatus{}, err
+	}
+	return decodeStatus(b)
+}
+
+// Cancel asks the job's peer to cancel it.
+func (n *Node) Cancel(ctx context.Context, h api.Handover) error {
+	q := url.Values{"key": {h.Key}}
+	resp, _, err := n.call(ctx, h.Peer, h.Address, "POST", "/peer/v1/handover/cancel?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode == http.StatusNotFound {
+		resp.Body.Close()
+		return nil // nothing there to stop
+	}
+	_, err = readAnswer(resp)
+	return err
+}

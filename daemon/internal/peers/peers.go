@@ -1,0 +1,635 @@
+// Package peers owns this daemon's place among its peers: membership over
+// hashicorp/memberlist (join list or DNS seed, LAN/WAN profiles, an
+// encrypted gossip keyring), the load each daemon gossips (free resources
+// per device class, queue, health) with the age of every peer's view, the
+// peer API over mutual TLS, and the hand-over of jobs that do not fit here
+// (it implements jobs.Overflow for the origin and serves offers, polls and
+// cancels for the peers' jobs). It is the only importer of memberlist.
+package peers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+)
+
+// Config is the membership and peer API's configuration (the daemon's
+// peers section).
+type Config struct {
+	// NodeName is this daemon's name among its peers (and the DNS name its
+	// peer certificate must carry).
+	NodeName string
+	// Gossip is the memberlist address (host:port, port 0: any) bound for
+	// UDP and TCP; AdvertiseGossip, when set, is what peers are told.
+	Gossip          string
+	AdvertiseGossip string
+	// API is the peer API's TLS address; AdvertiseAPI what peers dial.
+	API          string
+	AdvertiseAPI string
+	// Join lists gossip addresses of peers to join; DNSSeed is a
+	// host:port whose name resolves to more of them.
+	Join    []string
+	DNSSeed string
+	// Profile is lan, wan or local (memberlist's timing presets).
+	Profile string
+	// KeyringFile holds the gossip encryption keys ("" : no encryption).
+	KeyringFile string
+	// CertFile, KeyFile and CAFile are the peer API's mutual TLS.
+	CertFile, KeyFile, CAFile string
+	// Broadcast is how often this daemon reads its load: gossiped when it
+	// changed, and every 5 intervals regardless.
+	Broadcast time.Duration
+	// Lease is how long a job handed over here runs without a poll from
+	// its origin before it is stopped.
+	Lease time.Duration
+	// MaxLoadAge: a peer whose load is older is not offered jobs.
+	MaxLoadAge time.Duration
+}
+
+// Node is this daemon as a member.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	jobs Jobs
+	host Host
+
+	ml      *memberlist.Memberlist
+	keyring *memberlist.Keyring
+	queue   *memberlist.TransmitLimitedQueue
+
+	srvTLS *http.Server
+	ln     net.Listener
+	// transport is the peer API client's; clients holds one client per
+	// peer, each checking that peer's name in its certificate.
+	transport *http.Transport
+	clients   map[string]*http.Client
+	api       string // advertised peer API address
+
+	mu   sync.Mutex
+	view map[string]*peerView
+	// leases: last poll (monotonic) per hand-over key accepted here.
+	leases map[string]time.Time
+	// expired: keys whose lease ended (stopped once; kept, so that
+	// polls after a healed partition say why the job stopped).
+	expired map[string]bool
+	seq     uint64
+
+	sent    atomic.Int64
+	started time.Time
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type peerView struct {
+	msg      loadMsg
+	received time.Time
+}
+
+// New binds the gossip and peer API addresses and creates the member;
+// Start joins the peers.
+func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Broadcast <= 0 {
+		cfg.Broadcast = time.Second
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 10 * time.Second
+	}
+	if cfg.MaxLoadAge <= 0 {
+		cfg.MaxLoadAge = 15 * cfg.Broadcast // three missed heartbeats
+	}
+	n := &Node{cfg: cfg, log: log.With("part", "peers"), jobs: j, host: h,
+		view: map[string]*peerView{}, leases: map[string]time.Time{}, expired: map[string]bool{}, clients: map[string]*http.Client{},
+		seq: uint64(time.Now().UnixNano()), started: time.Now(), stop: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	srvTLS, cliTLS, err := tlsConfigs(cfg.CertFile, cfg.KeyFile, cfg.CAFile)
+	if err != nil {
+		return nil, err
+	}
+	if n.ln, err = net.Listen("tcp", cfg.API); err != nil {
+		return nil, fmt.Errorf("peer API: %w", err)
+	}
+	n.api = cfg.AdvertiseAPI
+	if n.api == "" {
+		n.api = n.ln.Addr().String()
+	}
+	n.transport = &http.Transport{TLSClientConfig: cliTLS, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute}
+	n.srvTLS = &http.Server{Handler: n.handler(), TLSConfig: srvTLS, ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)}
+
+	mc, err := memberlistConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.KeyringFile != "" {
+		keys, err := readKeyring(cfg.KeyringFile)
+		if err != nil {
+			return nil, err
+		}
+		if n.keyring, err = memberlist.NewKeyring(keys, keys[0]); err != nil {
+			return nil, fmt.Errorf("gossip keyring: %w", err)
+		}
+		mc.Keyring = n.keyring
+	} else {
+		n.log.Warn("gossip is not encrypted: set peers.keyring_file")
+	}
+	mc.Delegate = n
+	mc.Logger = slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)
+	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: func() int {
+		if n.ml == nil {
+			return 1
+		}
+		return n.ml.NumMembers()
+	}}
+	if n.ml, err = memberlist.Create(mc); err != nil {
+		return nil, fmt.Errorf("gossip: %w", err)
+	}
+	return n, nil
+}
+
+func memberlistConfig(cfg Config) (*memberlist.Config, error) {
+	var mc *memberlist.Config
+	switch cfg.Profile {
+	case "", "lan":
+		mc = memberlist.DefaultLANConfig()
+	case "wan":
+		mc = memberlist.DefaultWANConfig()
+	case "local":
+		mc = memberlist.DefaultLocalConfig()
+	default:
+		return nil, fmt.Errorf("peers.profile: want lan, wan or local, got %q", cfg.Profile)
+	}
+	mc.Name = cfg.NodeName
+	host, port, err := splitPort(cfg.Gossip)
+	if err != nil {
+		return nil, fmt.Errorf("peers.gossip: %w", err)
+	}
+	mc.BindAddr, mc.BindPort = host, port
+	mc.AdvertisePort = port
+	if cfg.AdvertiseGossip != "" {
+		if mc.AdvertiseAddr, mc.AdvertisePort, err = splitPort(cfg.AdvertiseGossip); err != nil {
+			return nil, fmt.Errorf("peers.advertise_gossip: %w", err)
+		}
+	}
+	return mc, nil
+}
+
+func splitPort(hostport string) (string, int, error) {
+	host, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.ParseUint(p, 10, 16)
+	if err != nil {
+		return "", 0, fmt.Errorf("bad port %q", p)
+	}
+	return host, int(port), nil
+}
+
+// GossipAddr is the gossip address peers reach this member at.
+func (n *Node) GossipAddr() string {
+	ln := n.ml.LocalNode()
+	return net.JoinHostPort(ln.Addr.String(), strconv.Itoa(int(ln.Port)))
+}
+
+// APIAddr is the advertised peer API address.
+func (n *Node) APIAddr() string { return n.api }
+
+// Start serves the peer API, joins the configured peers (retrying while
+// alone) and starts gossiping the load.
+func (n *Node) Start() {
+	n.wg.Add(4)
+	go func() {
+		defer n.wg.Done()
+		if err := n.srvTLS.ServeTLS(n.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error("peer API stopped", "err", err)
+		}
+	}()
+	go n.joinLoop()
+	go n.broadcastLoop()
+	go n.leaseLoop()
+}
+
+// Close leaves the peers and stops the peer API.
+func (n *Node) Close() {
+	select {
+	case <-n.stop:
+		return
+	default:
+		close(n.stop)
+	}
+	if n.ml != nil {
+		_ = n.ml.Leave(time.Second)
+		_ = n.ml.Shutdown()
+	}
+	if n.srvTLS != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = n.srvTLS.Shutdown(ctx)
+		cancel()
+	}
+	if n.ln != nil {
+		n.ln.Close()
+	}
+	if n.transport != nil {
+		n.transport.CloseIdleConnections()
+	}
+	n.mu.Lock()
+	for _, c := range n.clients {
+		c.CloseIdleConnections()
+	}
+	n.mu.Unlock()
+	n.wg.Wait()
+}
+
+// seeds are the join list and the DNS seed's addresses.
+func (n *Node) seeds() []string {
+	out := slices.Clone(n.cfg.Join)
+	if n.cfg.DNSSeed != "" {
+		host, port, err := net.SplitHostPort(n.cfg.DNSSeed)
+		if err == nil {
+			addrs, err := net.DefaultResolver.LookupHost(context.Background(), host)
+			if err != nil {
+				n.log.Warn("DNS seed", "seed", n.cfg.DNSSeed, "err", err)
+			}
+			for _, a := range addrs {
+				out = append(out, net.JoinHostPort(a, port))
+			}
+		}
+	}
+	self := n.GossipAddr()
+	return slices.DeleteFunc(out, func(s string) bool { return s == self })
+}
+
+func (n *Node) joinLoop() {
+	defer n.wg.Done()
+	wait := time.Duration(0)
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-time.After(wait):
+		}
+		wait = 5 * time.Second
+		if n.ml.NumMembers() > 1 {
+			continue
+		}
+		seeds := n.seeds()
+		if len(seeds) == 0 {
+			continue
+		}
+		joined, err := n.ml.Join(seeds)
+		if err != nil {
+			n.log.Warn("joining peers", "seeds", seeds, "joined", joined, "err", err)
+			continue
+		}
+		n.log.Info("joined peers", "contacted", joined, "members", n.ml.NumMembers())
+	}
+}
+
+// broadcastLoop looks at this host's load every Broadcast interval and
+// gossips it when it changed, and every 5 intervals regardless (so peers'
+// views stay fresh). Gossiping only changes keeps a large quiet cluster
+// within memberlist's gossip budget (GossipNodes packets per
+// GossipInterval), where every load change of every member must be
+// relayed.
+func (n *Node) broadcastLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.Broadcast)
+	defer t.Stop()
+	var last api.PeerLoad
+	var lastSent time.Time
+	for {
+		l := localLoad(n.host, n.jobs)
+		if !sameLoad(l, last) || time.Since(lastSent) >= 5*n.cfg.Broadcast {
+			n.gossip(l)
+			last, lastSent = l, time.Now()
+		}
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sameLoad compares loads, the predicted wait to the second.
+func sameLoad(a, b api.PeerLoad) bool {
+	a.Wait, b.Wait = a.Wait/api.Duration(time.Second), b.Wait/api.Duration(time.Second)
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+func (n *Node) gossip(l api.PeerLoad) {
+	msg := loadMsg{Node: n.cfg.NodeName, API: n.api, Load: l}
+	n.mu.Lock()
+	n.seq++
+	msg.Seq = n.seq
+	n.view[msg.Node] = &peerView{msg: msg, received: time.Now()}
+	n.mu.Unlock()
+	b, err := encodeLoad(msg)
+	if err != nil {
+		n.log.Warn("encoding this host's load", "err", err)
+		return
+	}
+	n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: b})
+}
+
+// merge keeps msg if it is newer than what is known of its node and
+// reports whether it was.
+func (n *Node) merge(msg loadMsg) bool {
+	if msg.Node == n.cfg.NodeName {
+		return false // only this node speaks for itself
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if v, ok := n.view[msg.Node]; ok && v.msg.Seq >= msg.Seq {
+		return false
+	}
+	n.view[msg.Node] = &peerView{msg: msg, received: time.Now()}
+	return true
+}
+
+// broadcast is one node's load on the gossip queue: a newer one of the
+// same node replaces it, so the queue holds at most one per node.
+type broadcast struct {
+	node string
+	msg  []byte
+}
+
+func (b *broadcast) Invalidates(other memberlist.Broadcast) bool {
+	o, ok := other.(*broadcast)
+	return ok && o.node == b.node
+}
+func (b *broadcast) Name() string    { return b.node }
+func (b *broadcast) Message() []byte { return b.msg }
+func (b *broadcast) Finished()       {}
+
+// NodeMeta is memberlist's Delegate: the peer API address.
+func (n *Node) NodeMeta(limit int) []byte {
+	b := []byte(`{"api":` + strconv.Quote(n.api) + `}`)
+	if len(b) > limit {
+		return nil
+	}
+	return b
+}
+
+// NotifyMsg takes a gossiped load: a newer one is kept and passed on
+// (epidemic relay: every member re-gossips what is new to it).
+func (n *Node) NotifyMsg(b []byte) {
+	msg, err := decodeLoad(b)
+	if err != nil {
+		n.log.Debug("dropping a gossip message", "err", err)
+		return
+	}
+	if n.merge(msg) {
+		n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: slices.Clone(b)})
+	}
+}
+
+// GetBroadcasts hands memberlist the queued loads for the next gossip.
+func (n *Node) GetBroadcasts(overhead, limit int) [][]byte {
+	out := n.queue.GetBroadcasts(overhead, limit)
+	for _, b := range out {
+		n.sent.Add(int64(len(b) + overhead))
+	}
+	return out
+}
+
+// LocalState is every load known here, for a push/pull exchange.
+func (n *Node) LocalState(join bool) []byte {
+	n.mu.Lock()
+	loads := make([]loadMsg, 0, len(n.view))
+	for _, v := range n.view {
+		loads = append(loads, v.msg)
+	}
+	n.mu.Unlock()
+	if len(loads) > maxStateLoads {
+		loads = loads[:maxStateLoads]
+	}
+	b, err := encodeState(loads)
+	if err != nil {
+		return nil
+	}
+	n.sent.Add(int64(len(b)))
+	return b
+}
+
+// MergeRemoteState merges a peer's push/pull state.
+func (n *Node) MergeRemoteState(b []byte, join bool) {
+	loads, err := decodeState(b)
+	if err != nil {
+		n.log.Debug("dropping a peer's state", "err", err)
+		return
+	}
+	for _, l := range loads {
+		n.merge(l)
+	}
+}
+
+// Peers lists the members and what they last gossiped.
+func (n *Node) Peers() api.PeerList {
+	out := api.PeerList{Enabled: true, Self: n.cfg.NodeName, Keys: fingerprints(n.keyring)}
+	if d := time.Since(n.started).Seconds(); d > 0 {
+		out.GossipBytesPerSecond = float64(n.sent.Load()) / d
+	}
+	members := n.ml.Members() // before n.mu: memberlist calls the delegate under its own locks
+	now := time.Now()
+	seen := map[string]bool{}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, m := range members {
+		p := api.Peer{Name: m.Name, Address: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
+			State: stateName(m.State), Self: m.Name == n.cfg.NodeName}
+		if md, err := decodeMeta(m.Meta); err == nil {
+			p.APIAddress = md.API
+		}
+		if v, ok := n.view[m.Name]; ok {
+			l := v.msg.Load
+			p.Load, p.Seq, p.Age = &l, v.msg.Seq, api.Duration(now.Sub(v.received).Round(time.Millisecond))
+		}
+		seen[m.Name] = true
+		out.Peers = append(out.Peers, p)
+	}
+	for name, v := range n.view {
+		if !seen[name] {
+			l := v.msg.Load
+			out.Peers = append(out.Peers, api.Peer{Name: name, APIAddress: v.msg.API, State: "gone", Load: &l, Seq: v.msg.Seq,
+				Age: api.Duration(now.Sub(v.received).Round(time.Millisecond))})
+		}
+	}
+	slices.SortFunc(out.Peers, func(a, b api.Peer) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func stateName(s memberlist.NodeStateType) string {
+	switch s {
+	case memberlist.StateAlive:
+		return "alive"
+	case memberlist.StateSuspect:
+		return "suspect"
+	case memberlist.StateDead:
+		return "dead"
+	case memberlist.StateLeft:
+		return "left"
+	}
+	return "unknown"
+}
+
+// Keyring applies one keyring operation (install, use, remove), writes
+// the keyring file back and returns the peer list with the new
+// fingerprints. Each daemon's keyring is its own: rotate by installing the
+// new key on every daemon, then using it on every daemon, then removing
+// the old one.
+func (n *Node) Keyring(req api.KeyringRequest) (api.PeerList, error) {
+	if err := keyringOp(n.keyring, req.Op, req.Key); err != nil {
+		return api.PeerList{}, &api.Error{Code: api.CodeInvalid, Field: "key", Message: err.Error()}
+	}
+	if err := writeKeyring(n.cfg.KeyringFile, n.keyring.GetKeys()); err != nil {
+		return api.PeerList{}, fmt.Errorf("writing the keyring file: %w", err)
+	}
+	n.log.Info("gossip keyring changed", "op", req.Op, "key", fingerprint(mustKey(req.Key)))
+	return n.Peers(), nil
+}
+
+func mustKey(s string) []byte {
+	k, _ := decodeKey(s)
+	return k
+}
+
+// candidates are the live peers whose load is fresh enough to offer to.
+func (n *Node) candidates() []candidate {
+	alive := map[string]string{}
+	for _, m := range n.ml.Members() {
+		if m.State == memberlist.StateAlive && m.Name != n.cfg.NodeName {
+			md, _ := decodeMeta(m.Meta)
+			alive[m.Name] = md.API
+		}
+	}
+	now := time.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []candidate
+	for name, addr := range alive {
+		v, ok := n.view[name]
+		if !ok || now.Sub(v.received) > n.cfg.MaxLoadAge {
+			continue
+		}
+		out = append(out, candidate{name: name, api: cmpOr(addr, v.msg.API), load: v.msg.Load})
+	}
+	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+var _ jobs.Overflow = (*Node)(nil)
+
+// leaseLoop stops jobs handed over here whose origin stopped polling
+// them for a lease: the origin takes such a job back only after longer
+// than that, so the job never runs here and elsewhere at once.
+func (n *Node) leaseLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(max(n.cfg.Lease/4, 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		live := map[string]bool{}
+		for _, j := range n.jobs.Accepted() {
+			key := j.Origin.Key
+			live[key] = true
+			n.mu.Lock()
+			last, ok := n.leases[key]
+			if !ok {
+				// Accepted before this daemon started: the lease runs
+				// from now.
+				n.leases[key], last = now, now
+			}
+			n.mu.Unlock()
+			n.mu.Lock()
+			done := n.expired[key]
+			if now.Sub(last) > n.cfg.Lease {
+				n.expired[key] = true
+			}
+			n.mu.Unlock()
+			if now.Sub(last) <= n.cfg.Lease || done {
+				continue
+			}
+			n.log.Warn("origin stopped polling a handed-over job; stopping it", "job", j.ID, "origin", j.Origin.Node, "lease", n.cfg.Lease)
+			caller := api.Caller{Admin: true, User: "lease: origin " + j.Origin.Node + " silent for " + n.cfg.Lease.String()}
+			if _, err := n.jobs.Cancel(context.Background(), caller, j.ID); err != nil {
+				n.log.Warn("stopping a job whose lease ended", "job", j.ID, "err", err)
+			}
+		}
+		n.mu.Lock()
+		for k := range n.leases {
+			if !live[k] {
+				delete(n.leases, k) // expired stays: polls report the lease's end
+			}
+		}
+		n.mu.Unlock()
+	}
+}
+
+func (n *Node) renew(key string) {
+	n.mu.Lock()
+	n.leases[key] = time.Now()
+	n.mu.Unlock()
+}
+
+func readChunk(path string, offset int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, logChunk)
+	k, err := f.ReadAt(buf, offset)
+	if k > 0 || errors.Is(err, io.EOF) {
+		return buf[:k], nil
+	}
+	return nil, err
+}

@@ -1,0 +1,110 @@
+package peers
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// Every decoder of a peer message takes any bytes without panicking, and
+// what it accepts survives a round trip.
+
+func seedLoad() loadMsg {
+	return loadMsg{Node: "dgx-1", Seq: 42, API: "10.0.0.1:7947", Load: api.PeerLoad{
+		CPU: 64000, Memory: 1 << 40, GPUs: map[string]int{"NVIDIA H200": 8}, MIG: map[string]int{"1g.18gb": 7},
+		GPUShareMilli: 8000, FPGAFree: 1, Bitstreams: []string{"nlb0"}, Queue: 3, Wait: api.Duration(2 * time.Second), Health: "ok"}}
+}
+
+func FuzzDecodeLoad(f *testing.F) {
+	b, _ := encodeLoad(seedLoad())
+	f.Add(b)
+	f.Add([]byte("L{}"))
+	f.Add([]byte("L{\"node\":\"x\",\"seq\":1,\"load\":{\"cpu\":\"1\",\"memory\":\"1Gi\",\"queue\":0,\"wait\":\"1s\",\"health\":\"ok\",\"energy_headroom_watts\":0}}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decodeLoad(b)
+		if err != nil {
+			return
+		}
+		again, err := encodeLoad(m)
+		if err != nil {
+			return // accepted but too large to re-gossip whole: encodeLoad trims or refuses
+		}
+		m2, err := decodeLoad(again)
+		if err != nil {
+			t.Fatalf("re-encoded load does not decode: %v", err)
+		}
+		if len(again) <= len(b) && !reflect.DeepEqual(normal(m), normal(m2)) {
+			t.Fatalf("round trip changed the load:\n%+v\n%+v", m, m2)
+		}
+	})
+}
+
+// normal makes empty and nil lists and maps compare equal.
+func normal(m loadMsg) string {
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+func FuzzDecodeState(f *testing.F) {
+	b, _ := encodeState([]loadMsg{seedLoad(), {Node: "b", Seq: 1}})
+	f.Add(b)
+	f.Add([]byte("S[]"))
+	f.Add([]byte("S[{\"node\":\"\"}]"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		loads, err := decodeState(b)
+		if err != nil {
+			return
+		}
+		for _, l := range loads {
+			if l.Node == "" {
+				t.Fatal("accepted a load without a node")
+			}
+		}
+	})
+}
+
+func FuzzDecodeMeta(f *testing.F) {
+	f.Add([]byte(`{"api":"127.0.0.1:7947"}`))
+	f.Add([]byte(``))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = decodeMeta(b)
+	})
+}
+
+func FuzzDecodeOffer(f *testing.F) {
+	f.Add([]byte(`{"key":"a/1#1","job_id":"1","user":"root","spec":{"name":"x","class":"batch","command":["true"],"resources":{"cpu":"1","memory":"1Mi"}}}`))
+	f.Add([]byte(`{"key":"","job_id":"1"}`))
+	f.Add([]byte(`{"key":"a/1#1g1","job_id":"1","user":"root","spec":{"name":"x","class":"training","command":["true"],"resources":{"cpu":"1","memory":"1Mi","gpu":{"count":8}},"gang":{"name":"g","size":2}},"hold":"10s"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		o, err := decodeOffer(b)
+		if err == nil && (o.Key == "" || o.JobID == "") {
+			t.Fatal("accepted an offer without key or job id")
+		}
+	})
+}
+
+func FuzzDecodeAnswer(f *testing.F) {
+	f.Add([]byte(`{"accepted":true,"remote_id":"3"}`))
+	f.Add([]byte(`{"accepted":false,"why":"full"}`))
+	f.Add([]byte(`{"accepted":true}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		a, err := decodeAnswer(b)
+		if err == nil && a.Accepted && a.RemoteID == "" {
+			t.Fatal("accepted an acceptance without the job's ID")
+		}
+	})
+}
+
+func FuzzDecodeStatus(f *testing.F) {
+	f.Add([]byte(`{"id":"3","state":"running","attempt":1,"pid":99,"log":"aGVsbG8K"}`))
+	f.Add([]byte(`{"id":"3","state":"succeeded","exit":{"code":0}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := decodeStatus(b)
+		if err == nil && (s.ID == "" || s.State == "" || len(s.Log) > logChunk) {
+			t.Fatalf("accepted a bad status %+v", s)
+		}
+	})
+}

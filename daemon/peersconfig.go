@@ -1,0 +1,169 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/apiserver"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/peers"
+)
+
+// PeersConfig is the daemon's membership among its peers and the
+// hand-over of jobs that do not fit here (off by default; docs/peers.md).
+type PeersConfig struct {
+	// Enabled joins the peers and hands over (and accepts) jobs.
+	Enabled bool `json:"enabled"`
+	// NodeName is this daemon's name among its peers; "" is the host
+	// name. The peer certificate must carry it as a DNS name.
+	NodeName string `json:"node_name,omitempty"`
+	// Gossip is the memberlist address bound (UDP and TCP), host:port;
+	// AdvertiseGossip what peers are told, when it differs.
+	Gossip          string `json:"gossip"`
+	AdvertiseGossip string `json:"advertise_gossip,omitempty"`
+	// API is the peer API's mutual-TLS address; AdvertiseAPI what peers
+	// dial, when it differs.
+	API          string `json:"api"`
+	AdvertiseAPI string `json:"advertise_api,omitempty"`
+	// Join lists peers' gossip addresses (host:port); DNSSeed is a
+	// host:port whose name resolves to more.
+	Join    []string `json:"join,omitempty"`
+	DNSSeed string   `json:"dns_seed,omitempty"`
+	// Profile is memberlist's timing preset: lan, wan or local.
+	Profile string `json:"profile"`
+	// KeyringFile holds the gossip encryption keys (base64, one a line,
+	// the primary first). Without it gossip is not encrypted.
+	KeyringFile string `json:"keyring_file,omitempty"`
+	// Cert and Key are this daemon's peer certificate and key (PEM); CA
+	// the certificate of the CA that issued every peer's.
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+	CA   string `json:"ca,omitempty"`
+	// BroadcastInterval is how often this daemon reads its load: gossiped
+	// when it changed, and every 5 intervals regardless.
+	BroadcastInterval Duration `json:"broadcast_interval"`
+	// WaitBudget is, per class, how long a job may wait unplaced here
+	// before it is offered to peers; a class left out is never offered.
+	WaitBudget map[api.Class]Duration `json:"wait_budget"`
+	// Poll is how often the origin polls a handed-over job; Lease how long
+	// a peer runs a handed-over job without a poll before it stops it.
+	// The origin takes a job back after 2 × lease + cancel_grace without
+	// an answer.
+	Poll  Duration `json:"poll"`
+	Lease Duration `json:"lease"`
+}
+
+// DefaultPeersConfig is off, with LAN timing and the default ports.
+func DefaultPeersConfig() PeersConfig {
+	return PeersConfig{
+		Gossip:            "0.0.0.0:7946",
+		API:               "0.0.0.0:7947",
+		Profile:           "lan",
+		BroadcastInterval: Duration(time.Second),
+		WaitBudget: map[api.Class]Duration{
+			api.ClassService:   Duration(10 * time.Second),
+			api.ClassInference: Duration(10 * time.Second),
+			api.ClassTraining:  Duration(time.Minute),
+			api.ClassBatch:     Duration(30 * time.Second),
+		},
+		Poll:  Duration(500 * time.Millisecond),
+		Lease: Duration(10 * time.Second),
+	}
+}
+
+func (c PeersConfig) validate() (string, error) {
+	if !c.Enabled {
+		return "", nil
+	}
+	for _, a := range []struct {
+		key, addr string
+		optional  bool
+	}{{"peers.gossip", c.Gossip, false}, {"peers.api", c.API, false}, {"peers.advertise_gossip", c.AdvertiseGossip, true},
+		{"peers.advertise_api", c.AdvertiseAPI, true}, {"peers.dns_seed", c.DNSSeed, true}} {
+		if a.addr == "" && a.optional {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			return a.key, fmt.Errorf("want host:port, got %q", a.addr)
+		}
+	}
+	for i, j := range c.Join {
+		if _, _, err := net.SplitHostPort(j); err != nil {
+			return fmt.Sprintf("peers.join[%d]", i), fmt.Errorf("want host:port, got %q", j)
+		}
+	}
+	if !slices.Contains([]string{"lan", "wan", "local"}, c.Profile) {
+		return "peers.profile", fmt.Errorf("want lan, wan or local, got %q", c.Profile)
+	}
+	for _, f := range [][2]string{{"peers.cert", c.Cert}, {"peers.key", c.Key}, {"peers.ca", c.CA}} {
+		if f[1] == "" {
+			return f[0], fmt.Errorf("required with peers.enabled: the peer API uses mutual TLS (fusionctl peers cert makes a test CA)")
+		}
+	}
+	switch {
+	case c.BroadcastInterval < Duration(10*time.Millisecond):
+		return "peers.broadcast_interval", fmt.Errorf("at least 10ms")
+	case c.Poll < Duration(10*time.Millisecond):
+		return "peers.poll", fmt.Errorf("at least 10ms")
+	case c.Lease < 4*c.Poll:
+		return "peers.lease", fmt.Errorf("at least 4 × peers.poll (%v), got %v", time.Duration(4*c.Poll), time.Duration(c.Lease))
+	}
+	for class, d := range c.WaitBudget {
+		if !slices.Contains(api.Classes, class) {
+			return "peers.wait_budget." + string(class), fmt.Errorf("unknown class (want training, inference, batch or service)")
+		}
+		if d < 0 {
+			return "peers.wait_budget." + string(class), fmt.Errorf("must not be negative")
+		}
+	}
+	return "", nil
+}
+
+// startPeers joins the peers and lets the job manager hand jobs over
+// (before Recover, which resumes following earlier hand-overs).
+func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, log *slog.Logger) (*peers.Node, error) {
+	p := cfg.Peers
+	name := p.NodeName
+	if name == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("peers.node_name: none set and no host name: %w", err)
+		}
+		name = h
+	}
+	n, err := peers.New(peers.Config{
+		NodeName: name, Gossip: p.Gossip, AdvertiseGossip: p.AdvertiseGossip,
+		API: p.API, AdvertiseAPI: p.AdvertiseAPI, Join: p.Join, DNSSeed: p.DNSSeed,
+		Profile: p.Profile, KeyringFile: p.KeyringFile,
+		CertFile: p.Cert, KeyFile: p.Key, CAFile: p.CA,
+		Broadcast: time.Duration(p.BroadcastInterval), Lease: time.Duration(p.Lease),
+	}, mgr, host, log)
+	if err != nil {
+		return nil, fmt.Errorf("peers: %w", err)
+	}
+	budgets := map[api.Class]time.Duration{}
+	for c, d := range p.WaitBudget {
+		budgets[c] = time.Duration(d)
+	}
+	mgr.SetOverflow(n, jobs.OverflowConfig{
+		Budget: budgets, Poll: time.Duration(p.Poll),
+		Lost:  2*time.Duration(p.Lease) + time.Duration(cfg.CancelGrace),
+		Retry: 5 * time.Second,
+	})
+	log.Info("peers ready", "node", name, "gossip", n.GossipAddr(), "api", n.APIAddr(), "profile", p.Profile, "encrypted", p.KeyringFile != "")
+	return n, nil
+}
+
+// peerBackend is the API's view of the peers: nil (no peer routes but the
+// empty list) when the daemon runs without them.
+func peerBackend(n *peers.Node) apiserver.PeerBackend {
+	if n == nil {
+		return nil
+	}
+	return n
+}

@@ -1,0 +1,40 @@
+package daemon
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+func TestPeersConfigValidation(t *testing.T) {
+	base := "peers:\n  enabled: true\n  cert: /c.pem\n  key: /k.pem\n  ca: /ca.pem\n"
+	for _, tc := range []struct{ yaml, field string }{
+		{"peers:\n  enabled: true\n", "peers.cert"},
+		{base + "  join: [nohost]\n", "peers.join[0]"},
+		{base + "  gossip: \"7946\"\n", "peers.gossip"},
+		{base + "  profile: moon\n", "peers.profile"},
+		{base + "  poll: 1s\n  lease: 2s\n", "peers.lease"},
+		{base + "  wait_budget: {gpu: 1s}\n", "peers.wait_budget.gpu"},
+		{base + "  wait_budget: {batch: -1s}\n", "peers.wait_budget.batch"},
+		{base + "  broadcast_interval: 1ms\n", "peers.broadcast_interval"},
+		{base + "  bogus: 1\n", "peers.bogus"},
+	} {
+		cfg := DefaultConfig()
+		err := ParseConfig([]byte(tc.yaml), &cfg)
+		var e *api.Error
+		if !errors.As(err, &e) || e.Field != tc.field {
+			t.Errorf("%q: error %v, want one about %s", tc.yaml, err, tc.field)
+		}
+	}
+	cfg := DefaultConfig()
+	if err := ParseConfig([]byte(base+"  join: [10.0.0.2:7946]\n  dns_seed: peers.example.com:7946\n  wait_budget: {batch: 0s}\n"), &cfg); err != nil {
+		t.Fatalf("a good peers section: %v", err)
+	}
+	if !cfg.Peers.Enabled || len(cfg.Peers.WaitBudget) != 4 || cfg.Peers.WaitBudget[api.ClassBatch] != 0 {
+		t.Errorf("parsed %+v", cfg.Peers)
+	}
+	if d := DefaultConfig(); d.Peers.Enabled {
+		t.Error("peers are on by default")
+	}
+}
