@@ -142,6 +142,7 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, log *slog.Logger
 		Profile: p.Profile, KeyringFile: p.KeyringFile,
 		CertFile: p.Cert, KeyFile: p.Key, CAFile: p.CA,
 		Broadcast: time.Duration(p.BroadcastInterval), Lease: time.Duration(p.Lease),
+		Profiles: cfg.Placement.profiles(), // peers are ranked as the placer scores this host
 	}, mgr, host, log)
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)
