@@ -425,7 +425,7 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	a := c.start("a", &fakeHost{cpu: 4000}, nil)
 	c.start("b", &fakeHost{cpu: 8000, gpus: two}, nil, a.GossipAddr())
 	c.start("c", &fakeHost{cpu: 8000, gpus: one}, nil, a.GossipAddr()) // ranked first: the engine packs (fragmentation)
-	c.start("d", &fakeHost{cpu: 8000}, nil, a.GossipAddr()) // no GPU: never offered
+	c.start("d", &fakeHost{cpu: 8000}, nil, a.GossipAddr())            // no GPU: never offered
 	eventually(t, "loads", func() bool { return len(loads(a)) == 4 })
 	c.jobs[2].refuse = "no room after all"
 	job := api.Job{ID: "7", Spec: gpuSpec(), Owner: api.Owner{User: "root"}}
