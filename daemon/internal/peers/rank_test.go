@@ -108,3 +108,21 @@ func TestLocalLoadGossipsNVLinkAndGPULoad(t *testing.T) {
 	}
 	var _ Host = (*hostplacer.Placer)(nil)
 }
+
+// BenchmarkRank ranks ten 8-GPU peers for a 4-GPU training job.
+//
+//	go test -run '^$' -bench Rank ./daemon/internal/peers/
+func BenchmarkRank(b *testing.B) {
+	var cands []candidate
+	for i := range 10 {
+		l := okLoad(64000, map[string]int{"NVIDIA H100": 8})
+		l.NVLink = map[string]int{"NVIDIA H100": 8 - i%4}
+		cands = append(cands, candidate{name: string(rune('a' + i)), load: l})
+	}
+	spec := api.JobSpec{Class: api.ClassTraining, Resources: api.Resources{CPU: 4000, Memory: 8 << 30, GPU: &api.GPURequest{Count: 4}}}
+	for b.Loop() {
+		if r, _ := (ranker{}).rank(spec, cands); len(r) != 10 {
+			b.Fatal(len(r))
+		}
+	}
+}
