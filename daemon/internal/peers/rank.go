@@ -118,9 +118,10 @@ func peerNodes(name string, l api.PeerLoad) []*sched.Node {
 		n := base("")
 		for _, p := range slices.Sorted(maps.Keys(l.MIG)) {
 			s, k := max(hostplacer.MIGSlicesOf(p), 1), min(max(l.MIG[p], 0), 64)
-			if k == 0 || s*k > 64 {
-				k = 64 / s
+			if k == 0 {
+				continue
 			}
+			k = min(k, 64/s) // the engine models up to 64 slices a GPU
 			m := &sched.MIG{TotalSlices: s * k}
 			for i := range k {
 				m.Instances = append(m.Instances, sched.MIGInstance{Profile: p, Start: i * s, Slices: s})

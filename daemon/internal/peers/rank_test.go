@@ -126,3 +126,23 @@ func BenchmarkRank(b *testing.B) {
 		}
 	}
 }
+
+// TestRankMIGAndFPGA: a MIG request fits only a peer with an instance of
+// its profile to give; an FPGA job prefers the peer whose free region
+// holds its bitstream.
+func TestRankMIGAndFPGA(t *testing.T) {
+	mig := api.JobSpec{Class: api.ClassInference, Resources: api.Resources{CPU: 500, Memory: 1 << 30, GPU: &api.GPURequest{MIG: "1g.10gb"}}}
+	with, other := okLoad(8000, nil), okLoad(8000, nil)
+	with.MIG, other.MIG = map[string]int{"1g.10gb": 3, "3g.40gb": 0}, map[string]int{"3g.40gb": 2}
+	ranked, skipped := ranker{}.rank(mig, []candidate{{name: "other", load: other}, {name: "with", load: with}})
+	if len(ranked) != 1 || ranked[0].name != "with" || len(skipped) != 1 || !strings.Contains(skipped[0], "MIG") {
+		t.Fatalf("MIG: ranked %v, skipped %v", names(ranked), skipped)
+	}
+	fpga := api.JobSpec{Class: api.ClassBatch, Resources: api.Resources{CPU: 500, Memory: 1 << 20, FPGA: &api.FPGARequest{Bitstream: "fir"}}}
+	loaded, blank, none := okLoad(8000, nil), okLoad(8000, nil), okLoad(8000, nil)
+	loaded.FPGAFree, loaded.Bitstreams, blank.FPGAFree = 1, []string{"fir"}, 1
+	ranked, skipped = ranker{}.rank(fpga, []candidate{{name: "a-blank", load: blank}, {name: "b-loaded", load: loaded}, {name: "c-none", load: none}})
+	if len(ranked) != 2 || ranked[0].name != "b-loaded" || len(skipped) != 1 || !strings.HasPrefix(skipped[0], "c-none: ") {
+		t.Fatalf("FPGA: ranked %v, skipped %v", names(ranked), skipped)
+	}
+}
