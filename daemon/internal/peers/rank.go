@@ -55,15 +55,16 @@ func peerTarget(l api.PeerLoad) hostplacer.Target {
 // peerNodes builds the engine's nodes for a peer's gossiped load (engine
 // nodes hold one GPU model, so a peer gets one per model it has free): the
 // free CPU and memory as capacity, each free whole GPU with the peer's GPU
-// load, the NVLink group of free GPUs joined all to all (where the peer knows its links), the share
-// headroom beyond whole GPUs as shared GPUs (on the first model's node),
+// load, the NVLink group of free GPUs joined all to all (where the peer
+// knows its links), the share headroom beyond whole GPUs as shared GPUs
+// (on the first model's node),
 // the MIG instances it could give as free instances of their profile, and
 // its free FPGA regions, one holding each loaded bitstream.
 func peerNodes(name string, l api.PeerLoad) []*sched.Node {
 	base := func(model string) *sched.Node {
 		n := sched.NewNode(name, int64(l.CPU), l.Memory.WholeMiB(), 0, model)
-		n.Load = l.CPULoad
-		for i := range l.FPGAFree {
+		n.Load = min(max(l.CPULoad, 0), 1)
+		for i := range min(l.FPGAFree, 64) { // gossiped: bounded
 			r := sched.FPGARegion{}
 			if i < len(l.Bitstreams) {
 				r.Bitstream = l.Bitstreams[i]
@@ -72,6 +73,7 @@ func peerNodes(name string, l api.PeerLoad) []*sched.Node {
 		}
 		return n
 	}
+	gpuLoad := min(max(l.GPULoad, 0), 1)
 	var out []*sched.Node
 	whole := 0
 	for _, model := range slices.Sorted(maps.Keys(l.GPUs)) {
@@ -86,7 +88,7 @@ func peerNodes(name string, l api.PeerLoad) []*sched.Node {
 			idle = spec.IdleW
 		}
 		for range k {
-			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, Load: l.GPULoad, IdleWatts: idle})
+			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, Load: gpuLoad, IdleWatts: idle})
 		}
 		if g, known := l.NVLink[model]; known {
 			linked := min(g, k)
@@ -110,7 +112,7 @@ func peerNodes(name string, l api.PeerLoad) []*sched.Node {
 		}
 		n := out[0]
 		for left := shared; left > 0 && len(n.GPUs) < 64; left -= sched.MilliPerGPU - 1 {
-			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: int64(min(left, sched.MilliPerGPU-1)), Load: l.GPULoad})
+			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: int64(min(left, sched.MilliPerGPU-1)), Load: gpuLoad})
 		}
 	}
 	if len(l.MIG) > 0 {
@@ -126,7 +128,7 @@ func peerNodes(name string, l api.PeerLoad) []*sched.Node {
 			for i := range k {
 				m.Instances = append(m.Instances, sched.MIGInstance{Profile: p, Start: i * s, Slices: s})
 			}
-			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, MIG: m, Load: l.GPULoad})
+			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, MIG: m, Load: gpuLoad})
 		}
 		out = append(out, n)
 	}
