@@ -131,10 +131,14 @@ func replicaNum(j api.Job) int {
 	return n
 }
 
-// Load sums the target metric over the group's running members.
+// Load sums the target metric over the group's running members. A member
+// handed over to a peer runs where this host's telemetry does not reach
+// (its output, and so the custom metric, comes back here): for the cpu
+// and gpu_util metrics it counts as the mean of the members measured
+// here, so that replicas on peers do not look idle and get scaled away.
 func (h *elasticHost) Load(g elastic.Group) (float64, bool) {
 	var sum float64
-	measured := false
+	measured, remote := 0, 0
 	for _, id := range g.Members {
 		j, ok := h.jobs[id]
 		if !ok || j.State != api.StateRunning {
@@ -142,10 +146,15 @@ func (h *elasticHost) Load(g elastic.Group) (float64, bool) {
 		}
 		if v, ok := h.memberLoad(j, g.Replicas.Target.Metric); ok {
 			sum += v
-			measured = true
+			measured++
+		} else if j.Handover != nil {
+			remote++
 		}
 	}
-	return sum, measured
+	if measured == 0 {
+		return 0, false
+	}
+	return sum + float64(remote)*sum/float64(measured), true
 }
 
 func (h *elasticHost) memberLoad(j api.Job, m api.ScaleMetric) (float64, bool) {

@@ -44,8 +44,9 @@ type PeersConfig struct {
 	Cert string `json:"cert,omitempty"`
 	Key  string `json:"key,omitempty"`
 	CA   string `json:"ca,omitempty"`
-	// BroadcastInterval is how often this daemon reads its load: gossiped
-	// when it changed, and every 5 intervals regardless.
+	// BroadcastInterval is how often at most this daemon gossips its load
+	// when it changed (it looks ten times per interval), and every 5
+	// intervals regardless.
 	BroadcastInterval Duration `json:"broadcast_interval"`
 	// WaitBudget is, per class, how long a job may wait unplaced here
 	// before it is offered to peers; a class left out is never offered.
@@ -142,6 +143,7 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, log *slog.Logger
 		Profile: p.Profile, KeyringFile: p.KeyringFile,
 		CertFile: p.Cert, KeyFile: p.Key, CAFile: p.CA,
 		Broadcast: time.Duration(p.BroadcastInterval), Lease: time.Duration(p.Lease),
+		Profiles: cfg.Placement.profiles(), // peers are ranked as the placer scores this host
 	}, mgr, host, log)
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)

@@ -53,6 +53,15 @@ type PeerLoad struct {
 	// on them.
 	FPGAFree   int      `json:"fpga_free,omitempty"`
 	Bitstreams []string `json:"bitstreams,omitempty"`
+	// NVLink is, per GPU model, the most free whole GPUs connected to
+	// each other by NVLink (a multi-GPU job there gets linked GPUs).
+	NVLink map[string]int `json:"nvlink,omitempty"`
+	// CPULoad is the host's live CPU load, GPULoad the mean live
+	// utilisation of the GPUs a new job could get (free and shared
+	// ones), both 0..1 to a hundredth (0 where not measured): the
+	// engine's load dimension.
+	CPULoad float64 `json:"cpu_load,omitempty"`
+	GPULoad float64 `json:"gpu_load,omitempty"`
 	// Queue is the number of pending jobs; Wait the predicted wait of a
 	// new one (how long the oldest pending job has waited so far).
 	Queue int      `json:"queue"`

@@ -184,7 +184,8 @@ func TestPeersShareWork(t *testing.T) {
 		t.Fatalf("logs through a: %q %s", logs.stdout, logs.stderr)
 	}
 	show := da.ctl(asNobody, "", "show", id)
-	if !strings.Contains(show.stdout, "to peer dgx (127.0.0.1:") || !strings.Contains(show.stdout, "cannot run on this host") {
+	if !strings.Contains(show.stdout, "to peer dgx (127.0.0.1:") || !strings.Contains(show.stdout, "cannot run on this host") ||
+		!strings.Contains(show.stdout, "ranked 1 of 1 by gossiped load (score ") || !strings.Contains(show.stdout, "compute ") {
 		t.Fatalf("fusionctl show on a:\n%s", show.stdout)
 	}
 	js, _ := json.Marshal(j.Events)

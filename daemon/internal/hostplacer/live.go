@@ -127,3 +127,19 @@ func (p *Placer) observe(r *sched.Request) {
 		p.policy.SetFragModel(p.learner.Model(shapeCoverage))
 	}
 }
+
+// LiveLoad is the live load the placer scores with (0..1): the host's CPU
+// load and each GPU's by device ID, refreshed as for a decision. Peers
+// gossip it.
+func (p *Placer) LiveLoad() (host float64, gpus map[string]float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refreshLive()
+	gpus = make(map[string]float64, len(p.node.GPUs))
+	for i := range p.node.GPUs {
+		if i < len(p.hw.GPUs) {
+			gpus[p.hw.GPUs[i].ID] = p.node.GPUs[i].Load
+		}
+	}
+	return p.node.Load, gpus
+}

@@ -482,15 +482,45 @@ func cmpOr(a, b string) string {
 
 var migSlicesRE = regexp.MustCompile(`^([1-8])g\.`)
 
-// request converts a job (its spec and effective tier) to an engine request.
+// request converts a job (its spec and effective tier) to an engine request
+// against this host.
 func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Request {
+	models := make([]string, 0, len(p.hw.GPUs))
+	for _, g := range p.hw.GPUs {
+		models = append(models, g.Model)
+	}
+	return EngineRequest(id, spec, tier, Target{GPUModels: models, MIGSlots: p.migSlots, ExclusiveCores: len(p.cores) > 0,
+		ResolveBitstream: p.opts.ResolveBitstream})
+}
+
+// Target is what converting a job to an engine request needs to know of
+// the host it is judged against.
+type Target struct {
+	// GPUModels are the host's GPU model names: a spec's model matches
+	// those that contain it, case-insensitively ("h200" matches
+	// "NVIDIA H200").
+	GPUModels []string
+	// MIGSlots is a MIG profile's compute slices there (nil: read from
+	// the profile's name, "3g.40gb" has 3).
+	MIGSlots func(profile string) int
+	// ExclusiveCores: guaranteed jobs take whole exclusive cores there.
+	ExclusiveCores bool
+	// ResolveBitstream turns a bitstream reference into the ID regions
+	// report as loaded (nil: as written).
+	ResolveBitstream func(ref string) (string, error)
+}
+
+// EngineRequest converts a job (its spec and effective tier) to an engine
+// request against target: the one conversion the placer uses for this
+// host and package peers for the hosts its peers gossip.
+func EngineRequest(id string, spec api.JobSpec, tier api.Tier, target Target) sched.Request {
 	r := spec.Resources
 	req := sched.Request{
 		ID: id, Class: spec.Class, Tier: tier, Priority: spec.Priority,
 		CPUMilli: int64(r.CPU), MemMiB: r.Memory.MiB(),
 		Topology: spec.Topology,
 	}
-	if tier == api.TierGuaranteed && r.CPU > 0 && len(p.cores) > 0 {
+	if tier == api.TierGuaranteed && r.CPU > 0 && target.ExclusiveCores {
 		// Guaranteed jobs get whole exclusive cores, a fraction rounded
 		// up; the engine counts them (1000 millicores each) instead of
 		// shared CPU.
@@ -498,9 +528,9 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 	}
 	if g := r.GPU; g != nil {
 		if g.Model != "" {
-			for _, hg := range p.hw.GPUs {
-				if strings.Contains(strings.ToLower(hg.Model), strings.ToLower(g.Model)) && !slices.Contains(req.GPUModels, hg.Model) {
-					req.GPUModels = append(req.GPUModels, hg.Model)
+			for _, m := range target.GPUModels {
+				if strings.Contains(strings.ToLower(m), strings.ToLower(g.Model)) && !slices.Contains(req.GPUModels, m) {
+					req.GPUModels = append(req.GPUModels, m)
 				}
 			}
 			if len(req.GPUModels) == 0 {
@@ -510,7 +540,11 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 		switch {
 		case g.MIG != "":
 			req.MIGProfile = g.MIG
-			req.MIGSlices = p.migSlots(g.MIG)
+			if target.MIGSlots != nil {
+				req.MIGSlices = target.MIGSlots(g.MIG)
+			} else {
+				req.MIGSlices = MIGSlicesOf(g.MIG)
+			}
 		case g.Share > 0:
 			req.GPUs, req.GPUMilli = 1, int64(g.Share)
 			req.GPUMemMiB = g.Memory.MiB()
@@ -520,8 +554,8 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 	}
 	if f := r.FPGA; f != nil {
 		req.Bitstream = f.Bitstream
-		if p.opts.ResolveBitstream != nil {
-			if id, err := p.opts.ResolveBitstream(f.Bitstream); err == nil {
+		if target.ResolveBitstream != nil {
+			if id, err := target.ResolveBitstream(f.Bitstream); err == nil {
 				req.Bitstream = id
 			}
 		}
@@ -591,6 +625,12 @@ func (p *Placer) migSlots(profile string) int {
 			}
 		}
 	}
+	return MIGSlicesOf(profile)
+}
+
+// MIGSlicesOf reads a MIG profile's compute slices from its name
+// ("3g.40gb": 3; 0 for a name of another form).
+func MIGSlicesOf(profile string) int {
 	if m := migSlicesRE.FindStringSubmatch(profile); m != nil {
 		n, _ := strconv.Atoi(m[1])
 		return n

@@ -600,11 +600,18 @@ func (m *Manager) AcceptHandover(from api.Provenance, userName string, spec api.
 	j.State, j.Reason, j.Allocation = api.StatePlaced, ev.Reason, &alloc
 	j.Events = append(j.Events, ev)
 	j.Version++
-	if err := m.store.PutJob(j); err != nil {
-		m.placer.Release(&j)
-		_ = m.store.DeleteJobs(j.ID)
-		m.noteStoreError(err)
-		return api.Job{}, fmt.Errorf("storing the job: %w", err)
+	// The acceptance is durable already (the pending record with its
+	// provenance and key). A job to start now is not written again as
+	// placed before the answer: its start writes the record (placement
+	// included), and a crash before that finds it pending, to be placed
+	// again like any queued job. A held gang member is written placed.
+	if hold > 0 {
+		if err := m.store.PutJob(j); err != nil {
+			m.placer.Release(&j)
+			_ = m.store.DeleteJobs(j.ID)
+			m.noteStoreError(err)
+			return api.Job{}, fmt.Errorf("storing the job: %w", err)
+		}
 	}
 	live := cloneJob(&j)
 	m.mu.Lock()

@@ -18,17 +18,28 @@ type changingHost struct{ cpu atomic.Int64 }
 func (h *changingHost) Capacity() api.NodeResources {
 	return api.NodeResources{CPU: api.MilliCPU(h.cpu.Load()), Memory: 1 << 30}
 }
-func (h *changingHost) Allocated() api.NodeResources  { return api.NodeResources{} }
-func (h *changingHost) Hardware() hostplacer.Hardware { return hostplacer.Hardware{} }
+func (h *changingHost) Allocated() api.NodeResources            { return api.NodeResources{} }
+func (h *changingHost) Hardware() hostplacer.Hardware           { return hostplacer.Hardware{} }
+func (h *changingHost) LiveLoad() (float64, map[string]float64) { return 0, nil }
 
 // BenchmarkConvergence measures, for N daemons' memberlists on loopback
 // (LAN profile, load gossiped every second), how long one daemon's load
-// change takes to reach all N: each op changes node 0's free CPU,
-// gossips it and waits until every node holds the new value. It also
-// reports the load-gossip bytes each node sent per second.
+// change takes to reach all N once it is gossiped: each op changes node
+// 0's free CPU, gossips it and waits until every node holds the new
+// value. It also reports the load-gossip bytes each node sent per second.
 //
 //	go test -run '^$' -bench Convergence -benchtime 20x ./daemon/internal/peers/
-func BenchmarkConvergence(b *testing.B) {
+func BenchmarkConvergence(b *testing.B) { benchConvergence(b, true) }
+
+// BenchmarkLoadChange is BenchmarkConvergence from the change of the
+// host's load itself: the broadcast loop notices it and gossips it. Each
+// change comes a broadcast interval after the last (outside the timing),
+// as a change after a quiet second does.
+//
+//	go test -run '^$' -bench LoadChange -benchtime 10x ./daemon/internal/peers/
+func BenchmarkLoadChange(b *testing.B) { benchConvergence(b, false) }
+
+func benchConvergence(b *testing.B, direct bool) {
 	for _, n := range []int{3, 10, 100} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			ca := newTestCA(b, b.TempDir())
@@ -77,9 +88,16 @@ func BenchmarkConvergence(b *testing.B) {
 			b.ResetTimer()
 			for i := range b.N {
 				cpu := int64(2000 + i)
+				if !direct {
+					b.StopTimer()
+					time.Sleep(nodes[0].cfg.Broadcast)
+					b.StartTimer()
+				}
 				hosts[0].cpu.Store(cpu)
 				t0 := time.Now()
-				nodes[0].gossip(localLoad(nodes[0].host, nodes[0].jobs))
+				if direct {
+					nodes[0].gossip(localLoad(nodes[0].host, nodes[0].jobs))
+				}
 				for !all(cpu) {
 					if time.Since(t0) > 30*time.Second {
 						b.Fatalf("load change %d did not reach every member in 30s", i)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // Cross-host gangs, two-phase: every member is offered with a hold (the
@@ -46,7 +47,7 @@ func (n *Node) ReserveGang(ctx context.Context, locals []string, members []api.J
 			release()
 			return nil, err
 		}
-		ranked, skipped := rank(job.Spec, cands)
+		ranked, skipped := n.ranker().rank(job.Spec, cands)
 		var refused []string
 		held := false
 		for r, c := range ranked {
@@ -64,7 +65,7 @@ func (n *Node) ReserveGang(ctx context.Context, locals []string, members []api.J
 				continue
 			}
 			hs = append(hs, api.Handover{Key: key, Peer: c.name, Address: c.api, RemoteID: a.RemoteID,
-				Why: fmt.Sprintf("member %d of %d held on peer %s, ranked %d of %d by gossiped load (score %.2f)", i+1, len(members), c.name, r+1, len(ranked), c.score)})
+				Why: fmt.Sprintf("member %d of %d held on peer %s, ranked %d of %d by gossiped load (%s)", i+1, len(members), c.name, r+1, len(ranked), c.explain())})
 			for k := range cands {
 				if cands[k].name == c.name {
 					cands[k].load = without(cands[k].load, job.Spec)
@@ -121,12 +122,14 @@ func without(l api.PeerLoad, spec api.JobSpec) api.PeerLoad {
 		case g.Share > 0:
 			l.GPUShareMilli -= g.Share
 		default:
-			l.GPUs = cloneCounts(l.GPUs)
+			l.GPUs, l.NVLink = cloneCounts(l.GPUs), cloneCounts(l.NVLink)
 			need := g.Count
 			for m, c := range l.GPUs {
 				if need > 0 && (g.Model == "" || strings.Contains(strings.ToLower(m), strings.ToLower(g.Model))) {
 					take := min(c, need)
 					l.GPUs[m] -= take
+					l.NVLink[m] = min(l.NVLink[m], l.GPUs[m])
+					l.GPUShareMilli -= take * sched.MilliPerGPU
 					need -= take
 				}
 			}

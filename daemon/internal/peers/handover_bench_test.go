@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,12 +26,25 @@ func TestMain(m *testing.M) {
 // its peers by gossiped load and offers the job over mutual TLS; the peer
 // admits and places it with its own job manager (placer, store writes)
 // and answers. Jobs go one at a time; each accepted job runs `true` on
-// the peer.
+// the peer. The peer's state directory is on disk ("disk", the test's
+// temporary directory) or in memory ("tmpfs", /dev/shm): the difference
+// is the synced store writes.
 //
 //	go test -run '^$' -bench Handover -benchtime 200x ./daemon/internal/peers/
 func BenchmarkHandover(b *testing.B) {
+	b.Run("disk", func(b *testing.B) { benchHandover(b, b.TempDir()) })
+	b.Run("tmpfs", func(b *testing.B) {
+		dir, err := os.MkdirTemp("/dev/shm", "handover")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		benchHandover(b, dir)
+	})
+}
+
+func benchHandover(b *testing.B, dir string) {
 	ca := newTestCA(b, b.TempDir())
-	dir := b.TempDir()
 	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
 	if err != nil {
 		b.Fatal(err)
@@ -50,7 +64,8 @@ func BenchmarkHandover(b *testing.B) {
 	}
 	origin := start("origin", newFakeJobs(), &fakeHost{cpu: 1000})
 	defer origin.Close()
-	peer := start("peer", mgr, &fakeHost{cpu: 64000}, origin.GossipAddr())
+	timed := &timedJobs{Jobs: mgr}
+	peer := start("peer", timed, &fakeHost{cpu: 64000}, origin.GossipAddr())
 	defer peer.Close()
 	mgr.SetOverflow(peer, jobs.OverflowConfig{})
 	if err := mgr.Recover(); err != nil {
@@ -82,4 +97,27 @@ func BenchmarkHandover(b *testing.B) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "ms-p50")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "ms-p99")
+	timed.mu.Lock()
+	defer timed.mu.Unlock()
+	slices.Sort(timed.took)
+	b.ReportMetric(float64(timed.took[len(timed.took)/2].Microseconds())/1000, "ms-accept-p50")
+	b.ReportMetric(float64(timed.took[len(timed.took)*99/100].Microseconds())/1000, "ms-accept-p99")
+}
+
+// timedJobs times the peer's job manager accepting each hand-over (its
+// placement and durable store writes): the rest of a hand-over is the
+// origin's ranking and the peer API's round trip.
+type timedJobs struct {
+	Jobs
+	mu   sync.Mutex
+	took []time.Duration
+}
+
+func (t *timedJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
+	t0 := time.Now()
+	j, err := t.Jobs.AcceptHandover(from, user, spec, hold)
+	t.mu.Lock()
+	t.took = append(t.took, time.Since(t0))
+	t.mu.Unlock()
+	return j, err
 }

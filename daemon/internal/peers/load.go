@@ -2,6 +2,7 @@ package peers
 
 import (
 	"context"
+	"math"
 	"slices"
 	"time"
 
@@ -14,6 +15,7 @@ type Host interface {
 	Capacity() api.NodeResources
 	Allocated() api.NodeResources
 	Hardware() hostplacer.Hardware
+	LiveLoad() (host float64, gpus map[string]float64)
 }
 
 // Jobs is the job manager as peers use it (jobs.Manager): the queue's
@@ -49,7 +51,12 @@ func localLoad(h Host, j Jobs) api.PeerLoad {
 	case cordoned:
 		l.Health = "cordoned"
 	}
-	for _, g := range hw.GPUs {
+	cpuLoad, gpuLoad := h.LiveLoad()
+	l.CPULoad = hundredths(cpuLoad)
+	var loadSum float64
+	loadN := 0
+	free := map[int]bool{} // indices of free whole GPUs, for NVLink
+	for gi, g := range hw.GPUs {
 		if !g.Health.Healthy || held[g.ID] && g.MIG != nil {
 			continue
 		}
@@ -71,13 +78,29 @@ func localLoad(h Host, j Jobs) api.PeerLoad {
 			continue
 		}
 		if held[g.ID] {
-			if s, ok := shares[g.ID]; ok {
-				l.GPUShareMilli += max(1000-s, 0)
+			if s, ok := shares[g.ID]; ok && s < 1000 {
+				l.GPUShareMilli += 1000 - s
+				loadSum += gpuLoad[g.ID]
+				loadN++
 			}
 			continue
 		}
 		addCount(&l.GPUs, g.Model, 1)
 		l.GPUShareMilli += 1000
+		loadSum += gpuLoad[g.ID]
+		loadN++
+		free[gi] = true
+	}
+	if loadN > 0 {
+		l.GPULoad = hundredths(loadSum / float64(loadN))
+	}
+	if len(hw.NVLink) > 0 {
+		// Only a host that knows its links says how its free GPUs are
+		// linked (1: none of them is); without it the engine assumes
+		// nothing.
+		for model, k := range nvlinkGroups(hw, free) {
+			addCount(&l.NVLink, model, k)
+		}
 	}
 	for _, f := range hw.FPGAs {
 		if !f.Health.Healthy || held[f.ID] {
@@ -97,4 +120,40 @@ func addCount(m *map[string]int, k string, n int) {
 		*m = map[string]int{}
 	}
 	(*m)[k] += n
+}
+
+// hundredths rounds a load to 0.01 so that noise does not count as a
+// change worth gossiping.
+func hundredths(v float64) float64 { return math.Round(min(max(v, 0), 1)*100) / 100 }
+
+// nvlinkGroups is, per model, the size of the largest set of free GPUs
+// (indices into hw.GPUs) connected by NVLink among themselves.
+func nvlinkGroups(hw hostplacer.Hardware, free map[int]bool) map[string]int {
+	parent := map[int]int{}
+	var find func(int) int
+	find = func(i int) int {
+		if p, ok := parent[i]; ok && p != i {
+			r := find(p)
+			parent[i] = r
+			return r
+		}
+		return i
+	}
+	for _, e := range hw.NVLink {
+		a, b := e[0], e[1]
+		if !free[a] || !free[b] || hw.GPUs[a].Model != hw.GPUs[b].Model {
+			continue
+		}
+		parent[find(a)] = find(b)
+	}
+	size := map[int]int{}
+	for i := range free {
+		size[find(i)]++
+	}
+	out := map[string]int{}
+	for root, k := range size {
+		m := hw.GPUs[root].Model
+		out[m] = max(out[m], k)
+	}
+	return out
 }

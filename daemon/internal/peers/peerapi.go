@@ -209,7 +209,7 @@ func readAnswer(resp *http.Response) ([]byte, error) {
 // ranked first, until one accepts.
 func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handover, error) {
 	key := n.cfg.NodeName + "/" + local
-	ranked, skipped := rank(job.Spec, n.candidates())
+	ranked, skipped := n.ranker().rank(job.Spec, n.candidates())
 	if len(ranked) == 0 {
 		if len(skipped) == 0 {
 			return api.Handover{}, errors.New("no live peer with a recent load")
@@ -223,7 +223,7 @@ func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handov
 	var refused []string
 	for i, c := range ranked {
 		h := api.Handover{Key: key, Peer: c.name, Address: c.api}
-		why := fmt.Sprintf("peer %s ranked %d of %d by gossiped load (score %.2f)", c.name, i+1, len(ranked), c.score)
+		why := fmt.Sprintf("peer %s ranked %d of %d by gossiped load (%s)", c.name, i+1, len(ranked), c.explain())
 		if len(refused) > 0 {
 			why += " after " + strings.Join(refused, "; ")
 		}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // Config is the membership and peer API's configuration (the daemon's
@@ -52,14 +53,18 @@ type Config struct {
 	KeyringFile string
 	// CertFile, KeyFile and CAFile are the peer API's mutual TLS.
 	CertFile, KeyFile, CAFile string
-	// Broadcast is how often this daemon reads its load: gossiped when it
-	// changed, and every 5 intervals regardless.
+	// Broadcast is how often at most this daemon gossips its load: when it
+	// changed (looked at ten times per interval), and every 5 intervals
+	// regardless.
 	Broadcast time.Duration
 	// Lease is how long a job handed over here runs without a poll from
 	// its origin before it is stopped.
 	Lease time.Duration
 	// MaxLoadAge: a peer whose load is older is not offered jobs.
 	MaxLoadAge time.Duration
+	// Profiles are the placement engine's class profiles peers are
+	// ranked with (nil: the engine's defaults), as the placer's.
+	Profiles sched.Profiles
 }
 
 // Node is this daemon as a member.
@@ -309,21 +314,25 @@ func (n *Node) joinLoop() {
 	}
 }
 
-// broadcastLoop looks at this host's load every Broadcast interval and
-// gossips it when it changed, and every 5 intervals regardless (so peers'
-// views stay fresh). Gossiping only changes keeps a large quiet cluster
-// within memberlist's gossip budget (GossipNodes packets per
-// GossipInterval), where every load change of every member must be
-// relayed.
+// broadcastLoop gossips this host's load when it changed, at most once
+// per Broadcast interval, and every 5 intervals regardless (so peers'
+// views stay fresh). It looks at the load ten times per interval, so a
+// change after a quiet interval goes out within a tenth of it instead of
+// waiting for the next interval; a change within an interval of the last
+// message goes out when the interval has passed. Gossiping only changes,
+// at most one per interval, keeps a large quiet cluster within
+// memberlist's gossip budget (GossipNodes packets per GossipInterval),
+// where every load change of every member must be relayed.
 func (n *Node) broadcastLoop() {
 	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.Broadcast)
+	t := time.NewTicker(max(n.cfg.Broadcast/10, 5*time.Millisecond))
 	defer t.Stop()
 	var last api.PeerLoad
 	var lastSent time.Time
 	for {
 		l := localLoad(n.host, n.jobs)
-		if !sameLoad(l, last) || time.Since(lastSent) >= 5*n.cfg.Broadcast {
+		since := time.Since(lastSent)
+		if lastSent.IsZero() || since >= 5*n.cfg.Broadcast || since >= n.cfg.Broadcast && !sameLoad(l, last) {
 			n.gossip(l)
 			last, lastSent = l, time.Now()
 		}
@@ -546,10 +555,13 @@ func (n *Node) candidates() []candidate {
 		if !ok || now.Sub(v.received) > n.cfg.MaxLoadAge {
 			continue
 		}
-		out = append(out, candidate{name: name, api: cmpOr(addr, v.msg.API), load: v.msg.Load})
+		out = append(out, candidate{name: name, api: cmpOr(addr, v.msg.API), load: v.msg.Load, age: now.Sub(v.received)})
 	}
 	return out
 }
+
+// ranker ranks peers with the engine and this daemon's profiles.
+func (n *Node) ranker() ranker { return ranker{profiles: n.cfg.Profiles, maxAge: n.cfg.MaxLoadAge} }
 
 func cmpOr(a, b string) string {
 	if a != "" {

@@ -79,6 +79,9 @@ func (ca *testCA) issue(t testing.TB, name string) (string, string) {
 type fakeHost struct {
 	cpu  api.MilliCPU
 	gpus []devices.Device
+	// nvlink joins GPUs; gpuLoad is every GPU's live load.
+	nvlink  [][2]int
+	gpuLoad float64
 }
 
 func (h *fakeHost) Capacity() api.NodeResources {
@@ -86,16 +89,24 @@ func (h *fakeHost) Capacity() api.NodeResources {
 }
 func (h *fakeHost) Allocated() api.NodeResources { return api.NodeResources{} }
 func (h *fakeHost) Hardware() hostplacer.Hardware {
-	return hostplacer.Hardware{CPU: h.cpu, Memory: 64 << 30, GPUs: h.gpus}
+	return hostplacer.Hardware{CPU: h.cpu, Memory: 64 << 30, GPUs: h.gpus, NVLink: h.nvlink}
+}
+func (h *fakeHost) LiveLoad() (float64, map[string]float64) {
+	gpus := map[string]float64{}
+	for _, g := range h.gpus {
+		gpus[g.ID] = h.gpuLoad
+	}
+	return 0, gpus
 }
 
 // fakeJobs accepts or refuses offers and records what it was asked.
 type fakeJobs struct {
-	mu       sync.Mutex
-	refuse   string
-	accepted map[string]*api.Job
-	offers   int
-	cancels  []string
+	mu          sync.Mutex
+	heldDevices map[string]bool
+	refuse      string
+	accepted    map[string]*api.Job
+	offers      int
+	cancels     []string
 	// held, committed, released: gang member keys.
 	held, committed, released []string
 }
@@ -127,7 +138,7 @@ func (f *fakeJobs) ReleaseHeld(key string) bool {
 func newFakeJobs() *fakeJobs { return &fakeJobs{accepted: map[string]*api.Job{}} }
 
 func (f *fakeJobs) QueueLoad() (int, time.Duration, map[string]int, bool) { return 0, 0, nil, false }
-func (f *fakeJobs) HeldDevices() map[string]bool                          { return nil }
+func (f *fakeJobs) HeldDevices() map[string]bool                          { return f.heldDevices }
 func (f *fakeJobs) Ready() error                                          { return nil }
 func (f *fakeJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
 	f.mu.Lock()
@@ -412,25 +423,26 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	one := []devices.Device{{ID: "GPU-1", Kind: devices.GPU, Model: "NVIDIA H100", Health: devices.Health{Healthy: true}}}
 	two := append(one, devices.Device{ID: "GPU-2", Kind: devices.GPU, Model: "NVIDIA H100", Health: devices.Health{Healthy: true}})
 	a := c.start("a", &fakeHost{cpu: 4000}, nil)
-	c.start("b", &fakeHost{cpu: 8000, gpus: two}, nil, a.GossipAddr()) // ranked first: more free GPUs
-	c.start("c", &fakeHost{cpu: 8000, gpus: one}, nil, a.GossipAddr())
-	c.start("d", &fakeHost{cpu: 8000}, nil, a.GossipAddr()) // no GPU: never offered
+	c.start("b", &fakeHost{cpu: 8000, gpus: two}, nil, a.GossipAddr())
+	c.start("c", &fakeHost{cpu: 8000, gpus: one}, nil, a.GossipAddr()) // ranked first: the engine packs (fragmentation)
+	c.start("d", &fakeHost{cpu: 8000}, nil, a.GossipAddr())            // no GPU: never offered
 	eventually(t, "loads", func() bool { return len(loads(a)) == 4 })
-	c.jobs[1].refuse = "no room after all"
+	c.jobs[2].refuse = "no room after all"
 	job := api.Job{ID: "7", Spec: gpuSpec(), Owner: api.Owner{User: "root"}}
 	h, err := a.Offer(context.Background(), "7#2", job)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Peer != "c" || h.RemoteID == "" || h.Key != "a/7#2" || !strings.Contains(h.Why, "b refused (no room after all)") {
+	if h.Peer != "b" || h.RemoteID == "" || h.Key != "a/7#2" || !strings.Contains(h.Why, "c refused (no room after all)") ||
+		!strings.Contains(h.Why, "fragmentation") {
 		t.Fatalf("handover %+v", h)
 	}
 	if c.jobs[1].offers != 1 || c.jobs[2].offers != 1 || c.jobs[3].offers != 0 {
 		t.Fatalf("offers reached b %d, c %d, d %d times", c.jobs[1].offers, c.jobs[2].offers, c.jobs[3].offers)
 	}
 	again, err := a.Offer(context.Background(), "7#2", job)
-	if err != nil || again.RemoteID != h.RemoteID || len(c.jobs[2].accepted) != 1 {
-		t.Fatalf("the same key offered again: %+v, %v; c holds %d jobs", again, err, len(c.jobs[2].accepted))
+	if err != nil || again.RemoteID != h.RemoteID || len(c.jobs[1].accepted) != 1 {
+		t.Fatalf("the same key offered again: %+v, %v; b holds %d jobs", again, err, len(c.jobs[1].accepted))
 	}
 	st, err := a.Poll(context.Background(), h, 0)
 	if err != nil || st.ID != h.RemoteID || st.State != api.StateRunning {
@@ -442,12 +454,12 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	if st, _ := a.Poll(context.Background(), h, 0); st.State != api.StateCancelled {
 		t.Fatalf("after cancel the peer reports %s", st.State)
 	}
-	if _, err := a.Poll(context.Background(), api.Handover{Key: "a/9#1", Peer: "c", Address: h.Address}, 0); !errors.Is(err, jobs.ErrRemoteGone) {
+	if _, err := a.Poll(context.Background(), api.Handover{Key: "a/9#1", Peer: "b", Address: h.Address}, 0); !errors.Is(err, jobs.ErrRemoteGone) {
 		t.Fatalf("poll of a key the peer never had: %v", err)
 	}
-	c.jobs[2].refuse = "full"
+	c.jobs[1].refuse = "full"
 	if _, err := a.Offer(context.Background(), "8#2", api.Job{ID: "8", Spec: gpuSpec()}); err == nil ||
-		!strings.Contains(err.Error(), "b refused") || !strings.Contains(err.Error(), "c refused (full)") {
+		!strings.Contains(err.Error(), "c refused") || !strings.Contains(err.Error(), "b refused (full)") {
 		t.Fatalf("every peer refusing: %v", err)
 	}
 }

@@ -3,114 +3,188 @@ package peers
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // candidate is a peer that, by its gossiped load, could take a job.
 type candidate struct {
 	name, api string
-	score     float64
 	load      api.PeerLoad
+	// age is how old the view of load is.
+	age time.Duration
+	// score is the placement engine's on the peer's gossiped load, less
+	// the penalties (queue, wait, age); parts the engine's per dimension.
+	score   float64
+	engine  float64
+	parts   [sched.NumDims]float64
+	penalty float64
 }
 
-// fits reports whether load has room for spec's resources, and why not.
-func fits(spec api.JobSpec, l api.PeerLoad) (bool, string) {
-	r := spec.Resources
-	switch {
-	case l.Health != "ok":
-		return false, l.Health
-	case r.CPU > l.CPU:
-		return false, fmt.Sprintf("%dm CPU free", l.CPU)
-	case r.Memory > l.Memory:
-		return false, fmt.Sprintf("%s memory free", l.Memory)
-	}
-	if g := r.GPU; g != nil {
-		switch {
-		case g.MIG != "":
-			if l.MIG[g.MIG] < 1 {
-				return false, "no MIG " + g.MIG + " instance free"
+// Penalties on the engine's score (0..1) for what the engine does not
+// see: each job queued on the peer, each second its oldest has waited,
+// and the age of the view (0.1 at MaxLoadAge, past which the peer is not
+// offered at all).
+const (
+	queuePenalty = 0.1
+	waitPenalty  = 0.1
+	agePenalty   = 0.1
+)
+
+// ranker ranks peers for a job with the placement engine (sched.Weighted
+// with the daemon's class profiles and the GPU model table) over engine
+// nodes built from each peer's gossiped load: the same scoring the
+// daemon's placer uses for this host.
+type ranker struct {
+	profiles sched.Profiles
+	maxAge   time.Duration
+}
+
+// peerTarget is what the gossip tells of a peer's GPUs for converting a
+// spec to an engine request: the models it has free.
+func peerTarget(l api.PeerLoad) hostplacer.Target {
+	return hostplacer.Target{GPUModels: slices.Sorted(maps.Keys(l.GPUs))}
+}
+
+// peerNodes builds the engine's nodes for a peer's gossiped load (engine
+// nodes hold one GPU model, so a peer gets one per model it has free): the
+// free CPU and memory as capacity, each free whole GPU with the peer's GPU
+// load, the NVLink group of free GPUs joined all to all (where the peer
+// knows its links), the share headroom beyond whole GPUs as shared GPUs
+// (on the first model's node),
+// the MIG instances it could give as free instances of their profile, and
+// its free FPGA regions, one holding each loaded bitstream.
+func peerNodes(name string, l api.PeerLoad) []*sched.Node {
+	base := func(model string) *sched.Node {
+		n := sched.NewNode(name, int64(l.CPU), l.Memory.WholeMiB(), 0, model)
+		n.Load = min(max(l.CPULoad, 0), 1)
+		for i := range min(l.FPGAFree, 64) { // gossiped: bounded
+			r := sched.FPGARegion{}
+			if i < len(l.Bitstreams) {
+				r.Bitstream = l.Bitstreams[i]
 			}
-		case g.Share > 0:
-			if l.GPUShareMilli < g.Share {
-				return false, fmt.Sprintf("%d milli-GPU of share headroom", l.GPUShareMilli)
+			n.FPGAs = append(n.FPGAs, r)
+		}
+		return n
+	}
+	gpuLoad := min(max(l.GPULoad, 0), 1)
+	var out []*sched.Node
+	whole := 0
+	for _, model := range slices.Sorted(maps.Keys(l.GPUs)) {
+		k := min(max(l.GPUs[model], 0), 64)
+		if k == 0 {
+			continue
+		}
+		whole += k
+		n := base(model)
+		idle := 0.0
+		if spec, ok := sched.LookupGPU(model); ok {
+			idle = spec.IdleW
+		}
+		for range k {
+			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, Load: gpuLoad, IdleWatts: idle})
+		}
+		if g, known := l.NVLink[model]; known {
+			linked := min(g, k)
+			for a := range linked {
+				for b := a + 1; b < linked; b++ {
+					n.NVLink = append(n.NVLink, [2]int{a, b})
+				}
 			}
-		case g.Count > 0:
-			if n := gpusOf(l, g.Model); n < g.Count {
-				return false, fmt.Sprintf("%d matching GPUs free", n)
+			if len(n.NVLink) == 0 {
+				// The peer knows its links and none joins two free GPUs:
+				// a pair the engine skips (out of range) says links are
+				// known, so sets of unlinked GPUs score no locality.
+				n.NVLink = [][2]int{{-1, -1}}
 			}
 		}
+		out = append(out, n)
 	}
-	if f := r.FPGA; f != nil && l.FPGAFree == 0 {
-		return false, "no FPGA region free"
-	}
-	return true, ""
-}
-
-// gpusOf counts free GPUs whose model contains model (the placer's own
-// matching: "h200" matches "NVIDIA H200").
-func gpusOf(l api.PeerLoad, model string) int {
-	n := 0
-	for m, c := range l.GPUs {
-		if model == "" || strings.Contains(strings.ToLower(m), strings.ToLower(model)) {
-			n += c
+	if shared := l.GPUShareMilli - whole*sched.MilliPerGPU; shared > 0 {
+		if len(out) == 0 {
+			out = append(out, base(""))
+		}
+		n := out[0]
+		for left := shared; left > 0 && len(n.GPUs) < 64; left -= sched.MilliPerGPU - 1 {
+			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: int64(min(left, sched.MilliPerGPU-1)), Load: gpuLoad})
 		}
 	}
-	return n
+	if len(l.MIG) > 0 {
+		// The gossip names no model for MIG GPUs: a node of its own.
+		n := base("")
+		for _, p := range slices.Sorted(maps.Keys(l.MIG)) {
+			s, k := max(hostplacer.MIGSlicesOf(p), 1), min(max(l.MIG[p], 0), 64)
+			if k == 0 {
+				continue
+			}
+			k = min(k, 64/s) // the engine models up to 64 slices a GPU
+			m := &sched.MIG{TotalSlices: s * k}
+			for i := range k {
+				m.Instances = append(m.Instances, sched.MIGInstance{Profile: p, Start: i * s, Slices: s})
+			}
+			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, MIG: m, Load: gpuLoad})
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		out = append(out, base(""))
+	}
+	return out
 }
 
-// score ranks a peer for spec from its gossiped load, higher first: the
-// headroom left after the job on each dimension the job asks for (left
-// over free, 0 to 1, averaged: the emptiest peer first, as the engine's
-// spread), less 0.1 per queued job there, and less 0.1 per second its
-// oldest queued job has waited. A job that already holds its bitstream
-// there gains 0.5.
-func score(spec api.JobSpec, l api.PeerLoad) float64 {
-	r := spec.Resources
-	var sum float64
-	n := 0
-	left := func(need, free float64) {
-		if need <= 0 || free <= 0 {
-			return
-		}
-		sum += (free - need) / free
-		n++
+// rank orders the peers that fit spec by their gossiped load, best first
+// (ties by name), and says of the others why they were left out. A peer
+// fits when one of its engine nodes passes the engine's filter; its score
+// is its best node's.
+func (rk ranker) rank(spec api.JobSpec, peers []candidate) ([]candidate, []string) {
+	tier := spec.Tier
+	if tier == "" {
+		tier = api.TierBurstable
 	}
-	left(float64(r.CPU), float64(l.CPU))
-	left(float64(r.Memory), float64(l.Memory))
-	if g := r.GPU; g != nil {
-		switch {
-		case g.MIG != "":
-			left(1, float64(l.MIG[g.MIG]))
-		case g.Share > 0:
-			left(float64(g.Share), float64(l.GPUShareMilli))
-		default:
-			left(float64(g.Count), float64(gpusOf(l, g.Model)))
-		}
-	}
-	s := 1.0
-	if n > 0 {
-		s = sum / float64(n)
-	}
-	if f := r.FPGA; f != nil && slices.Contains(l.Bitstreams, f.Bitstream) {
-		s += 0.5
-	}
-	return s - 0.1*float64(l.Queue) - 0.1*float64(l.Wait)/1e9
-}
-
-// rank orders the peers that fit spec, best first (ties by name), and
-// says of the others why they were left out.
-func rank(spec api.JobSpec, peers []candidate) ([]candidate, []string) {
 	var out []candidate
 	var skipped []string
 	for _, p := range peers {
-		if ok, why := fits(spec, p.load); !ok {
-			skipped = append(skipped, p.name+": "+why)
+		if p.load.Health != "ok" {
+			skipped = append(skipped, p.name+": "+p.load.Health)
 			continue
 		}
-		p.score = score(spec, p.load)
+		if spec.Resources.FPGA != nil && p.load.FPGAFree == 0 {
+			skipped = append(skipped, p.name+": no FPGA region free")
+			continue
+		}
+		req := hostplacer.EngineRequest("offer", spec, tier, peerTarget(p.load))
+		if req.MIGProfile != "" {
+			req.GPUModels = nil // the gossip names no model for MIG GPUs; the peer re-checks
+		}
+		best, why := -1.0, []string{}
+		for _, n := range peerNodes(p.name, p.load) {
+			d, err := rk.place(&req, n)
+			if err != nil {
+				why = append(why, refusal(d, p.load))
+				continue
+			}
+			if d.Score > best {
+				best, p.engine = d.Score, d.Score
+				if len(d.Candidates) > 0 {
+					p.parts = d.Candidates[0].Parts
+				}
+			}
+		}
+		if best < 0 {
+			skipped = append(skipped, p.name+": "+strings.Join(slices.Compact(why), "; "))
+			continue
+		}
+		p.penalty = queuePenalty*float64(p.load.Queue) + waitPenalty*time.Duration(p.load.Wait).Seconds()
+		if rk.maxAge > 0 {
+			p.penalty += agePenalty * min(float64(p.age)/float64(rk.maxAge), 1)
+		}
+		p.score = p.engine - p.penalty
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b candidate) int {
@@ -120,4 +194,51 @@ func rank(spec api.JobSpec, peers []candidate) ([]candidate, []string) {
 		return cmp.Compare(a.name, b.name)
 	})
 	return out, skipped
+}
+
+// refusal says why the engine's filter left a peer's node out, with the
+// gossiped amount the reason is about.
+func refusal(d sched.Decision, l api.PeerLoad) string {
+	if len(d.Rejected) == 0 {
+		return d.WaitReason()
+	}
+	r := d.Rejected[0].Reason
+	switch r {
+	case sched.ReasonCPU:
+		return fmt.Sprintf("%s (%dm free)", r, l.CPU)
+	case sched.ReasonMemory:
+		return fmt.Sprintf("%s (%s free)", r, l.Memory)
+	case sched.ReasonGPUs, sched.ReasonGPUModel:
+		return fmt.Sprintf("%s (free: %v)", r, l.GPUs)
+	case sched.ReasonGPUShare:
+		return fmt.Sprintf("%s (%d milli-GPU of share headroom)", r, l.GPUShareMilli)
+	}
+	return string(r)
+}
+
+// place runs the engine on one node. The policy is new for each: it caches
+// per node index and state version, which peers' nodes do not keep.
+func (rk ranker) place(req *sched.Request, n *sched.Node) (sched.Decision, error) {
+	policy := sched.NewWeighted(rk.profiles, nil)
+	policy.ModelTable = true
+	return sched.NewEngine(sched.Options{Policy: policy, Explain: 1}).Place(req, []*sched.Node{n})
+}
+
+// explain says how c scored: the engine's score by dimension and the
+// penalties.
+func (c candidate) explain() string {
+	var parts []string
+	for d := range sched.NumDims {
+		if v := c.parts[d]; v != 0 {
+			parts = append(parts, fmt.Sprintf("%s %.2f", d, v))
+		}
+	}
+	s := fmt.Sprintf("score %.2f: engine %.2f", c.score, c.engine)
+	if len(parts) > 0 {
+		s += " (" + strings.Join(parts, ", ") + ")"
+	}
+	if c.penalty >= 0.005 {
+		s += fmt.Sprintf(" less %.2f for queue, wait and age", c.penalty)
+	}
+	return s
 }
