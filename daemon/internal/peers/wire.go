@@ -66,12 +66,23 @@ type offerAnswer struct {
 	Why      string `json:"why,omitempty"`
 }
 
-func strict(b []byte, v any) error {
+// strict decodes a message that asks this daemon to act (an offer, its
+// answer, a status): a field this version does not know is an error, so
+// a job is never run without a part of its spec.
+func strict(b []byte, v any) error { return decode(b, v, true) }
+
+// tolerant decodes gossip (load, state, metadata): fields a newer daemon
+// adds are ignored, so a cluster can be upgraded one daemon at a time.
+func tolerant(b []byte, v any) error { return decode(b, v, false) }
+
+func decode(b []byte, v any, strict bool) error {
 	if len(b) > maxBody {
 		return fmt.Errorf("message of %d bytes is over the %d-byte limit", len(b), maxBody)
 	}
 	d := json.NewDecoder(bytes.NewReader(b))
-	d.DisallowUnknownFields()
+	if strict {
+		d.DisallowUnknownFields()
+	}
 	if err := d.Decode(v); err != nil {
 		return err
 	}
@@ -114,7 +125,7 @@ func decodeLoad(b []byte) (loadMsg, error) {
 	if len(b) > maxLoadBytes {
 		return m, fmt.Errorf("load message of %d bytes is over the %d-byte limit", len(b), maxLoadBytes)
 	}
-	if err := strict(b[1:], &m); err != nil {
+	if err := tolerant(b[1:], &m); err != nil {
 		return m, fmt.Errorf("load message: %w", err)
 	}
 	if m.Node == "" {
@@ -136,7 +147,7 @@ func decodeState(b []byte) ([]loadMsg, error) {
 		return nil, errors.New("not a state message")
 	}
 	var loads []loadMsg
-	if err := strict(b[1:], &loads); err != nil {
+	if err := tolerant(b[1:], &loads); err != nil {
 		return nil, fmt.Errorf("state message: %w", err)
 	}
 	if len(loads) > maxStateLoads {
@@ -158,7 +169,7 @@ func decodeMeta(b []byte) (meta, error) {
 	if len(b) > maxMetaBytes {
 		return m, fmt.Errorf("node metadata of %d bytes, over %d", len(b), maxMetaBytes)
 	}
-	err := strict(b, &m)
+	err := tolerant(b, &m)
 	return m, err
 }
 
