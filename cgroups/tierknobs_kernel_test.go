@@ -59,3 +59,29 @@ func TestKernelTierKnobs(t *testing.T) {
 		t.Errorf("CPUDir %s: %v", cg.CPUDir(), err)
 	}
 }
+
+// A best-effort job whose own quota (500m) is over its tier's (300m, the
+// QoS or reclaim loop throttling the tier) is still created: cgroup v1
+// refuses a child quota over its parent's, so it is written at the
+// tier's, which holds the job anyway; v2 takes it as it is.
+func TestKernelJobQuotaUnderThrottledTier(t *testing.T) {
+	m := newKernelManager(t)
+	if err := m.SetTierCPUQuota(BestEffort, 300); err != nil {
+		t.Fatal(err)
+	}
+	cg := mustCreate(t, m, "lent", Placement{Tier: BestEffort, SharedCPUs: onlineCPUs(t), CPURequestMilli: 500, CPULimitMilli: 500})
+	file, want := cg.CPUDir()+"/cpu.max", "50000 100000"
+	if m.Mode() == ModeV1 {
+		file, want = cg.CPUDir()+"/cpu.cfs_quota_us", "30000"
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != want {
+		t.Errorf("%s = %s, want %s", file, got, want)
+	}
+	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -100,6 +100,7 @@ func v1Resources(l Limits) *specs.LinuxResources {
 }
 
 func (b *v1) apply(rel string, l Limits) error {
+	l.CPUQuota = b.underParent(rel, l.CPUQuota, l.CPUPeriod)
 	res := v1Resources(l)
 	if b.devicesMatch(rel, l.Devices) {
 		// Rewriting the rules starts with deny-all: skip it when nothing
@@ -151,6 +152,32 @@ func (b *v1) setCPUMax(rel string, quota int64, period uint64) error {
 		return err
 	}
 	return os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
+}
+
+// underParent is quota (µs per period; 0 or less: none) at most what
+// the parent cgroup's CFS quota allows: v1 refuses a larger one (EINVAL)
+// — as under the best-effort tier while the QoS or reclaim loop throttles
+// it — and holds the cgroup to its parent's anyway.
+func (b *v1) underParent(rel string, quota int64, period uint64) int64 {
+	if quota <= 0 {
+		return quota // none: the parent's holds
+	}
+	if period == 0 {
+		period = DefaultCPUPeriod
+	}
+	read := func(name string) int64 {
+		v, err := os.ReadFile(b.file(cgroup1.Cpu, filepath.Dir(rel), name))
+		if err != nil {
+			return 0
+		}
+		n, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+		return n
+	}
+	pq, pp := read("cpu.cfs_quota_us"), read("cpu.cfs_period_us")
+	if pq <= 0 || pp <= 0 {
+		return quota
+	}
+	return min(quota, pq*int64(period)/pp)
 }
 
 func (b *v1) exists(rel string) bool {

@@ -196,6 +196,19 @@ func colocationRun(b *testing.B, python, name string, reclaim bool, slo time.Dur
 			}
 		}
 	}
+	var done int
+	for _, id := range ids {
+		j, err := c.Get(ctx, id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		switch j.State {
+		case api.StateSucceeded:
+			done++
+		case api.StateFailed:
+			b.Errorf("batch job %s failed: %s", id, j.Reason)
+		}
+	}
 	sj, err := c.Get(ctx, svc.ID)
 	if err != nil {
 		b.Fatal(err)
@@ -212,6 +225,7 @@ func colocationRun(b *testing.B, python, name string, reclaim bool, slo time.Dur
 	cpuHoursPerDay := cpuS / 3600 * (24 * time.Hour).Seconds() / colocationDay.Seconds()
 	b.ReportMetric(cpuS, "batch-cpu-s")
 	b.ReportMetric(cpuHoursPerDay, "batch-cpu-h/day")
+	b.ReportMetric(float64(done), "batch-done")
 	b.ReportMetric(float64(placed), "placed-reclaimed")
 	b.ReportMetric(float64(len(throttled)), "throttled")
 	b.ReportMetric(float64(evictions), "evicted")
@@ -219,8 +233,8 @@ func colocationRun(b *testing.B, python, name string, reclaim bool, slo time.Dur
 	b.ReportMetric(float64(med)/1e6, "svc-p99-median-ms")
 	b.ReportMetric(float64(worst)/1e6, "svc-p99-worst-ms")
 	b.ReportMetric(svcThrottled, "svc-throttled-s")
-	b.Logf("%s: batch %.1f CPU-s over a %v day (%.1f CPU-hours a day at this rate) in %d starts of %d jobs, %d on reclaimed capacity (reclaimable CPU up to %v), %d held below their requests, %d evicted, %d restarted; service run-queue p99 per window: median %v, worst %v, %d of %d windows over the %v SLO; service throttled %.2fs",
-		name, cpuS, colocationDay, cpuHoursPerDay, starts, batchJobs, placed, maxReclaimable, len(throttled), evictions, len(restarted), med, worst, over, len(p99s), slo, svcThrottled)
+	b.Logf("%s: batch %.1f CPU-s over a %v day (%.1f CPU-hours a day at this rate) in %d starts of %d jobs (%d done), %d on reclaimed capacity (reclaimable CPU up to %v), %d held below their requests, %d evicted, %d restarted; service run-queue p99 per window: median %v, worst %v, %d of %d windows over the %v SLO; service throttled %.2fs",
+		name, cpuS, colocationDay, cpuHoursPerDay, starts, batchJobs, done, placed, maxReclaimable, len(throttled), evictions, len(restarted), med, worst, over, len(p99s), slo, svcThrottled)
 	for _, id := range append(ids, svc.ID) {
 		if _, err := c.Cancel(ctx, id); err != nil && !strings.Contains(err.Error(), "finished") && !strings.Contains(err.Error(), "already") {
 			b.Fatal(err)
