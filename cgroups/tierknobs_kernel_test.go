@@ -63,7 +63,8 @@ func TestKernelTierKnobs(t *testing.T) {
 // A best-effort job whose own quota (500m) is over its tier's (300m, the
 // QoS or reclaim loop throttling the tier) is still created: cgroup v1
 // refuses a child quota over its parent's, so it is written at the
-// tier's, which holds the job anyway; v2 takes it as it is.
+// tier's, which holds the job anyway, both at creation and when set at
+// run time; v2 takes it as it is.
 func TestKernelJobQuotaUnderThrottledTier(t *testing.T) {
 	m := newKernelManager(t)
 	if err := m.SetTierCPUQuota(BestEffort, 300); err != nil {
@@ -74,13 +75,21 @@ func TestKernelJobQuotaUnderThrottledTier(t *testing.T) {
 	if m.Mode() == ModeV1 {
 		file, want = cg.CPUDir()+"/cpu.cfs_quota_us", "30000"
 	}
-	b, err := os.ReadFile(file)
-	if err != nil {
+	check := func(what string) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(b)); got != want {
+			t.Errorf("%s: %s = %s, want %s", what, file, got, want)
+		}
+	}
+	check("created")
+	// The executor sets a job's quota again once its process runs.
+	if err := cg.SetCPUQuota(500); err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(string(b)); got != want {
-		t.Errorf("%s = %s, want %s", file, got, want)
-	}
+	check("set at run time")
 	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -148,6 +148,7 @@ func (b *v1) setCPUMax(rel string, quota int64, period uint64) error {
 	if quota <= 0 {
 		quota = -1
 	}
+	quota = b.underParent(rel, quota, period)
 	if err := os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.cfs_period_us"), []byte(strconv.FormatUint(period, 10)), 0); err != nil {
 		return err
 	}
