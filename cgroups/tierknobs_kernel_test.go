@@ -64,7 +64,8 @@ func TestKernelTierKnobs(t *testing.T) {
 // QoS or reclaim loop throttling the tier) is still created: cgroup v1
 // refuses a child quota over its parent's, so it is written at the
 // tier's, which holds the job anyway, both at creation and when set at
-// run time; v2 takes it as it is.
+// run time; and a tier throttled under a job's quota (CPU lent to it)
+// brings the job's down first. v2 takes each as it is.
 func TestKernelJobQuotaUnderThrottledTier(t *testing.T) {
 	m := newKernelManager(t)
 	if err := m.SetTierCPUQuota(BestEffort, 300); err != nil {
@@ -90,6 +91,21 @@ func TestKernelJobQuotaUnderThrottledTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("set at run time")
+	// Lent CPU, then the tier throttled under it: v1 refuses a tier
+	// quota under a job's, so the job's comes down to it first.
+	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.SetCPUQuota(1500); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetTierCPUQuota(BestEffort, 300); err != nil {
+		t.Fatalf("tier throttled under a job lent 1500m: %v", err)
+	}
+	if m.Mode() != ModeV1 {
+		want = "150000 100000"
+	}
+	check("tier throttled under it")
 	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
 		t.Fatal(err)
 	}

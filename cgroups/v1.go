@@ -149,6 +149,11 @@ func (b *v1) setCPUMax(rel string, quota int64, period uint64) error {
 		quota = -1
 	}
 	quota = b.underParent(rel, quota, period)
+	if quota > 0 {
+		if err := b.childrenUnder(rel, quota, period); err != nil {
+			return err
+		}
+	}
 	if err := os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.cfs_period_us"), []byte(strconv.FormatUint(period, 10)), 0); err != nil {
 		return err
 	}
@@ -166,19 +171,48 @@ func (b *v1) underParent(rel string, quota int64, period uint64) int64 {
 	if period == 0 {
 		period = DefaultCPUPeriod
 	}
-	read := func(name string) int64 {
-		v, err := os.ReadFile(b.file(cgroup1.Cpu, filepath.Dir(rel), name))
-		if err != nil {
-			return 0
-		}
-		n, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
-		return n
-	}
-	pq, pp := read("cpu.cfs_quota_us"), read("cpu.cfs_period_us")
+	parent := filepath.Dir(rel)
+	pq, pp := b.cpuInt(parent, "cpu.cfs_quota_us"), b.cpuInt(parent, "cpu.cfs_period_us")
 	if pq <= 0 || pp <= 0 {
 		return quota
 	}
 	return min(quota, pq*int64(period)/pp)
+}
+
+// childrenUnder lowers the CFS quota of every child cgroup of rel that is
+// over quota (µs per period) to it: v1 also refuses a cgroup's quota
+// under one of its children's, so a tier can be throttled whatever its
+// jobs were lent.
+func (b *v1) childrenUnder(rel string, quota int64, period uint64) error {
+	ents, err := os.ReadDir(b.file(cgroup1.Cpu, rel, ""))
+	if err != nil {
+		return nil // the write that follows says why
+	}
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		child := filepath.Join(rel, e.Name())
+		cq, cp := b.cpuInt(child, "cpu.cfs_quota_us"), b.cpuInt(child, "cpu.cfs_period_us")
+		if cp <= 0 || cq <= quota*cp/int64(period) {
+			continue // unlimited (-1) takes the parent's
+		}
+		if err := b.setCPUMax(child, quota*cp/int64(period), uint64(cp)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cpuInt reads an integer file of rel's cpu controller (0 when it cannot).
+func (b *v1) cpuInt(rel, name string) int64 {
+	v, err := os.ReadFile(b.file(cgroup1.Cpu, rel, name))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+	return n
 }
 
 func (b *v1) exists(rel string) bool {
