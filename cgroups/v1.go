@@ -157,7 +157,32 @@ func (b *v1) setCPUMax(rel string, quota int64, period uint64) error {
 	if err := os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.cfs_period_us"), []byte(strconv.FormatUint(period, 10)), 0); err != nil {
 		return err
 	}
-	return os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
+	file := b.file(cgroup1.Cpu, rel, "cpu.cfs_quota_us")
+	err := os.WriteFile(file, []byte(strconv.FormatInt(quota, 10)), 0)
+	if errors.Is(err, unix.EINVAL) && quota > 0 {
+		// A job's quota written since (one just started): bring it
+		// under too and write again, once.
+		if cerr := b.childrenUnder(rel, quota, period); cerr != nil {
+			return errors.Join(err, cerr)
+		}
+		if err = os.WriteFile(file, []byte(strconv.FormatInt(quota, 10)), 0); err != nil {
+			err = fmt.Errorf("%w (children's quotas: %s)", err, b.childQuotas(rel))
+		}
+	}
+	return err
+}
+
+// childQuotas lists rel's children's CFS quotas, to say why a write was
+// refused.
+func (b *v1) childQuotas(rel string) string {
+	ents, _ := os.ReadDir(b.file(cgroup1.Cpu, rel, ""))
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, fmt.Sprintf("%s %d/%d", e.Name(), b.cpuInt(filepath.Join(rel, e.Name()), "cpu.cfs_quota_us"), b.cpuInt(filepath.Join(rel, e.Name()), "cpu.cfs_period_us")))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // underParent is quota (µs per period; 0 or less: none) at most what
