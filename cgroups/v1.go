@@ -166,7 +166,7 @@ func (b *v1) setCPUMax(rel string, quota int64, period uint64) error {
 			return errors.Join(err, cerr)
 		}
 		if err = os.WriteFile(file, []byte(strconv.FormatInt(quota, 10)), 0); err != nil {
-			err = fmt.Errorf("%w (children's quotas: %s)", err, b.childQuotas(rel))
+			err = fmt.Errorf("%w (writing %d/%d; children's quotas: %s)", err, quota, period, b.childQuotas(rel))
 		}
 	}
 	return err
