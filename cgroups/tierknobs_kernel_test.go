@@ -59,3 +59,54 @@ func TestKernelTierKnobs(t *testing.T) {
 		t.Errorf("CPUDir %s: %v", cg.CPUDir(), err)
 	}
 }
+
+// A best-effort job whose own quota (500m) is over its tier's (300m, the
+// QoS or reclaim loop throttling the tier) is still created: cgroup v1
+// refuses a child quota over its parent's, so it is written at the
+// tier's, which holds the job anyway, both at creation and when set at
+// run time; and a tier throttled under a job's quota (CPU lent to it)
+// brings the job's down first. v2 takes each as it is.
+func TestKernelJobQuotaUnderThrottledTier(t *testing.T) {
+	m := newKernelManager(t)
+	if err := m.SetTierCPUQuota(BestEffort, 300); err != nil {
+		t.Fatal(err)
+	}
+	cg := mustCreate(t, m, "lent", Placement{Tier: BestEffort, SharedCPUs: onlineCPUs(t), CPURequestMilli: 500, CPULimitMilli: 500})
+	file, want := cg.CPUDir()+"/cpu.max", "50000 100000"
+	if m.Mode() == ModeV1 {
+		file, want = cg.CPUDir()+"/cpu.cfs_quota_us", "30000"
+	}
+	check := func(what string) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(b)); got != want {
+			t.Errorf("%s: %s = %s, want %s", what, file, got, want)
+		}
+	}
+	check("created")
+	// The executor sets a job's quota again once its process runs.
+	if err := cg.SetCPUQuota(500); err != nil {
+		t.Fatal(err)
+	}
+	check("set at run time")
+	// Lent CPU, then the tier throttled under it: v1 refuses a tier
+	// quota under a job's, so the job's comes down to it first.
+	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := cg.SetCPUQuota(1500); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetTierCPUQuota(BestEffort, 300); err != nil {
+		t.Fatalf("tier throttled under a job lent 1500m: %v", err)
+	}
+	if m.Mode() != ModeV1 {
+		want = "150000 100000"
+	}
+	check("tier throttled under it")
+	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -100,6 +100,7 @@ func v1Resources(l Limits) *specs.LinuxResources {
 }
 
 func (b *v1) apply(rel string, l Limits) error {
+	l.CPUQuota = b.underParent(rel, l.CPUQuota, l.CPUPeriod)
 	res := v1Resources(l)
 	if b.devicesMatch(rel, l.Devices) {
 		// Rewriting the rules starts with deny-all: skip it when nothing
@@ -147,10 +148,96 @@ func (b *v1) setCPUMax(rel string, quota int64, period uint64) error {
 	if quota <= 0 {
 		quota = -1
 	}
+	quota = b.underParent(rel, quota, period)
+	if quota > 0 {
+		if err := b.childrenUnder(rel, quota, period); err != nil {
+			return err
+		}
+	}
 	if err := os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.cfs_period_us"), []byte(strconv.FormatUint(period, 10)), 0); err != nil {
 		return err
 	}
-	return os.WriteFile(b.file(cgroup1.Cpu, rel, "cpu.cfs_quota_us"), []byte(strconv.FormatInt(quota, 10)), 0)
+	file := b.file(cgroup1.Cpu, rel, "cpu.cfs_quota_us")
+	err := os.WriteFile(file, []byte(strconv.FormatInt(quota, 10)), 0)
+	if errors.Is(err, unix.EINVAL) && quota > 0 {
+		// A job's quota written since (one just started): bring it
+		// under too and write again, once.
+		if cerr := b.childrenUnder(rel, quota, period); cerr != nil {
+			return errors.Join(err, cerr)
+		}
+		if err = os.WriteFile(file, []byte(strconv.FormatInt(quota, 10)), 0); err != nil {
+			err = fmt.Errorf("%w (writing %d/%d; children's quotas: %s)", err, quota, period, b.childQuotas(rel))
+		}
+	}
+	return err
+}
+
+// childQuotas lists rel's children's CFS quotas, to say why a write was
+// refused.
+func (b *v1) childQuotas(rel string) string {
+	ents, _ := os.ReadDir(b.file(cgroup1.Cpu, rel, ""))
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, fmt.Sprintf("%s %d/%d", e.Name(), b.cpuInt(filepath.Join(rel, e.Name()), "cpu.cfs_quota_us"), b.cpuInt(filepath.Join(rel, e.Name()), "cpu.cfs_period_us")))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// underParent is quota (µs per period; 0 or less: none) at most what
+// the parent cgroup's CFS quota allows: v1 refuses a larger one (EINVAL)
+// — as under the best-effort tier while the QoS or reclaim loop throttles
+// it — and holds the cgroup to its parent's anyway.
+func (b *v1) underParent(rel string, quota int64, period uint64) int64 {
+	if quota <= 0 {
+		return quota // none: the parent's holds
+	}
+	if period == 0 {
+		period = DefaultCPUPeriod
+	}
+	parent := filepath.Dir(rel)
+	pq, pp := b.cpuInt(parent, "cpu.cfs_quota_us"), b.cpuInt(parent, "cpu.cfs_period_us")
+	if pq <= 0 || pp <= 0 {
+		return quota
+	}
+	return min(quota, pq*int64(period)/pp)
+}
+
+// childrenUnder lowers the CFS quota of every child cgroup of rel that is
+// over quota (µs per period) to it: v1 also refuses a cgroup's quota
+// under one of its children's, so a tier can be throttled whatever its
+// jobs were lent.
+func (b *v1) childrenUnder(rel string, quota int64, period uint64) error {
+	ents, err := os.ReadDir(b.file(cgroup1.Cpu, rel, ""))
+	if err != nil {
+		return nil // the write that follows says why
+	}
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		child := filepath.Join(rel, e.Name())
+		cq, cp := b.cpuInt(child, "cpu.cfs_quota_us"), b.cpuInt(child, "cpu.cfs_period_us")
+		if cp <= 0 || cq <= quota*cp/int64(period) {
+			continue // unlimited (-1) takes the parent's
+		}
+		if err := b.setCPUMax(child, quota*cp/int64(period), uint64(cp)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cpuInt reads an integer file of rel's cpu controller (0 when it cannot).
+func (b *v1) cpuInt(rel, name string) int64 {
+	v, err := os.ReadFile(b.file(cgroup1.Cpu, rel, name))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+	return n
 }
 
 func (b *v1) exists(rel string) bool {

@@ -226,7 +226,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	}
 	var knobs *beKnobs
 	if cg != nil {
-		knobs = &beKnobs{cg: cg}
+		knobs = &beKnobs{cg: cg, jobs: mgrJobCPU{mgr: d.mgr, cg: cg}}
 	}
 	reclaimLoop, reclaimOff, stopReclaim, err := startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
 	if err != nil {

@@ -59,16 +59,32 @@ type tierKnobs interface {
 	SetTierMemoryHigh(t cgroups.Tier, bytes int64) error
 }
 
+// beJobCPU is the best-effort jobs' own CPU quotas as beKnobs writes them
+// (mgrJobCPU).
+type beJobCPU interface {
+	// bestEffort lists the running best-effort jobs' CPU requests by ID.
+	bestEffort() map[string]int64
+	setJobCPUQuota(id string, milli int64) error
+}
+
 // beKnobs is the one writer of the best-effort tier's CPU quota and
 // memory high: the QoS loop (latency) and the reclaim loop (budget) each
-// set their limit, and the tighter one is written.
+// set their limit, and the tighter one is written. It also writes each
+// running best-effort job's own CPU quota (jobs, when set): its request
+// plus the CPU the reclaim loop lends, at most the tier's quota. cgroup
+// v1 refuses a job quota over its tier's and a tier quota under one of
+// its jobs' (EINVAL), so a lowered tier quota is written after the jobs'
+// are brought under it, and a raised one before theirs go up.
 type beKnobs struct {
 	mu                 sync.Mutex
 	cg                 tierKnobs
+	jobs               beJobCPU
 	qosCPU, reclaimCPU int64 // 0: no limit
 	qosMem, reclaimMem int64
+	lend               int64
 	cpu, mem           int64 // written
 	wrote              bool
+	jobCPU             map[string]int64 // job quotas written
 }
 
 func tighter(a, b int64) int64 {
@@ -83,6 +99,13 @@ func tighter(a, b int64) int64 {
 
 func (k *beKnobs) apply() error {
 	cpu, mem := tighter(k.qosCPU, k.reclaimCPU), tighter(k.qosMem, k.reclaimMem)
+	var errs []error
+	if !k.wrote || cpu != k.cpu {
+		// Under the old quota and the new one alike while it changes.
+		if err := k.syncJobs(tighter(k.cpu, cpu)); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	var err error
 	if !k.wrote || cpu != k.cpu {
 		if err = k.cg.SetTierCPUQuota(cgroups.BestEffort, cpu); err == nil {
@@ -97,7 +120,78 @@ func (k *beKnobs) apply() error {
 		}
 	}
 	k.wrote = err == nil
-	return err
+	if jerr := k.syncJobs(k.cpu); jerr != nil {
+		errs = append(errs, jerr)
+	}
+	return errors.Join(append([]error{err}, errs...)...)
+}
+
+// syncJobs writes the quota of every running best-effort job whose
+// request plus what is lent, at most tierCPU (0: no tier quota), is not
+// what was last written for it.
+func (k *beKnobs) syncJobs(tierCPU int64) error {
+	if k.jobs == nil {
+		return nil
+	}
+	if k.jobCPU == nil {
+		k.jobCPU = map[string]int64{}
+	}
+	running := k.jobs.bestEffort()
+	var errs []error
+	for id, req := range running {
+		want := req + k.lend
+		if tierCPU > 0 {
+			want = min(want, tierCPU)
+		}
+		if w, ok := k.jobCPU[id]; ok && w == want {
+			continue
+		}
+		if err := k.jobs.setJobCPUQuota(id, want); err != nil {
+			errs = append(errs, fmt.Errorf("job %s: %w", id, err))
+			continue
+		}
+		k.jobCPU[id] = want
+	}
+	for id := range k.jobCPU {
+		if _, ok := running[id]; !ok {
+			delete(k.jobCPU, id)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// setLend lets every running best-effort job use milli beyond its own CPU
+// request (0: its request again), within the tier's quota.
+func (k *beKnobs) setLend(milli int64) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.lend = milli
+	return k.apply()
+}
+
+// mgrJobCPU sets the running best-effort jobs' CPU quotas in their
+// cgroups.
+type mgrJobCPU struct {
+	mgr *jobs.Manager
+	cg  *cgroups.Manager
+}
+
+func (m mgrJobCPU) bestEffort() map[string]int64 {
+	out := map[string]int64{}
+	for _, j := range m.mgr.Running() {
+		if j.Tier == api.TierBestEffort {
+			out[j.ID] = int64(j.Spec.Resources.CPU)
+		}
+	}
+	return out
+}
+
+func (m mgrJobCPU) setJobCPUQuota(id string, milli int64) error {
+	c, err := m.cg.Load(id)
+	if err != nil {
+		return err
+	}
+	return c.SetCPUQuota(milli)
 }
 
 func (k *beKnobs) setQoSCPU(milli int64) error {
@@ -137,9 +231,6 @@ type reclaimHost struct {
 	knobs    *beKnobs
 	capacity func() api.NodeResources
 	lookback time.Duration
-	cg       *cgroups.Manager
-	// lent is the CPU quota written per best-effort job (request + lent).
-	lent map[string]int64
 }
 
 var _ reclaim.Host = (*reclaimHost)(nil)
@@ -174,36 +265,9 @@ func (h *reclaimHost) Limit(cpuMilli, memoryHigh int64) error {
 }
 
 // Lend raises every running best-effort job's CPU quota (its request, as
-// the executor set it) by cpuMilli; the tier's quota bounds them together.
-func (h *reclaimHost) Lend(cpuMilli int64) error {
-	var errs []error
-	seen := map[string]bool{}
-	for _, j := range h.mgr.Running() {
-		if j.Tier != api.TierBestEffort {
-			continue
-		}
-		seen[j.ID] = true
-		want := int64(j.Spec.Resources.CPU) + cpuMilli
-		if h.lent[j.ID] == want {
-			continue
-		}
-		c, err := h.cg.Load(j.ID)
-		if err == nil {
-			err = c.SetCPUQuota(want)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("job %s: %w", j.ID, err))
-			continue
-		}
-		h.lent[j.ID] = want
-	}
-	for id := range h.lent {
-		if !seen[id] {
-			delete(h.lent, id)
-		}
-	}
-	return errors.Join(errs...)
-}
+// the executor set it) by cpuMilli; the tier's quota bounds them together
+// (beKnobs writes both).
+func (h *reclaimHost) Lend(cpuMilli int64) error { return h.knobs.setLend(cpuMilli) }
 
 // Evict stops a best-effort job like a preemption's victim: it goes back
 // to pending with restart on-failure, else ends preempted.
@@ -229,7 +293,7 @@ func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, k
 		Offer: func(a reclaim.Account) {
 			placer.SetReclaimable(api.MilliCPU(a.Reclaimable.CPU), api.Bytes(a.Reclaimable.Memory))
 		}},
-		&reclaimHost{mgr: mgr, placer: placer, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback), cg: cg, lent: map[string]int64{}}, log)
+		&reclaimHost{mgr: mgr, placer: placer, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback)}, log)
 	if err != nil {
 		return nil, api.ReclaimStatus{}, nil, err
 	}

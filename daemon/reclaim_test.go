@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"fmt"
+	"maps"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/fusiond/fusiond/cgroups"
@@ -59,5 +61,84 @@ func TestReclaimConfig(t *testing.T) {
 		if err := ParseConfig([]byte(in), &cfg); err == nil || !strings.Contains(err.Error(), field) {
 			t.Errorf("%q: err = %v, want one for %s", in, err, field)
 		}
+	}
+}
+
+// v1CPU holds cgroup v1's rule for CFS quotas (kernel/sched/core.c,
+// tg_cfs_schedulable_down): a job's quota may not exceed its tier's, nor
+// the tier's go under one of its jobs' (EINVAL); an unlimited job quota
+// (0) takes the tier's.
+type v1CPU struct {
+	tier       int64
+	req, quota map[string]int64
+}
+
+func (v *v1CPU) SetTierCPUQuota(_ cgroups.Tier, milli int64) error {
+	for id, q := range v.quota {
+		if milli > 0 && q > milli {
+			return fmt.Errorf("tier quota %dm under job %s's %dm: %w", milli, id, q, syscall.EINVAL)
+		}
+	}
+	v.tier = milli
+	return nil
+}
+
+func (v *v1CPU) SetTierMemoryHigh(cgroups.Tier, int64) error { return nil }
+
+func (v *v1CPU) bestEffort() map[string]int64 { return maps.Clone(v.req) }
+
+func (v *v1CPU) setJobCPUQuota(id string, milli int64) error {
+	if v.tier > 0 && milli > v.tier {
+		return fmt.Errorf("job %s quota %dm over the tier's %dm: %w", id, milli, v.tier, syscall.EINVAL)
+	}
+	v.quota[id] = milli
+	return nil
+}
+
+// Lending CPU raises the best-effort jobs' own quotas over their requests;
+// when the budget or the QoS loop then lowers the tier's quota under them,
+// the jobs' quotas are brought under it first, so cgroup v1 takes both
+// (the colocation run found the tier's quota refused, EINVAL, and the
+// best-effort tier not throttled at all), and raised again after it.
+func TestBestEffortKnobsJobsUnderTier(t *testing.T) {
+	v := &v1CPU{req: map[string]int64{"a": 500, "b": 300}, quota: map[string]int64{"a": 500, "b": 300}} // as the executor set them
+	k := &beKnobs{cg: v, jobs: v}
+	steps := []struct {
+		name   string
+		do     func() error
+		tier   int64
+		quotas map[string]int64
+	}{
+		{"lend 1000", func() error { return k.setLend(1000) }, 0, map[string]int64{"a": 1500, "b": 1300}},
+		{"budget 800", func() error { return k.setReclaim(800, 0) }, 800, map[string]int64{"a": 800, "b": 800}},
+		{"lend 200", func() error { return k.setLend(200) }, 800, map[string]int64{"a": 700, "b": 500}},
+		{"QoS 250", func() error { return k.setQoSCPU(250) }, 250, map[string]int64{"a": 250, "b": 250}},
+		{"QoS lifted", func() error { return k.setQoSCPU(0) }, 800, map[string]int64{"a": 700, "b": 500}},
+		{"budget 1800", func() error { return k.setReclaim(1800, 0) }, 1800, map[string]int64{"a": 700, "b": 500}},
+		{"lend 1500", func() error { return k.setLend(1500) }, 1800, map[string]int64{"a": 1800, "b": 1800}},
+		{"budget 600", func() error { return k.setReclaim(600, 0) }, 600, map[string]int64{"a": 600, "b": 600}},
+		{"limits lifted", func() error {
+			if err := k.setLend(0); err != nil {
+				return err
+			}
+			return k.setReclaim(0, 0)
+		}, 0, map[string]int64{"a": 500, "b": 300}},
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if v.tier != s.tier || !maps.Equal(v.quota, s.quotas) {
+			t.Errorf("%s: tier %dm, jobs %v; want %dm, %v", s.name, v.tier, v.quota, s.tier, s.quotas)
+		}
+	}
+	// A job that ended is forgotten; one that started gets its quota.
+	delete(v.req, "a")
+	v.req["c"] = 400
+	if err := k.setLend(100); err != nil {
+		t.Fatal(err)
+	}
+	if v.quota["b"] != 400 || v.quota["c"] != 500 || len(k.jobCPU) != 2 {
+		t.Errorf("after a job ended and one started: jobs %v, written %v", v.quota, k.jobCPU)
 	}
 }
