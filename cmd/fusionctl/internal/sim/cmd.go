@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -18,6 +19,8 @@ func NewCommand() *cobra.Command {
 		seeds    string
 		verbose  bool
 		gpuPower string
+		tune     bool
+		testSeed string
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -35,6 +38,24 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 			var err error
 			if o.Seeds, err = ParseSeeds(seeds); err != nil {
 				return err
+			}
+			if tune {
+				if !cmd.Flags().Changed("seeds") {
+					o.Seeds, _ = ParseSeeds("42-46")
+				}
+				to := TuneOptions{NodesPath: o.NodesPath, TrainSeeds: o.Seeds, TargetPct: o.TargetPct, Workers: o.Workers}
+				if to.TestSeeds, err = ParseSeeds(testSeed); err != nil {
+					return err
+				}
+				for p := range strings.SplitSeq(o.PodsPath, ",") {
+					if p = strings.TrimSpace(p); p != "" {
+						to.PodsPaths = append(to.PodsPaths, p)
+					}
+				}
+				if to.Workers <= 0 {
+					to.Workers = runtime.GOMAXPROCS(0)
+				}
+				return Tune(cmd.Context(), to, cmd.OutOrStdout())
 			}
 			for p := range strings.SplitSeq(policies, ",") {
 				if p = strings.TrimSpace(p); p != "" {
@@ -64,6 +85,8 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
+	f.BoolVar(&tune, "tune", false, "search fusiond's fragmentation parameters (sched.FragParams) on the train seeds (--seeds, default 42-46 with --tune) and report the test seeds (--test-seeds) only; --pods may list several traces, comma-separated")
+	f.StringVar(&testSeed, "test-seeds", "47-51", "with --tune: the seeds the chosen parameters are reported on")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
 	_ = cmd.MarkFlagRequired("nodes")
 	_ = cmd.MarkFlagRequired("pods")
