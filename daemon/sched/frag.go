@@ -10,8 +10,8 @@ import (
 // req on n (in [0,1], higher is better) and the GPU it chose for a shared
 // request (-1: none chosen). With a shape model it is lexicographic: FGD's
 // measure on its coarse 0..100 scale first, then, among options within one
-// step, the reserve for large shapes, then (CPU-only pods) the multi-copy
-// (capacity) measure; without one, how much of the node's GPU share (CPU
+// step, the reserve for large shapes, then the keys FragParams enables;
+// without one, how much of the node's GPU share (CPU
 // for CPU-only nodes) the request leaves free.
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
@@ -21,8 +21,10 @@ func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) 
 		// Keys, most significant first (fragKeys, with the policy's
 		// FragParams): FGD's measure on its 0..100 scale; the reserve
 		// for the workload's large shapes (reserve.go) on ReserveSteps
-		// steps; by default, for a CPU-only pod, the capacity measure
-		// (the GPUs it would strand by taking CPU). The
+		// steps, unless the large shapes are common; then, where
+		// chosen, a sliver key, a tail measure (before --tune: for a
+		// CPU-only pod the capacity measure, the GPUs it would strand by
+		// taking CPU) and the exact FGD measure. The
 		// engine's node ranking breaks what ties remain, which packs.
 		// The capacity measure is not a key for GPU requests: it prefers
 		// fresh nodes, and on the multi-GPU traces it broke the nodes the

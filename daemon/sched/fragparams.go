@@ -14,6 +14,14 @@ type FragParams struct {
 	// at least two GPUs asking for at least this share of the largest
 	// whole-GPU count seen (0: 0.5).
 	ReserveFrac float64 `json:"reserve_frac"`
+	// ReserveMaxShare turns the reserve off when the large shapes are
+	// more than this share of all requests: then they are common enough
+	// for FGD's measure to weigh them (0: 0.02).
+	ReserveMaxShare float64 `json:"reserve_max_share"`
+	// ReserveUncovered keeps in the reserve only the large shapes that
+	// are not among the typical shapes (FGD's measure already weighs
+	// those).
+	ReserveUncovered bool `json:"reserve_uncovered"`
 	// Tail is the measure after the reserve key (before the engine's node
 	// ranking).
 	Tail TailKey `json:"tail"`
@@ -33,11 +41,11 @@ type TailKey int
 
 // The tail keys.
 const (
+	// TailNone: no tail key (the default).
+	TailNone TailKey = iota
 	// TailCapacityCPUOnly: the multi-copy (capacity) measure, for
-	// CPU-only requests only (the default).
-	TailCapacityCPUOnly TailKey = iota
-	// TailNone: no tail key.
-	TailNone
+	// CPU-only requests only (the default before --tune).
+	TailCapacityCPUOnly
 	// TailCapacityAll: the capacity measure for every request.
 	TailCapacityAll
 	// TailStrandAll: the GPU share typical shapes could not use for want
@@ -46,21 +54,25 @@ const (
 	// TailStrandGPU: the strand measure for GPU requests, nothing for
 	// CPU-only ones.
 	TailStrandGPU
-	numTails
+	// NumTails counts the tail keys.
+	NumTails
 )
 
-var tailNames = [numTails]string{"capacity-cpu", "none", "capacity-all", "strand-all", "strand-gpu"}
+var tailNames = [NumTails]string{"none", "capacity-cpu", "capacity-all", "strand-all", "strand-gpu"}
 
 func (t TailKey) String() string {
-	if t >= 0 && t < numTails {
+	if t >= 0 && t < NumTails {
 		return tailNames[t]
 	}
 	return "tail?"
 }
 
-// DefaultFragParams are the shipped values.
+// DefaultFragParams are the shipped values, chosen by `fusionctl simulate
+// --tune` on seeds 42..46 of five openb traces (docs/benchmarks.md,
+// "Tuning"); before it: 10 steps, no share limit, the capacity tail for
+// CPU-only requests.
 func DefaultFragParams() FragParams {
-	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, Tail: TailCapacityCPUOnly}
+	return FragParams{ReserveSteps: 50, ReserveFrac: 0.5, ReserveMaxShare: 0.02, Tail: TailNone}
 }
 
 func (fp FragParams) withDefaults() FragParams {
@@ -70,6 +82,9 @@ func (fp FragParams) withDefaults() FragParams {
 	}
 	if fp.ReserveFrac <= 0 {
 		fp.ReserveFrac = d.ReserveFrac
+	}
+	if fp.ReserveMaxShare <= 0 {
+		fp.ReserveMaxShare = d.ReserveMaxShare
 	}
 	return fp
 }

@@ -60,7 +60,19 @@ func (p *Weighted) linkFrag() {
 		p.fs.second = sm
 		p.fs.secondGPUOnly = fp.Tail == TailStrandGPU
 	}
-	if large := largeOf(p.fs.model.Reserve, fp.ReserveFrac); len(large) > 0 {
+	large := largeOf(p.fs.model.Reserve, fp.ReserveFrac)
+	if fp.ReserveUncovered {
+		large = slices.DeleteFunc(large, func(s Shape) bool {
+			return slices.ContainsFunc(p.fs.model.Shapes, func(t Shape) bool {
+				return t.CPUMilli == s.CPUMilli && t.GPUs == s.GPUs && t.GPUMilli == s.GPUMilli && t.Models == s.Models
+			})
+		})
+	}
+	var share float64
+	for _, s := range large {
+		share += s.P
+	}
+	if len(large) > 0 && share <= fp.ReserveMaxShare {
 		p.fs.reserve = NewFragModel(large)
 	}
 	if fp.SliverMass > 0 {

@@ -21,6 +21,7 @@ func NewCommand() *cobra.Command {
 		gpuPower string
 		tune     bool
 		testSeed string
+		frag     string
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -38,6 +39,11 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 			var err error
 			if o.Seeds, err = ParseSeeds(seeds); err != nil {
 				return err
+			}
+			if frag != "" {
+				if o.Frag, err = ParseFragParams(frag); err != nil {
+					return err
+				}
 			}
 			if tune {
 				if !cmd.Flags().Changed("seeds") {
@@ -85,6 +91,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
+	f.StringVar(&frag, "frag", "", "fusiond's fragmentation parameters over the defaults, e.g. reserve_steps=50,tail=none (names as --tune prints them)")
 	f.BoolVar(&tune, "tune", false, "search fusiond's fragmentation parameters (sched.FragParams) on the train seeds (--seeds, default 42-46 with --tune) and report the test seeds (--test-seeds) only; --pods may list several traces, comma-separated")
 	f.StringVar(&testSeed, "test-seeds", "47-51", "with --tune: the seeds the chosen parameters are reported on")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")

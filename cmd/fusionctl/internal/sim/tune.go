@@ -2,9 +2,11 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -48,6 +50,9 @@ var tuneGrid = []struct {
 		setSteps(3), setSteps(5), setSteps(10), setSteps(20), setSteps(50)}},
 	{"reserve_frac", []func(*sched.FragParams) string{
 		setFrac(0.25), setFrac(0.5), setFrac(0.75), setFrac(1)}},
+	{"reserve_max_share", []func(*sched.FragParams) string{
+		setMaxShare(0.02), setMaxShare(0.05), setMaxShare(0.1), setMaxShare(1)}},
+	{"reserve_uncovered", []func(*sched.FragParams) string{setUncovered(false), setUncovered(true)}},
 	{"tail", []func(*sched.FragParams) string{
 		setTail(sched.TailCapacityCPUOnly), setTail(sched.TailNone), setTail(sched.TailCapacityAll), setTail(sched.TailStrandAll), setTail(sched.TailStrandGPU)}},
 	{"sliver_mass", []func(*sched.FragParams) string{
@@ -61,6 +66,12 @@ func setSteps(v int) func(*sched.FragParams) string {
 func setFrac(v float64) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.ReserveFrac = v; return fmt.Sprint(v) }
 }
+func setMaxShare(v float64) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.ReserveMaxShare = v; return fmt.Sprint(v) }
+}
+func setUncovered(v bool) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.ReserveUncovered = v; return fmt.Sprint(v) }
+}
 func setTail(v sched.TailKey) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.Tail = v; return v.String() }
 }
@@ -72,7 +83,7 @@ func setExact(v bool) func(*sched.FragParams) string {
 }
 
 func fmtParams(p sched.FragParams) string {
-	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g tail=%s sliver_mass=%g exact_last=%t", p.ReserveSteps, p.ReserveFrac, p.Tail, p.SliverMass, p.ExactLast)
+	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g exact_last=%t", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.ExactLast)
 }
 
 // Tune searches sched.FragParams by coordinate descent from the defaults
@@ -114,7 +125,7 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 		for _, s := range specs {
 			capMilli += int64(s.GPUs) * sched.MilliPerGPU
 		}
-		t := &tuneTrace{name: strings.TrimSuffix(filepath.Base(pp), ".csv"), specs: specs, wl: map[uint64][]Pod{}, frag: map[uint64]*sched.FragModel{}}
+		t := &tuneTrace{name: strings.TrimPrefix(strings.TrimSuffix(filepath.Base(pp), ".csv"), "openb_pod_list_"), specs: specs, wl: map[uint64][]Pod{}, frag: map[uint64]*sched.FragModel{}}
 		for _, s := range append(append([]uint64{}, o.TrainSeeds...), o.TestSeeds...) {
 			t.wl[s] = Workload(pods, s, o.TargetPct, capMilli)
 			t.frag[s] = ShapeModel(t.wl[s], o.Coverage)
@@ -169,6 +180,15 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// detail is the mean allocation gain over FGD and the excess 8-GPU
+	// pods, per trace.
+	detail := func(s []tuneScore) string {
+		var b strings.Builder
+		for i := range s {
+			fmt.Fprintf(&b, " %s %+.2f/%+.1f", traces[i].name, s[i].alloc-fgdTrain[i].alloc, s[i].big100-fgdTrain[i].big100)
+		}
+		return b.String()
+	}
 	objective := func(s []tuneScore) float64 {
 		var v float64
 		for i := range s {
@@ -183,8 +203,8 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 		return err
 	}
 	bestObj := objective(bs)
-	fmt.Fprintf(w, "train seeds %v, traces %d: objective = mean(fusiond − FGD at %.0f %%) − excess 8-GPU pods failed by 100 %%\n", o.TrainSeeds, len(traces), o.TargetPct)
-	fmt.Fprintf(w, "start  %+.3f  %s\n", bestObj, fmtParams(best))
+	fmt.Fprintf(w, "train seeds %v, traces %d: objective = mean(fusiond − FGD at %.0f %%) − excess 8-GPU pods failed by 100 %%; per trace: allocation − FGD / 8-GPU pods failed by 100 %% − FGD's\n", o.TrainSeeds, len(traces), o.TargetPct)
+	fmt.Fprintf(w, "start  %+.3f  %s |%s\n", bestObj, fmtParams(best), detail(bs))
 	for pass := 1; pass <= 2; pass++ {
 		improved := false
 		for _, g := range tuneGrid {
@@ -199,7 +219,7 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 					return err
 				}
 				obj := objective(s)
-				fmt.Fprintf(w, "pass %d %s=%-12s %+.3f\n", pass, g.name, v, obj)
+				fmt.Fprintf(w, "pass %d %s=%-12s %+.3f |%s\n", pass, g.name, v, obj, detail(s))
 				if obj > bestObj+1e-9 {
 					best, bestObj, improved = cand, obj, true
 				}
@@ -240,4 +260,60 @@ func bigBy100(r RunResult) float64 {
 		}
 	}
 	return 0
+}
+
+// ParseFragParams parses --frag: comma-separated name=value pairs over
+// the defaults (sched.DefaultFragParams), names as fmtParams writes them.
+func ParseFragParams(s string) (*sched.FragParams, error) {
+	p := sched.DefaultFragParams()
+	for kv := range strings.SplitSeq(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("%w: --frag %q: want name=value", ErrBadOption, kv)
+		}
+		var err error
+		switch k {
+		case "reserve_steps":
+			p.ReserveSteps, err = strconv.Atoi(v)
+			if err == nil && p.ReserveSteps < 1 {
+				err = errors.New("below 1")
+			}
+		case "reserve_frac":
+			p.ReserveFrac, err = strconv.ParseFloat(v, 64)
+			if err == nil && (p.ReserveFrac <= 0 || p.ReserveFrac > 1) {
+				err = errors.New("not in (0, 1]")
+			}
+		case "reserve_max_share":
+			p.ReserveMaxShare, err = strconv.ParseFloat(v, 64)
+			if err == nil && (p.ReserveMaxShare <= 0 || p.ReserveMaxShare > 1) {
+				err = errors.New("not in (0, 1]")
+			}
+		case "reserve_uncovered":
+			p.ReserveUncovered, err = strconv.ParseBool(v)
+		case "tail":
+			err = errors.New("unknown tail")
+			for t := range sched.NumTails {
+				if t.String() == v {
+					p.Tail, err = t, nil
+				}
+			}
+		case "sliver_mass":
+			p.SliverMass, err = strconv.ParseFloat(v, 64)
+			if err == nil && (p.SliverMass < 0 || p.SliverMass > 1) {
+				err = errors.New("not in [0, 1]")
+			}
+		case "exact_last":
+			p.ExactLast, err = strconv.ParseBool(v)
+		default:
+			err = errors.New("unknown parameter")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: --frag %q: %w", ErrBadOption, kv, err)
+		}
+	}
+	return &p, nil
 }
