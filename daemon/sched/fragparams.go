@@ -30,6 +30,10 @@ type FragParams struct {
 	// usable by typical GPU shapes holding at least this share of the
 	// typical GPU requests, else 0.
 	SliverMass float64 `json:"sliver_mass"`
+	// FullNodesAsFGD scores a CPU-only request on a node with GPUs but
+	// none free by the keys (as FGD does: nothing to fragment, a neutral
+	// score) instead of as a perfect fit.
+	FullNodesAsFGD bool `json:"full_nodes_as_fgd"`
 	// ExactLast adds FGD's measure unquantised as the last key, before
 	// the node ranking.
 	ExactLast bool `json:"exact_last"`

@@ -68,3 +68,22 @@ func TestFragParamsDefaultsAndEffect(t *testing.T) {
 		t.Errorf("exact_last did not change the score (%v)", a)
 	}
 }
+
+// With FullNodesAsFGD a CPU-only request on a node whose GPUs are all
+// taken scores by the keys (neutral), not as a perfect fit.
+func TestFullNodesAsFGD(t *testing.T) {
+	m := NewFragModel([]Shape{{CPUMilli: 4000, GPUs: 1, GPUMilli: MilliPerGPU, P: 1}})
+	n := NewNode("full", 96000, 1<<20, 1, "G2")
+	if err := n.Apply(&Assignment{CPUMilli: 4000, GPUs: []int{0}, GPUMilli: MilliPerGPU, FPGA: -1}); err != nil {
+		t.Fatal(err)
+	}
+	cpu := &Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+	plain := NewWeighted(nil, m)
+	fgdLike := NewWeighted(nil, m)
+	fgdLike.Frag.FullNodesAsFGD = true
+	a, _ := plain.fragmentation(cpu, n, -1)
+	b, _ := fgdLike.fragmentation(cpu, n, -1)
+	if a != 1 || b >= 1 {
+		t.Errorf("full node: plain %v (want 1), as FGD %v (want below 1)", a, b)
+	}
+}

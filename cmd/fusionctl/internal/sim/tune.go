@@ -24,6 +24,10 @@ type TuneOptions struct {
 	TargetPct  float64 // 130 by default
 	Coverage   float64 // 0.95 by default
 	Workers    int
+	// Passes bounds the coordinate-descent passes (0: 2).
+	Passes int
+	// Start is the point the search starts from (nil: the defaults).
+	Start *sched.FragParams
 }
 
 // tuneTrace is one trace's inputs, with each seed's workload and shapes.
@@ -57,6 +61,7 @@ var tuneGrid = []struct {
 		setTail(sched.TailCapacityCPUOnly), setTail(sched.TailNone), setTail(sched.TailCapacityAll), setTail(sched.TailStrandAll), setTail(sched.TailStrandGPU)}},
 	{"sliver_mass", []func(*sched.FragParams) string{
 		setSliver(0), setSliver(0.05), setSliver(0.2), setSliver(0.5)}},
+	{"full_nodes_as_fgd", []func(*sched.FragParams) string{setFullNodes(false), setFullNodes(true)}},
 	{"exact_last", []func(*sched.FragParams) string{setExact(false), setExact(true)}},
 }
 
@@ -78,12 +83,15 @@ func setTail(v sched.TailKey) func(*sched.FragParams) string {
 func setSliver(v float64) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.SliverMass = v; return fmt.Sprint(v) }
 }
+func setFullNodes(v bool) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.FullNodesAsFGD = v; return fmt.Sprint(v) }
+}
 func setExact(v bool) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.ExactLast = v; return fmt.Sprint(v) }
 }
 
 func fmtParams(p sched.FragParams) string {
-	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g exact_last=%t", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.ExactLast)
+	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast)
 }
 
 // Tune searches sched.FragParams by coordinate descent from the defaults
@@ -198,6 +206,9 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 		return v
 	}
 	best := sched.DefaultFragParams()
+	if o.Start != nil {
+		best = *o.Start
+	}
 	bs, err := eval(&best, o.TrainSeeds)
 	if err != nil {
 		return err
@@ -205,7 +216,10 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	bestObj := objective(bs)
 	fmt.Fprintf(w, "train seeds %v, traces %d: objective = mean(fusiond − FGD at %.0f %%) − excess 8-GPU pods failed by 100 %%; per trace: allocation − FGD / 8-GPU pods failed by 100 %% − FGD's\n", o.TrainSeeds, len(traces), o.TargetPct)
 	fmt.Fprintf(w, "start  %+.3f  %s |%s\n", bestObj, fmtParams(best), detail(bs))
-	for pass := 1; pass <= 2; pass++ {
+	if o.Passes <= 0 {
+		o.Passes = 2
+	}
+	for pass := 1; pass <= o.Passes; pass++ {
 		improved := false
 		for _, g := range tuneGrid {
 			for _, set := range g.values {
@@ -306,6 +320,8 @@ func ParseFragParams(s string) (*sched.FragParams, error) {
 			if err == nil && (p.SliverMass < 0 || p.SliverMass > 1) {
 				err = errors.New("not in [0, 1]")
 			}
+		case "full_nodes_as_fgd":
+			p.FullNodesAsFGD, err = strconv.ParseBool(v)
 		case "exact_last":
 			p.ExactLast, err = strconv.ParseBool(v)
 		default:

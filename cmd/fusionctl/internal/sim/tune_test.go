@@ -33,3 +33,19 @@ func TestTuneCommand(t *testing.T) {
 		t.Errorf("overlapping seeds: %v, want ErrBadOption", err)
 	}
 }
+
+// --frag parses over the defaults and refuses what it does not know.
+func TestParseFragParams(t *testing.T) {
+	p, err := ParseFragParams("reserve_steps=20,tail=strand-gpu,sliver_mass=0.2,full_nodes_as_fgd=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ReserveSteps != 20 || p.Tail.String() != "strand-gpu" || p.SliverMass != 0.2 || !p.FullNodesAsFGD {
+		t.Errorf("parsed %+v", *p)
+	}
+	for _, bad := range []string{"reserve_steps=0", "tail=sideways", "nope=1", "reserve_frac", "reserve_max_share=2", "sliver_mass=-1"} {
+		if _, err := ParseFragParams(bad); !errors.Is(err, ErrBadOption) {
+			t.Errorf("%q: %v, want ErrBadOption", bad, err)
+		}
+	}
+}
