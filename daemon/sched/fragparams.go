@@ -16,7 +16,7 @@ type FragParams struct {
 	ReserveFrac float64 `json:"reserve_frac"`
 	// ReserveMaxShare turns the reserve off when the large shapes are
 	// more than this share of all requests: then they are common enough
-	// for FGD's measure to weigh them (0: 0.02).
+	// for FGD's measure to weigh them (0: 0.05).
 	ReserveMaxShare float64 `json:"reserve_max_share"`
 	// ReserveUncovered keeps in the reserve only the large shapes that
 	// are not among the typical shapes (FGD's measure already weighs
@@ -32,7 +32,7 @@ type FragParams struct {
 	SliverMass float64 `json:"sliver_mass"`
 	// FullNodesAsFGD scores a CPU-only request on a node with GPUs but
 	// none free by the keys (as FGD does: nothing to fragment, a neutral
-	// score) instead of as a perfect fit.
+	// score) instead of as a perfect fit (the default).
 	FullNodesAsFGD bool `json:"full_nodes_as_fgd"`
 	// ExactLast adds FGD's measure unquantised as the last key, before
 	// the node ranking.
@@ -45,11 +45,11 @@ type TailKey int
 
 // The tail keys.
 const (
-	// TailNone: no tail key (the default).
-	TailNone TailKey = iota
 	// TailCapacityCPUOnly: the multi-copy (capacity) measure, for
-	// CPU-only requests only (the default before --tune).
-	TailCapacityCPUOnly
+	// CPU-only requests only (the default).
+	TailCapacityCPUOnly TailKey = iota
+	// TailNone: no tail key.
+	TailNone
 	// TailCapacityAll: the capacity measure for every request.
 	TailCapacityAll
 	// TailStrandAll: the GPU share typical shapes could not use for want
@@ -62,7 +62,7 @@ const (
 	NumTails
 )
 
-var tailNames = [NumTails]string{"none", "capacity-cpu", "capacity-all", "strand-all", "strand-gpu"}
+var tailNames = [NumTails]string{"capacity-cpu", "none", "capacity-all", "strand-all", "strand-gpu"}
 
 func (t TailKey) String() string {
 	if t >= 0 && t < NumTails {
@@ -71,12 +71,12 @@ func (t TailKey) String() string {
 	return "tail?"
 }
 
-// DefaultFragParams are the shipped values, chosen by `fusionctl simulate
-// --tune` on seeds 42..46 of five openb traces (docs/benchmarks.md,
-// "Tuning"); before it: 10 steps, no share limit, the capacity tail for
-// CPU-only requests.
+// DefaultFragParams are the shipped values: the policy before the
+// `fusionctl simulate --tune` search plus the reserve's share limit (0.05)
+// that the search chose; docs/benchmarks.md ("Tuning") says why not all
+// of its choice.
 func DefaultFragParams() FragParams {
-	return FragParams{ReserveSteps: 50, ReserveFrac: 0.5, ReserveMaxShare: 0.02, Tail: TailNone}
+	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.05, Tail: TailCapacityCPUOnly}
 }
 
 func (fp FragParams) withDefaults() FragParams {

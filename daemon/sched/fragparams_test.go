@@ -69,8 +69,8 @@ func TestFragParamsDefaultsAndEffect(t *testing.T) {
 	}
 }
 
-// With FullNodesAsFGD a CPU-only request on a node whose GPUs are all
-// taken scores by the keys (neutral), not as a perfect fit.
+// By default a CPU-only request on a node whose GPUs are all taken
+// scores as a perfect fit, with FullNodesAsFGD by the keys (neutral).
 func TestFullNodesAsFGD(t *testing.T) {
 	m := NewFragModel([]Shape{{CPUMilli: 4000, GPUs: 1, GPUMilli: MilliPerGPU, P: 1}})
 	n := NewNode("full", 96000, 1<<20, 1, "G2")
@@ -84,6 +84,6 @@ func TestFullNodesAsFGD(t *testing.T) {
 	a, _ := plain.fragmentation(cpu, n, -1)
 	b, _ := fgdLike.fragmentation(cpu, n, -1)
 	if a != 1 || b >= 1 {
-		t.Errorf("full node: plain %v (want 1), as FGD %v (want below 1)", a, b)
+		t.Errorf("full node: default %v (want 1), FullNodesAsFGD %v (want below 1)", a, b)
 	}
 }
