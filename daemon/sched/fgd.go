@@ -47,6 +47,13 @@ type fragScorer struct {
 	// secondCPUOnly computes second only for CPU-only requests (the only
 	// ones fusiond's policy uses it for).
 	secondCPUOnly bool
+	// secondGPUOnly computes second only for GPU requests.
+	secondGPUOnly bool
+	// params are fusiond's key parameters and usable the typical GPU
+	// requests' cumulative share by GPU share (the sliver key), set
+	// by linkFrag.
+	params FragParams
+	usable []shareMass
 	// reserve, when set, is a third measure (the large shapes,
 	// reserve.go), computed in the same pass.
 	reserve *FragModel
@@ -122,7 +129,7 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 
 func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR float64) fragEntry {
 	second := f.second
-	if f.secondCPUOnly && req.GPUs > 0 {
+	if (f.secondCPUOnly && req.GPUs > 0) || (f.secondGPUOnly && req.GPUs == 0) {
 		second = nil
 	}
 	if req.Shared() {

@@ -2,7 +2,6 @@ package sched
 
 import (
 	"cmp"
-	"math"
 	"slices"
 	"strings"
 )
@@ -11,28 +10,30 @@ import (
 // req on n (in [0,1], higher is better) and the GPU it chose for a shared
 // request (-1: none chosen). With a shape model it is lexicographic: FGD's
 // measure on its coarse 0..100 scale first, then, among options within one
-// step, the reserve for large shapes, then (CPU-only pods) the multi-copy
-// (capacity) measure; without one, how much of the node's GPU share (CPU
+// step, the reserve for large shapes, then the keys FragParams enables;
+// without one, how much of the node's GPU share (CPU
 // for CPU-only nodes) the request leaves free.
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
-	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0):
+	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)):
 		p.linkFrag()
 		e := p.fs.gain(req, n, idx)
-		// Keys, most significant first: FGD's measure on its 0..100
-		// scale; the reserve for the workload's large shapes
-		// (reserve.go) on reserveSteps steps; for a CPU-only pod the
-		// capacity measure (the GPUs it would strand by taking CPU). The
+		// Keys, most significant first (fragKeys, with the policy's
+		// FragParams): FGD's measure on its 0..100 scale; the reserve
+		// for the workload's large shapes (reserve.go) on ReserveSteps
+		// steps, unless the large shapes are common; then, where
+		// chosen, a sliver key, a tail measure (before --tune: for a
+		// CPU-only pod the capacity measure, the GPUs it would strand by
+		// taking CPU) and the exact FGD measure. The
 		// engine's node ranking breaks what ties remain, which packs.
 		// The capacity measure is not a key for GPU requests: it prefers
 		// fresh nodes, and on the multi-GPU traces it broke the nodes the
 		// 8-GPU pods needed (docs/benchmarks.md).
-		r := math.Trunc(sigmoid(e.res/1000) * reserveSteps)
-		var c float64
-		if req.GPUs == 0 {
-			c = e.sig2
+		var sl float64
+		if p.fs.params.SliverMass > 0 {
+			sl = sliverKey(req, n, e.gpu, p.fs.params.SliverMass, p.fs.usable)
 		}
-		return (math.Trunc(e.sig*maxScore) + (r+c)/(reserveSteps+1)) / (maxScore + 1), e.gpu
+		return fragKeys(&p.fs.params, &e, sl), e.gpu
 	case len(n.GPUs) > 0:
 		return 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU), -1
 	default:
@@ -122,9 +123,12 @@ type FragModel struct {
 	Shapes []Shape
 	// Capacity selects the multi-copy measure (capacityFrag).
 	Capacity bool
-	// Reserve are the large shapes of the workload (reserve.go) with their
-	// share of all requests, covered or not; only fusiond's policy reads
-	// them, FGD keeps the paper's measure.
+	// Strand selects the CPU-stranding measure (strandFrag).
+	Strand bool
+	// Reserve are the multi-GPU whole-GPU shapes of the workload
+	// (reserve.go) with their share of all requests, covered or not;
+	// fusiond's policy keeps the large ones (FragParams.ReserveFrac) for
+	// its reserve key, FGD keeps the paper's measure.
 	Reserve []Shape
 	// access caches, per GPU model, which shapes may use it.
 	access map[string][]bool
@@ -151,7 +155,10 @@ func (f *FragModel) accessFor(model string) []bool {
 func (f *FragModel) NodeFrag(n *Node) float64 {
 	var buf [64]int64
 	free := gpuFreeList(n, buf[:0])
-	if f.Capacity {
+	switch {
+	case f.Strand:
+		return f.strandFrag(n.GPUModel, n.CPUFreeMilli, free)
+	case f.Capacity:
 		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli, free)
 	}
 	return f.frag(n.GPUModel, n.CPUFreeMilli, free)
@@ -216,7 +223,10 @@ func (f *FragModel) fragAfter(n *Node, req *Request, gpus []int) float64 {
 		}
 		free = append(free, m)
 	}
-	if f.Capacity {
+	switch {
+	case f.Strand:
+		return f.strandFrag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
+	case f.Capacity:
 		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
 	}
 	return f.frag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)

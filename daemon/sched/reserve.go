@@ -1,5 +1,10 @@
 package sched
 
+import (
+	"cmp"
+	"slices"
+)
+
 // Keeping room for large requests.
 //
 // FGD's measure weighs each typical shape by its popularity, and the
@@ -14,23 +19,18 @@ package sched
 // before beats one that takes the last room a large shape had on that
 // node, so small requests go to nodes already broken while there are any.
 
-// reserveSteps is the reserve key's resolution: sigmoid(gain/1000) on
-// this many steps, so only a real loss of room counts.
-const reserveSteps = 10
+// The reserve key's resolution is FragParams.ReserveSteps (10 by
+// default): sigmoid(gain/1000) on that many steps, so only a real loss of
+// room counts.
 
 // largeShapes returns the shapes (counts in P, of total requests) that ask
-// for at least half the largest whole-GPU count observed (and at least
-// two whole GPUs), with P their share of all requests.
+// for at least two whole GPUs, with P their share of all requests; the
+// policy keeps those asking for at least FragParams.ReserveFrac of the
+// largest count (largeOf).
 func largeShapes(shapes []Shape, total float64) []Shape {
-	most := 0
-	for _, s := range shapes {
-		if s.GPUMilli == MilliPerGPU {
-			most = max(most, s.GPUs)
-		}
-	}
 	var out []Shape
 	for _, s := range shapes {
-		if s.GPUMilli == MilliPerGPU && s.GPUs >= 2 && 2*s.GPUs >= most {
+		if s.GPUMilli == MilliPerGPU && s.GPUs >= 2 {
 			s.P /= total
 			out = append(out, s)
 		}
@@ -46,11 +46,76 @@ func (p *Weighted) linkFrag() {
 		return
 	}
 	p.fs.linked = true
-	if p.fsCap != nil {
-		p.fs.second = p.fsCap.model
-		p.fs.secondCPUOnly = true
+	fp := p.Frag.withDefaults()
+	p.fs.params = fp
+	switch fp.Tail {
+	case TailCapacityCPUOnly, TailCapacityAll:
+		if p.fsCap != nil {
+			p.fs.second = p.fsCap.model
+			p.fs.secondCPUOnly = fp.Tail == TailCapacityCPUOnly
+		}
+	case TailStrandAll, TailStrandGPU:
+		sm := NewFragModel(p.fs.model.Shapes)
+		sm.Strand = true
+		p.fs.second = sm
+		p.fs.secondGPUOnly = fp.Tail == TailStrandGPU
 	}
-	if len(p.fs.model.Reserve) > 0 {
-		p.fs.reserve = NewFragModel(p.fs.model.Reserve)
+	large := largeOf(p.fs.model.Reserve, fp.ReserveFrac)
+	if fp.ReserveUncovered {
+		large = slices.DeleteFunc(large, func(s Shape) bool {
+			return slices.ContainsFunc(p.fs.model.Shapes, func(t Shape) bool {
+				return t.CPUMilli == s.CPUMilli && t.GPUs == s.GPUs && t.GPUMilli == s.GPUMilli && t.Models == s.Models
+			})
+		})
 	}
+	var share float64
+	for _, s := range large {
+		share += s.P
+	}
+	if len(large) > 0 && share <= fp.ReserveMaxShare {
+		p.fs.reserve = NewFragModel(large)
+	}
+	if fp.SliverMass > 0 {
+		p.fs.usable = usableShares(p.fs.model.Shapes)
+	}
+}
+
+// largeOf keeps the shapes asking for at least frac of the largest GPU
+// count among them.
+func largeOf(shapes []Shape, frac float64) []Shape {
+	most := 0
+	for _, s := range shapes {
+		most = max(most, s.GPUs)
+	}
+	var out []Shape
+	for _, s := range shapes {
+		if float64(s.GPUs) >= frac*float64(most) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// usableShares is the cumulative share of the typical GPU requests by
+// the GPU share they ask for, smallest first (whole GPUs at 1000).
+func usableShares(shapes []Shape) []shareMass {
+	var total float64
+	by := map[int64]float64{}
+	for _, s := range shapes {
+		if s.GPUMilli > 0 {
+			by[s.GPUMilli] += s.P
+			total += s.P
+		}
+	}
+	out := make([]shareMass, 0, len(by))
+	for m, p := range by {
+		out = append(out, shareMass{milli: m, cum: p})
+	}
+	slices.SortFunc(out, func(a, b shareMass) int { return cmp.Compare(a.milli, b.milli) })
+	var cum float64
+	for i := range out {
+		cum += out[i].cum
+		out[i].cum = cum / total
+	}
+	return out
 }

@@ -42,8 +42,11 @@ type Weighted struct {
 	// per class from the GPU model table (LookupGPU); without it a model
 	// not in Capability counts 0.5 and each GPU's PerfPerWatt is used.
 	ModelTable bool
-	fs         *fragScorer // FGD's single-copy measure
-	fsCap      *fragScorer // the multi-copy (capacity) measure
+	// Frag are the fragmentation keys' parameters (zero: the defaults,
+	// DefaultFragParams); set before the first decision.
+	Frag  FragParams
+	fs    *fragScorer // FGD's single-copy measure
+	fsCap *fragScorer // the multi-copy (capacity) measure
 	// perf memoises the table per model and class.
 	perf map[perfKey][2]float64
 	// scratch holds a node's generated options between calls.

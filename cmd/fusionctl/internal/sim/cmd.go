@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -18,6 +19,10 @@ func NewCommand() *cobra.Command {
 		seeds    string
 		verbose  bool
 		gpuPower string
+		tune     bool
+		testSeed string
+		frag     string
+		passes   int
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -35,6 +40,29 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 			var err error
 			if o.Seeds, err = ParseSeeds(seeds); err != nil {
 				return err
+			}
+			if frag != "" {
+				if o.Frag, err = ParseFragParams(frag); err != nil {
+					return err
+				}
+			}
+			if tune {
+				if !cmd.Flags().Changed("seeds") {
+					o.Seeds, _ = ParseSeeds("42-46")
+				}
+				to := TuneOptions{NodesPath: o.NodesPath, TrainSeeds: o.Seeds, TargetPct: o.TargetPct, Workers: o.Workers, Start: o.Frag, Passes: passes}
+				if to.TestSeeds, err = ParseSeeds(testSeed); err != nil {
+					return err
+				}
+				for p := range strings.SplitSeq(o.PodsPath, ",") {
+					if p = strings.TrimSpace(p); p != "" {
+						to.PodsPaths = append(to.PodsPaths, p)
+					}
+				}
+				if to.Workers <= 0 {
+					to.Workers = runtime.GOMAXPROCS(0)
+				}
+				return Tune(cmd.Context(), to, cmd.OutOrStdout())
 			}
 			for p := range strings.SplitSeq(policies, ",") {
 				if p = strings.TrimSpace(p); p != "" {
@@ -64,6 +92,10 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
+	f.StringVar(&frag, "frag", "", "fusiond's fragmentation parameters over the defaults, e.g. reserve_steps=50,tail=none (names as --tune prints them); with --tune, the search's starting point")
+	f.BoolVar(&tune, "tune", false, "search fusiond's fragmentation parameters (sched.FragParams) on the train seeds (--seeds, default 42-46 with --tune) and report the test seeds (--test-seeds) only; --pods may list several traces, comma-separated")
+	f.IntVar(&passes, "tune-passes", 2, "with --tune: coordinate-descent passes over the parameters")
+	f.StringVar(&testSeed, "test-seeds", "47-51", "with --tune: the seeds the chosen parameters are reported on")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
 	_ = cmd.MarkFlagRequired("nodes")
 	_ = cmd.MarkFlagRequired("pods")

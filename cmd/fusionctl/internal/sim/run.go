@@ -58,7 +58,10 @@ type Options struct {
 	// Kubernetes scheduler) instead of by a seeded node ranking (the FGD
 	// paper's simulator, the default).
 	RandomTies bool
-	Logger     *slog.Logger
+	// Frag, when set, replaces fusiond's fragmentation parameters
+	// (--frag, ParseFragParams).
+	Frag   *sched.FragParams
+	Logger *slog.Logger
 }
 
 func (o *Options) defaults() error {
@@ -211,7 +214,15 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 				if o.RandomTies {
 					tie = sched.TieRandom
 				}
-				r, err := RunProtocol(ctx, specs, wl, j.pol, j.seed, frag, o.Thresholds, tie)
+				var r RunResult
+				var err error
+				if o.Frag != nil && j.pol == "fusiond" {
+					wp := sched.NewWeighted(nil, frag)
+					wp.Frag = *o.Frag
+					r, err = runProtocol(ctx, specs, wl, wp, j.pol, j.seed, frag, o.Thresholds, tie, dedupable(wp, tie), nil)
+				} else {
+					r, err = RunProtocol(ctx, specs, wl, j.pol, j.seed, frag, o.Thresholds, tie)
+				}
 				r.Trace = trace
 				mu.Lock()
 				if err != nil && firstErr == nil {

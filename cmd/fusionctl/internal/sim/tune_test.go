@@ -1,0 +1,51 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// --tune runs through the command on the tiny trace: it reports the test
+// seeds only, with the chosen parameters, and refuses a seed that is both
+// train and test.
+func TestTuneCommand(t *testing.T) {
+	cmd := NewCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--tune", "--nodes", "testdata/nodes.csv", "--pods", "testdata/pods.csv,testdata/pods.csv", "--seeds", "1-2", "--test-seeds", "3"})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{"train seeds [1 2], traces 2", "test seeds [3] only", "chosen: reserve_steps=", "| pods | "} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Count(s, "| pods | ") != 2 {
+		t.Errorf("want one test row per trace:\n%s", s)
+	}
+	err := Tune(context.Background(), TuneOptions{NodesPath: "testdata/nodes.csv", PodsPaths: []string{"testdata/pods.csv"}, TrainSeeds: []uint64{1, 2}, TestSeeds: []uint64{2}}, &out)
+	if !errors.Is(err, ErrBadOption) {
+		t.Errorf("overlapping seeds: %v, want ErrBadOption", err)
+	}
+}
+
+// --frag parses over the defaults and refuses what it does not know.
+func TestParseFragParams(t *testing.T) {
+	p, err := ParseFragParams("reserve_steps=20,tail=strand-gpu,sliver_mass=0.2,full_nodes_as_fgd=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.ReserveSteps != 20 || p.Tail.String() != "strand-gpu" || p.SliverMass != 0.2 || !p.FullNodesAsFGD {
+		t.Errorf("parsed %+v", *p)
+	}
+	for _, bad := range []string{"reserve_steps=0", "tail=sideways", "nope=1", "reserve_frac", "reserve_max_share=2", "sliver_mass=-1"} {
+		if _, err := ParseFragParams(bad); !errors.Is(err, ErrBadOption) {
+			t.Errorf("%q: %v, want ErrBadOption", bad, err)
+		}
+	}
+}

@@ -1,0 +1,89 @@
+package sched
+
+import "testing"
+
+// The strand measure counts the GPU share a shape cannot use because the
+// node's free CPU runs out first, and nothing while CPU suffices.
+func TestStrandFragSeesCPU(t *testing.T) {
+	m := NewFragModel([]Shape{{CPUMilli: 8000, GPUs: 1, GPUMilli: MilliPerGPU, P: 1}})
+	m.Strand = true
+	n := NewNode("n", 16000, 1<<20, 8, "G2")
+	if got := m.NodeFrag(n); got != 6000 {
+		t.Errorf("16 cores for 8 GPUs of an 8-core/GPU shape: stranded %v, want 6000", got)
+	}
+	n = NewNode("n", 64000, 1<<20, 8, "G2")
+	if got := m.NodeFrag(n); got != 0 {
+		t.Errorf("enough CPU: stranded %v, want 0", got)
+	}
+}
+
+// The sliver key tells a share left that popular shapes can use from one
+// only rare shapes can.
+func TestSliverKey(t *testing.T) {
+	shapes := []Shape{{CPUMilli: 1000, GPUs: 1, GPUMilli: 810, P: 0.5}, {CPUMilli: 1000, GPUs: 1, GPUMilli: 100, P: 0.05}, {CPUMilli: 1000, GPUs: 1, GPUMilli: MilliPerGPU, P: 0.45}}
+	u := usableShares(shapes)
+	if len(u) != 3 || u[0].milli != 100 || u[2].cum < 0.999 {
+		t.Fatalf("usable %+v", u)
+	}
+	n := NewNode("n", 16000, 1<<20, 1, "G2")
+	big := &Request{CPUMilli: 1000, GPUs: 1, GPUMilli: 810}
+	small := &Request{CPUMilli: 1000, GPUs: 1, GPUMilli: 190}
+	if k := sliverKey(big, n, 0, 0.2, u); k != 0 {
+		t.Errorf("810 on an empty GPU leaves 190 that 5 %% of requests use: key %v, want 0", k)
+	}
+	if k := sliverKey(small, n, 0, 0.2, u); k != 1 {
+		t.Errorf("190 on an empty GPU leaves 810: key %v, want 1", k)
+	}
+	whole := &Request{CPUMilli: 1000, GPUs: 1, GPUMilli: MilliPerGPU}
+	if k := sliverKey(whole, n, 0, 0.2, u); k != 1 {
+		t.Errorf("whole GPU: key %v, want 1", k)
+	}
+}
+
+// The zero FragParams are the defaults, and a parameter changes the score.
+func TestFragParamsDefaultsAndEffect(t *testing.T) {
+	l := NewShapeLearner()
+	small := Request{ID: "s", Class: ClassBatch, CPUMilli: 4000, MemMiB: 1024, GPUs: 1, GPUMilli: MilliPerGPU}
+	four := Request{ID: "f", Class: ClassBatch, CPUMilli: 32000, MemMiB: 1024, GPUs: 4, GPUMilli: MilliPerGPU}
+	big := Request{ID: "b", Class: ClassBatch, CPUMilli: 64000, MemMiB: 1024, GPUs: 8, GPUMilli: MilliPerGPU}
+	for range 97 {
+		l.Observe(&small)
+	}
+	l.Observe(&four)
+	l.Observe(&big)
+	m := l.Model(0.95)
+	if len(largeOf(m.Reserve, 0.5)) != 2 || len(largeOf(m.Reserve, 1)) != 1 {
+		t.Fatalf("reserve %+v", m.Reserve)
+	}
+	n := NewNode("n", 96000, 1<<20, 8, "G2")
+	zero := NewWeighted(nil, m)
+	def := NewWeighted(nil, m)
+	def.Frag = DefaultFragParams()
+	if a, b := zero.Score(&small, n, -1, nil).Score, def.Score(&small, n, -1, nil).Score; a != b {
+		t.Errorf("zero params %v, defaults %v", a, b)
+	}
+	exact := NewWeighted(nil, m)
+	exact.Frag = FragParams{ExactLast: true}
+	if a, b := zero.Score(&small, n, -1, nil).Score, exact.Score(&small, n, -1, nil).Score; a == b {
+		t.Errorf("exact_last did not change the score (%v)", a)
+	}
+}
+
+// By default a CPU-only request on a node whose GPUs are all taken
+// scores as a perfect fit, with FullNodesAsFGD by the keys (neutral).
+func TestFullNodesAsFGD(t *testing.T) {
+	m := NewFragModel([]Shape{{CPUMilli: 4000, GPUs: 1, GPUMilli: MilliPerGPU, P: 1}})
+	n := NewNode("full", 96000, 1<<20, 1, "G2")
+	if err := n.Apply(&Assignment{CPUMilli: 4000, GPUs: []int{0}, GPUMilli: MilliPerGPU, FPGA: -1}); err != nil {
+		t.Fatal(err)
+	}
+	cpu := &Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+	plain := NewWeighted(nil, m)
+	fgdLike := NewWeighted(nil, m)
+	fgdLike.Frag.FullNodesAsFGD = true
+	a, _ := plain.fragmentation(cpu, n, -1)
+	b, _ := fgdLike.fragmentation(cpu, n, -1)
+	if a != 1 || b >= 1 {
+		t.Errorf("full node: default %v (want 1), FullNodesAsFGD %v (want below 1)", a, b)
+	}
+}
