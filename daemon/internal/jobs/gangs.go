@@ -42,26 +42,9 @@ func (m *Manager) overflowGang(group []*api.Job, why string) bool {
 	if m.placer.Admit(j.Spec) != nil {
 		budget = 0 // its members can never run here
 	}
-	m.pruneOverflow()
-	now := time.Now()
-	m.ovf.mu.Lock()
-	first, seen := m.ovf.since[j.ID]
-	if !seen {
-		first = now
-		m.ovf.since[j.ID] = now
+	if taken, offer := m.offerDue(group, budget); !offer {
+		return taken
 	}
-	if now.Before(m.ovf.retryAt[j.ID]) {
-		refused := m.ovf.refused[j.ID]
-		m.ovf.mu.Unlock()
-		m.setWaiting(group, refused)
-		return true
-	}
-	if now.Sub(first) < budget {
-		m.ovf.mu.Unlock()
-		return false
-	}
-	m.ovf.offering[j.ID] = true
-	m.ovf.mu.Unlock()
 	m.setWaiting(group, "waiting: "+why+"; reserving the gang across peers")
 	m.wg.Add(1)
 	go m.offerGang(g, group, why, budget)

@@ -129,6 +129,36 @@ func (m *Manager) admit1(spec api.JobSpec) error {
 	return nil
 }
 
+// offerDue is the queue's bookkeeping of a group (keyed by its first job)
+// that did not fit here: it records when that first happened and reports
+// whether to offer it to peers now (budget waited; the group is then marked
+// offering) and, if not, whether the queue leaves it alone anyway (every
+// peer refused it a moment ago: that stays its waiting reason).
+func (m *Manager) offerDue(group []*api.Job, budget time.Duration) (taken, offer bool) {
+	id := group[0].ID
+	m.pruneOverflow()
+	now := time.Now()
+	m.ovf.mu.Lock()
+	first, seen := m.ovf.since[id]
+	if !seen {
+		first = now
+		m.ovf.since[id] = now
+	}
+	if now.Before(m.ovf.retryAt[id]) {
+		refused := m.ovf.refused[id]
+		m.ovf.mu.Unlock()
+		m.setWaiting(group, refused)
+		return true, false
+	}
+	if now.Sub(first) < budget {
+		m.ovf.mu.Unlock()
+		return false, false
+	}
+	m.ovf.offering[id] = true
+	m.ovf.mu.Unlock()
+	return true, true
+}
+
 // handingOver is true while an offer of j to peers is in flight: the queue
 // leaves it alone, so it is never placed here and there at once.
 func (m *Manager) handingOver(j *api.Job) bool {
@@ -164,27 +194,9 @@ func (m *Manager) overflow(group []*api.Job, why string) bool {
 		budget = 0 // it can never run here
 		left = fmt.Sprintf("cannot run on this host (%v)", err)
 	}
-	m.pruneOverflow()
-	now := time.Now()
-	m.ovf.mu.Lock()
-	first, seen := m.ovf.since[j.ID]
-	if !seen {
-		first = now
-		m.ovf.since[j.ID] = now
+	if taken, offer := m.offerDue(group, budget); !offer {
+		return taken
 	}
-	if now.Before(m.ovf.retryAt[j.ID]) {
-		// Every peer refused it a moment ago: that stays its reason.
-		refused := m.ovf.refused[j.ID]
-		m.ovf.mu.Unlock()
-		m.setWaiting(group, refused)
-		return true
-	}
-	if now.Sub(first) < budget {
-		m.ovf.mu.Unlock()
-		return false
-	}
-	m.ovf.offering[j.ID] = true
-	m.ovf.mu.Unlock()
 	m.setWaiting(group, "waiting: "+why+"; offering to peers")
 	m.wg.Add(1)
 	go m.offer(j, why, left)
