@@ -57,6 +57,10 @@ type PeersConfig struct {
 	// an answer.
 	Poll  Duration `json:"poll"`
 	Lease Duration `json:"lease"`
+	// AcceptRootJobs lets peers hand over jobs that run as root here
+	// (default false: refused, so holding a peer certificate never means
+	// root on this host).
+	AcceptRootJobs bool `json:"accept_root_jobs,omitempty"`
 }
 
 // DefaultPeersConfig is off, with LAN timing and the default ports.
@@ -155,7 +159,7 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, log *slog.Logger
 	mgr.SetOverflow(n, jobs.OverflowConfig{
 		Budget: budgets, Poll: time.Duration(p.Poll),
 		Lost:  2*time.Duration(p.Lease) + time.Duration(cfg.CancelGrace),
-		Retry: 5 * time.Second,
+		Retry: 5 * time.Second, AcceptRoot: p.AcceptRootJobs,
 	})
 	log.Info("peers ready", "node", name, "gossip", n.GossipAddr(), "api", n.APIAddr(), "profile", p.Profile, "encrypted", p.KeyringFile != "")
 	return n, nil

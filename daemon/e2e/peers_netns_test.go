@@ -151,7 +151,9 @@ func TestPeersNetnsFailures(t *testing.T) {
 		if i == 0 {
 			join = nil
 		}
-		ds[i] = newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, net.addr(i)+":7946", join...))
+		// Its jobs run as root (they write the run marks): peers must
+		// accept root's jobs, which they refuse by default.
+		ds[i] = newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, net.addr(i)+":7946", join...)+acceptRootJobs)
 		ds[i].netns = net.hosts[i]
 		ds[i].start()
 		cs[i] = ds[i].client()

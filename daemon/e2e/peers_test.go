@@ -42,6 +42,10 @@ func peerPKI(t *testing.T, dir string, nodes ...string) (keyring string) {
 
 // peerConfig is the peers section of a daemon named name, gossiping on
 // addr (host:0 takes a port from the kernel) and joining join.
+// acceptRootJobs, appended to peerConfig's section, lets peers run the
+// jobs of root that a test submits as root (refused by default).
+const acceptRootJobs = "  accept_root_jobs: true\n"
+
 func peerConfig(pki, keyring, name, addr string, join ...string) string {
 	host := strings.Split(addr, ":")[0]
 	j := ""
@@ -248,7 +252,7 @@ func TestPeersCrossHostGang(t *testing.T) {
 		if seed != "" {
 			join = []string{seed}
 		}
-		d := newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...))
+		d := newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...)+acceptRootJobs)
 		d.start()
 		ds, cs = append(ds, d), append(cs, d.client())
 		if i == 0 {

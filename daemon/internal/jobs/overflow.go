@@ -74,6 +74,10 @@ type OverflowConfig struct {
 	// Retry is how long a job waits after every peer refused it before it
 	// is offered again.
 	Retry time.Duration
+	// AcceptRoot lets peers hand over jobs that run as root (uid 0) here;
+	// without it such an offer is refused, so a peer's certificate alone
+	// never gives root on this host.
+	AcceptRoot bool
 }
 
 type overflowState struct {
@@ -572,6 +576,9 @@ func (m *Manager) AcceptHandover(from api.Provenance, userName string, spec api.
 	owner, err := ownerOf(u)
 	if err != nil {
 		return api.Job{}, &Refusal{err.Error()}
+	}
+	if owner.UID == 0 && (m.ovf == nil || !m.ovf.cfg.AcceptRoot) {
+		return api.Job{}, &Refusal{"jobs of root are not accepted from peers here (peers.accept_root_jobs: false)"}
 	}
 	if m.cfg.DaemonUID != 0 && owner.UID != m.cfg.DaemonUID {
 		return api.Job{}, &Refusal{fmt.Sprintf("fusiond here is not root and runs jobs only for uid %d", m.cfg.DaemonUID)}

@@ -200,7 +200,7 @@ func TestHandoverOnlyAfterBudgetAndRefusalsShow(t *testing.T) {
 }
 
 // The peer side: a handed-over job runs as the user of the same name
-// here, a user this host lacks is refused, a key offered again gets the
+// here, a user this host lacks is refused, root is refused (by default), a key offered again gets the
 // same job, and a job that does not fit now is refused and leaves no
 // record.
 func TestAcceptHandover(t *testing.T) {
@@ -210,6 +210,10 @@ func TestAcceptHandover(t *testing.T) {
 	var ref *jobs.Refusal
 	if _, err := m.AcceptHandover(from, "no-such-user-fusiond", spec, 0); !errors.As(err, &ref) || !strings.Contains(ref.Why, "no user") {
 		t.Fatalf("unknown user: %v", err)
+	}
+	// A peer's certificate never means root here unless the config says so.
+	if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "4", Key: "o/4#1"}, "root", spec, 0); !errors.As(err, &ref) || !strings.Contains(ref.Why, "accept_root_jobs") {
+		t.Fatalf("a root job from a peer: %v, want it refused", err)
 	}
 	j, err := m.AcceptHandover(from, "nobody", spec, 0)
 	if err != nil {
@@ -239,7 +243,7 @@ func TestAcceptHandover(t *testing.T) {
 func TestHeldGangMembers(t *testing.T) {
 	m, _ := newOverflowManager(t, api.NodeResources{CPU: 4000, Memory: 1 << 30}, &fakePeers{polls: map[string]int{}}, time.Hour)
 	spec := api.JobSpec{Name: "m", Class: api.ClassTraining, Command: []string{"true"}, Resources: api.Resources{CPU: 1000, Memory: 16 << 20}}
-	held, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, "root", spec, time.Minute)
+	held, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, "nobody", spec, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +259,7 @@ func TestHeldGangMembers(t *testing.T) {
 		t.Errorf("a second commit: %v", err)
 	}
 
-	expires, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, "root", spec, 100*time.Millisecond)
+	expires, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, "nobody", spec, 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +271,7 @@ func TestHeldGangMembers(t *testing.T) {
 		t.Errorf("commit after the hold ended: %v", err)
 	}
 
-	aborted, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "3", Key: "o/3#1"}, "root", spec, time.Minute)
+	aborted, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "3", Key: "o/3#1"}, "nobody", spec, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +283,7 @@ func TestHeldGangMembers(t *testing.T) {
 	}
 	// Released members gave their CPUs back: four 1-CPU members fit.
 	for i := range 4 {
-		if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: fmt.Sprint(10 + i), Key: fmt.Sprintf("o/%d#1", 10+i)}, "root", spec, time.Minute); err != nil {
+		if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: fmt.Sprint(10 + i), Key: fmt.Sprintf("o/%d#1", 10+i)}, "nobody", spec, time.Minute); err != nil {
 			t.Fatalf("member %d after the releases: %v", i, err)
 		}
 	}
