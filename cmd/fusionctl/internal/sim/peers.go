@@ -67,18 +67,10 @@ func RunDecentralised(ctx context.Context, specs []NodeSpec, workload []Pod, pol
 		}
 	}
 	refresh()
-	var capMilli int64
-	for _, n := range live {
-		capMilli += int64(len(n.GPUs)) * sched.MilliPerGPU
-	}
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
 	rng := rand.New(rand.NewPCG(seed, 0x9ee75))
 	res := DecentralResult{RunResult: RunResult{Policy: policy + "/peers", Seed: seed, Pods: len(workload), Thresholds: thresholds}}
-	res.AllocPct = make([]float64, len(thresholds))
-	res.FragPct = make([]float64, len(thresholds))
-	for i := range thresholds {
-		res.AllocPct[i], res.FragPct[i] = nan(), nan()
-	}
+	meter := newProtocolMeter(&res.RunResult, live, frag)
 	// placeOn places req on live node i alone (the daemon's own check).
 	placeOn := func(req *sched.Request, i int) bool {
 		one := []*sched.Node{live[i]}
@@ -88,9 +80,6 @@ func RunDecentralised(ctx context.Context, specs []NodeSpec, workload []Pod, pol
 		}
 		return err == nil
 	}
-	var arrived, alloc, failed int64
-	next := 0
-	nextCurve := 0.0
 	start := time.Now()
 	for i := range workload {
 		if i%256 == 0 && ctx.Err() != nil {
@@ -100,7 +89,6 @@ func RunDecentralised(ctx context.Context, specs []NodeSpec, workload []Pod, pol
 			refresh()
 		}
 		req := workload[i].Request()
-		arrived += req.GPUMilliTotal()
 		origin := rng.IntN(len(live))
 		placed := false
 		skip := map[int]bool{}
@@ -135,29 +123,7 @@ func RunDecentralised(ctx context.Context, specs []NodeSpec, workload []Pod, pol
 		if o.Spread {
 			view[origin] = live[origin].Clone()
 		}
-		if placed {
-			alloc += req.GPUMilliTotal()
-		} else {
-			res.Failed++
-			if req.GPUs > 0 {
-				res.FailedGPU++
-			}
-			failed += req.GPUMilliTotal()
-		}
-		if capMilli == 0 {
-			continue
-		}
-		arrivedPct := 100 * float64(arrived) / float64(capMilli)
-		allocPct := 100 * float64(alloc) / float64(capMilli)
-		for next < len(thresholds) && arrivedPct >= thresholds[next] {
-			res.AllocPct[next] = allocPct
-			res.FragPct[next] = clusterFragPct(live, frag)
-			next++
-		}
-		if arrivedPct >= nextCurve {
-			res.Curve = append(res.Curve, CurvePoint{ArrivedPct: arrivedPct, AllocPct: allocPct, FailedPct: 100 * float64(failed) / float64(capMilli)})
-			nextCurve = arrivedPct + 1
-		}
+		meter.pod(&req, placed)
 	}
 	res.Seconds = time.Since(start).Seconds()
 	if res.Seconds > 0 {

@@ -112,10 +112,6 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 // node index (-1: failed).
 func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.Policy, policy string, seed uint64, frag *sched.FragModel, thresholds []float64, tie sched.TieBreak, dedupe bool, placed *[]int) (RunResult, error) {
 	nodes := BuildNodes(specs)
-	var capMilli int64
-	for i := range nodes {
-		capMilli += int64(len(nodes[i].GPUs)) * sched.MilliPerGPU
-	}
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
 	scored := nodes
 	var view *nodeView
@@ -124,29 +120,13 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 		scored = view.view
 	}
 	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds}
-	res.AllocPct = make([]float64, len(thresholds))
-	res.FragPct = make([]float64, len(thresholds))
-	for i := range thresholds {
-		res.AllocPct[i], res.FragPct[i] = nan(), nan()
-	}
-	for _, n := range nodes {
-		res.BigGPUs = max(res.BigGPUs, len(n.GPUs))
-	}
-	res.FailAt = make([]FailPoint, len(FailThresholds))
-	for i, t := range FailThresholds {
-		res.FailAt[i] = FailPoint{ArrivedPct: t, GPUs: nan()}
-	}
-	var arrived, alloc, failed int64
-	var failedBig int
-	next, nextFail := 0, 0
-	nextCurve := 0.0
+	meter := newProtocolMeter(&res, nodes, frag)
 	start := time.Now()
 	for i := range workload {
 		if i%256 == 0 && ctx.Err() != nil {
 			return res, ctx.Err()
 		}
 		req := workload[i].Request()
-		arrived += req.GPUMilliTotal()
 		d, err := eng.Place(&req, scored)
 		if err == nil {
 			err = eng.Commit(&req, &d.Assignment, nodes)
@@ -161,36 +141,7 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 				*placed = append(*placed, d.Assignment.NodeIdx)
 			}
 		}
-		if err != nil {
-			res.Failed++
-			if req.GPUs > 0 {
-				res.FailedGPU++
-			}
-			failed += req.GPUMilliTotal()
-			if req.GPUs >= res.BigGPUs && req.GPUMilli == sched.MilliPerGPU {
-				failedBig++
-			}
-		} else {
-			alloc += req.GPUMilliTotal()
-		}
-		if capMilli == 0 {
-			continue
-		}
-		arrivedPct := 100 * float64(arrived) / float64(capMilli)
-		allocPct := 100 * float64(alloc) / float64(capMilli)
-		for next < len(thresholds) && arrivedPct >= thresholds[next] {
-			res.AllocPct[next] = allocPct
-			res.FragPct[next] = clusterFragPct(nodes, frag)
-			next++
-		}
-		for nextFail < len(FailThresholds) && arrivedPct >= FailThresholds[nextFail] {
-			res.FailAt[nextFail] = FailPoint{ArrivedPct: FailThresholds[nextFail], Pods: float64(res.Failed), GPUs: float64(failed) / sched.MilliPerGPU, BigPods: float64(failedBig)}
-			nextFail++
-		}
-		if arrivedPct >= nextCurve {
-			res.Curve = append(res.Curve, CurvePoint{ArrivedPct: arrivedPct, AllocPct: allocPct, FailedPct: 100 * float64(failed) / float64(capMilli)})
-			nextCurve = arrivedPct + 1
-		}
+		meter.pod(&req, err == nil)
 	}
 	res.Seconds = time.Since(start).Seconds()
 	if res.Seconds > 0 {
