@@ -33,23 +33,25 @@ run: build
 	./examples/demo.sh
 
 # The benchmark pictures in docs/img/ (embedded in docs/benchmarks.md),
-# from the openb trace: the protocol's allocation and failed-request
-# curves (every policy, seeds 42..51), and the time-ordered replay's
-# utilisation over time and wait CDF. About 5-10 minutes on 2 cores.
-OPENB ?= ../shared/data/openb
+# from the openb trace fusionctl embeds (cmd/fusionctl/internal/sim/openb):
+# the protocol's allocation and failed-request curves (every policy, seeds
+# 42..51), and the time-ordered replay's utilisation over time and wait
+# CDF. About 5-10 minutes on 2 cores.
 PLOT_POLICIES ?= random,dotprod,gpuclustering,gpupacking,bestfit,fgd,fusiond
 plots:
 	mkdir -p docs/img
-	$(GO) run ./cmd/fusionctl simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv \
+	$(GO) run ./cmd/fusionctl simulate --trace default \
 	  --policy $(PLOT_POLICIES) --seeds 42-51 --target 130 --plot docs/img/openb-default-alloc.svg --plot docs/img/openb-default-alloc.png
-	$(GO) run ./cmd/fusionctl simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv \
+	$(GO) run ./cmd/fusionctl simulate --trace default \
 	  --policy fusiond,spread,fgd --timed --load 70 --plot docs/img/openb-default-timed.svg --plot docs/img/openb-default-timed.png
 
 # The ±1-point validation of the six paper baselines on all 17 openb
-# traces (mean of seeds 42..51) against FGD_expected_allocation.txt.
-# About 5 minutes on 2 cores; .ci/run runs it.
+# traces (mean of seeds 42..51) against FGD_expected_allocation.txt, read
+# from cmd/fusionctl/internal/sim/openb (FUSIOND_OPENB_DIR=DIR reads the
+# CSV files, plain or .zst, from DIR instead). About 5 minutes on 2 cores;
+# .ci/run runs it.
 sim-validate:
-	FUSIOND_OPENB_DIR=$(abspath $(OPENB)) FUSIOND_SIM_FULL=1 $(GO) test -count=1 -timeout 20m -v -run '^TestOpenBValidationFull$$' ./cmd/fusionctl/internal/sim/
+	FUSIOND_SIM_FULL=1 $(GO) test -count=1 -timeout 20m -v -run '^TestOpenBValidationFull$$' ./cmd/fusionctl/internal/sim/
 
 deps:
 	./.ci/deps.sh $(TEST_PKGS)
