@@ -23,7 +23,7 @@ TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prome
 EBPF_PKGS := clang llvm libbpf-dev bpftool
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps ebpf-check bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots sim-validate
+.PHONY: all build run test test-vm vet deps ebpf-check bench start-time gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots sim-validate
 all: build
 
 build:
@@ -114,6 +114,13 @@ bench:
 	$(GO) test -run '^$$' -bench . ./devices/nvidia/ ./devices/fpga/bitstream/
 	$(GO) test -run '^$$' -bench ProbeCost -benchtime 3x ./ebpf/
 	$(GO) test -run '^$$' -bench Interference -benchtime 1x ./daemon/internal/qos/
+
+# Start-up time of `fusiond --simulate dgxh200` (make run's daemon): first
+# start on an empty state directory and warm start, to the first answer of
+# `fusionctl status`, medians of START_RUNS (default 5).
+START_RUNS ?= 5
+start-time: build
+	./.ci/start-time.sh $(START_RUNS)
 
 # Read-only check of a host with a real NVIDIA GPU; exits 1 cleanly without one.
 gpu-check:
