@@ -23,7 +23,7 @@ TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prome
 EBPF_PKGS := clang llvm libbpf-dev bpftool
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps ebpf-check bench gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots sim-validate
+.PHONY: all build run test test-vm vet deps ebpf-check bench start-time gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots sim-validate
 all: build
 
 build:
@@ -33,23 +33,25 @@ run: build
 	./examples/demo.sh
 
 # The benchmark pictures in docs/img/ (embedded in docs/benchmarks.md),
-# from the openb trace: the protocol's allocation and failed-request
-# curves (every policy, seeds 42..51), and the time-ordered replay's
-# utilisation over time and wait CDF. About 5-10 minutes on 2 cores.
-OPENB ?= ../shared/data/openb
+# from the openb trace fusionctl embeds (cmd/fusionctl/internal/sim/openb):
+# the protocol's allocation and failed-request curves (every policy, seeds
+# 42..51), and the time-ordered replay's utilisation over time and wait
+# CDF. About 5-10 minutes on 2 cores.
 PLOT_POLICIES ?= random,dotprod,gpuclustering,gpupacking,bestfit,fgd,fusiond
 plots:
 	mkdir -p docs/img
-	$(GO) run ./cmd/fusionctl simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv \
+	$(GO) run ./cmd/fusionctl simulate --trace default \
 	  --policy $(PLOT_POLICIES) --seeds 42-51 --target 130 --plot docs/img/openb-default-alloc.svg --plot docs/img/openb-default-alloc.png
-	$(GO) run ./cmd/fusionctl simulate --nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv \
+	$(GO) run ./cmd/fusionctl simulate --trace default \
 	  --policy fusiond,spread,fgd --timed --load 70 --plot docs/img/openb-default-timed.svg --plot docs/img/openb-default-timed.png
 
 # The ±1-point validation of the six paper baselines on all 17 openb
-# traces (mean of seeds 42..51) against FGD_expected_allocation.txt.
-# About 5 minutes on 2 cores; .ci/run runs it.
+# traces (mean of seeds 42..51) against FGD_expected_allocation.txt, read
+# from cmd/fusionctl/internal/sim/openb (FUSIOND_OPENB_DIR=DIR reads the
+# CSV files, plain or .zst, from DIR instead). About 5 minutes on 2 cores;
+# .ci/run runs it.
 sim-validate:
-	FUSIOND_OPENB_DIR=$(abspath $(OPENB)) FUSIOND_SIM_FULL=1 $(GO) test -count=1 -timeout 20m -v -run '^TestOpenBValidationFull$$' ./cmd/fusionctl/internal/sim/
+	FUSIOND_SIM_FULL=1 $(GO) test -count=1 -timeout 20m -v -run '^TestOpenBValidationFull$$' ./cmd/fusionctl/internal/sim/
 
 deps:
 	./.ci/deps.sh $(TEST_PKGS)
@@ -112,6 +114,13 @@ bench:
 	$(GO) test -run '^$$' -bench . ./devices/nvidia/ ./devices/fpga/bitstream/
 	$(GO) test -run '^$$' -bench ProbeCost -benchtime 3x ./ebpf/
 	$(GO) test -run '^$$' -bench Interference -benchtime 1x ./daemon/internal/qos/
+
+# Start-up time of `fusiond --simulate dgxh200` (make run's daemon): first
+# start on an empty state directory and warm start, to the first answer of
+# `fusionctl status`, medians of START_RUNS (default 5).
+START_RUNS ?= 5
+start-time: build
+	./.ci/start-time.sh $(START_RUNS)
 
 # Read-only check of a host with a real NVIDIA GPU; exits 1 cleanly without one.
 gpu-check:

@@ -21,7 +21,8 @@ stop() {
   wait "$DAEMON_PID" 2>/dev/null || true
 }
 trap stop EXIT
-# The first start of the simulated host writes its sysfs trees (seconds).
+# The first start of the simulated host writes its sysfs trees (well under
+# a second; `make start-time` measures it).
 for _ in $(seq 1 300); do
   $CTL status >/dev/null 2>&1 && break
   sleep 0.1

@@ -25,11 +25,14 @@
 package simhost
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -152,8 +155,30 @@ func idsOf(k Kind) ids {
 	}
 }
 
-// writer writes files below root and keeps the first error.
+// writer collects the tree's files and symlinks in the order they are
+// planned; put writes them out.
 type writer struct {
+	entries []entry
+}
+
+// entry is one file (data is its content) or symlink (data is its
+// target) at an in-host path.
+type entry struct {
+	path string
+	link bool
+	data string
+}
+
+func (w *writer) file(p, content string) {
+	w.entries = append(w.entries, entry{path: p, data: content})
+}
+
+func (w *writer) link(p, target string) {
+	w.entries = append(w.entries, entry{path: p, link: true, data: target})
+}
+
+// put writes entries below root and keeps the first error.
+type put struct {
 	root string
 	dirs map[string]bool // directories already created
 	err  error
@@ -163,7 +188,7 @@ type writer struct {
 	pooled map[string]string // content → its file in pool
 }
 
-func (w *writer) mkdir(dir string) {
+func (w *put) mkdir(dir string) {
 	if w.dirs[dir] {
 		return
 	}
@@ -174,7 +199,7 @@ func (w *writer) mkdir(dir string) {
 	w.dirs[dir] = true
 }
 
-func (w *writer) file(p, content string) {
+func (w *put) file(p, content string) {
 	if w.err != nil {
 		return
 	}
@@ -200,7 +225,7 @@ func (w *writer) file(p, content string) {
 	w.err = os.Link(src, full)
 }
 
-func (w *writer) link(p, target string) {
+func (w *put) link(p, target string) {
 	if w.err != nil {
 		return
 	}
@@ -245,28 +270,78 @@ func (sh shape) cpus() int { return Sockets * sh.cores * ThreadsPerCore }
 // many trees use a few cores to stay fast. n < 1 is taken as 1.
 func WithCoresPerSocket(n int) Option { return func(s *shape) { s.cores = max(n, 1) } }
 
-// Write creates the tree below dir (created if missing; it must be empty).
-func Write(dir string, opts ...Option) error {
-	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
-		return fmt.Errorf("%w: %s", ErrNotEmpty, dir)
-	}
+// Tree is a simulated host's tree planned in memory: what Write puts on
+// disk, and a digest of it that names its content.
+type Tree struct {
+	shared  bool
+	entries []entry
+}
+
+// Plan lays the tree out in memory (a few milliseconds; nothing is
+// written).
+func Plan(opts ...Option) *Tree {
 	sh := shape{cores: CoresPerSocket}
 	for _, o := range opts {
 		o(&sh)
 	}
-	w := &writer{root: dir, dirs: map[string]bool{}}
-	if sh.shared {
-		w.pool, w.pooled = filepath.Join(dir, PoolDir), map[string]string{}
-	}
+	w := &writer{}
 	sh.writeCPUs(w)
 	sh.writeNodes(w)
 	sh.writePCI(w)
 	w.file("/proc/sys/kernel/hostname", Hostname+"\n")
+	return &Tree{shared: sh.shared, entries: w.entries}
+}
+
+// Digest is the sha256 (hex) of the tree as Write lays it out: every
+// path with its content or link target, in path order, and whether
+// content is shared. Two trees with one digest read the same.
+func (t *Tree) Digest() string {
+	sorted := slices.Clone(t.entries)
+	slices.SortFunc(sorted, func(a, b entry) int { return strings.Compare(a.path, b.path) })
+	h := sha256.New()
+	fmt.Fprintf(h, "simhost shared=%v\n", t.shared)
+	var buf []byte
+	for _, e := range sorted {
+		kind := byte('f')
+		if e.link {
+			kind = 'l'
+		}
+		// Lengths first: no content can pass for another entry.
+		buf = append(buf[:0], kind, ' ')
+		buf = strconv.AppendInt(buf, int64(len(e.path)), 10)
+		buf = append(append(append(buf, ' '), e.path...), ' ')
+		buf = strconv.AppendInt(buf, int64(len(e.data)), 10)
+		buf = append(append(append(buf, '\n'), e.data...), '\n')
+		h.Write(buf)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Write creates the tree below dir (created if missing; it must be empty).
+func (t *Tree) Write(dir string) error {
+	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+		return fmt.Errorf("%w: %s", ErrNotEmpty, dir)
+	}
+	w := &put{root: dir, dirs: map[string]bool{}}
+	if t.shared {
+		w.pool, w.pooled = filepath.Join(dir, PoolDir), map[string]string{}
+	}
+	for _, e := range t.entries {
+		if e.link {
+			w.link(e.path, e.data)
+		} else {
+			w.file(e.path, e.data)
+		}
+	}
 	if w.err != nil {
 		return fmt.Errorf("simhost: write %s: %w", dir, w.err)
 	}
 	return nil
 }
+
+// Write plans the tree with opts and creates it below dir (created if
+// missing; it must be empty).
+func Write(dir string, opts ...Option) error { return Plan(opts...).Write(dir) }
 
 // cpuOf returns socket, core and thread of a logical CPU, numbered as
 // Linux numbers Intel CPUs: all first threads of socket 0, then of

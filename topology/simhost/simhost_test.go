@@ -154,3 +154,82 @@ func TestSharedContentReadsTheSame(t *testing.T) {
 		t.Errorf("discovery differs:\nplain  %s\nshared %s", a, b)
 	}
 }
+
+// TestDigest: a tree's digest names its content — the same for every plan
+// of the same options (whatever order the plan visits files in), another
+// for another shape or for shared content — and Plan's tree is what Write
+// writes.
+func TestDigest(t *testing.T) {
+	d := simhost.Plan(simhost.WithCoresPerSocket(2)).Digest()
+	if len(d) != 64 {
+		t.Fatalf("digest %q", d)
+	}
+	for range 5 {
+		if again := simhost.Plan(simhost.WithCoresPerSocket(2)).Digest(); again != d {
+			t.Fatalf("two plans of one shape: digests %s and %s", d, again)
+		}
+	}
+	for name, opts := range map[string][]simhost.Option{
+		"3 cores":        {simhost.WithCoresPerSocket(3)},
+		"shared content": {simhost.WithCoresPerSocket(2), simhost.WithSharedContent()},
+		"full size":      nil,
+	} {
+		if other := simhost.Plan(opts...).Digest(); other == d {
+			t.Errorf("%s: same digest as 2 cores per socket", name)
+		}
+	}
+	planned, direct := t.TempDir(), t.TempDir()
+	if err := simhost.Plan(simhost.WithCoresPerSocket(2), simhost.WithSharedContent()).Write(planned); err != nil {
+		t.Fatal(err)
+	}
+	if err := simhost.Write(direct, simhost.WithCoresPerSocket(2), simhost.WithSharedContent()); err != nil {
+		t.Fatal(err)
+	}
+	a, b := listTree(t, planned), listTree(t, direct)
+	if len(a) < 100 || len(a) != len(b) {
+		t.Fatalf("trees of %d and %d entries", len(a), len(b))
+	}
+	for p, v := range a {
+		if b[p] != v {
+			t.Errorf("%s: %q written by Plan().Write, %q by Write", p, v, b[p])
+		}
+	}
+}
+
+// listTree maps every path below dir (the content pool aside) to its
+// content or "-> target".
+func listTree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		switch {
+		case e.Name() == simhost.PoolDir:
+			return filepath.SkipDir
+		case e.Type()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			out[rel] = "-> " + target
+			return err
+		case e.Type().IsRegular():
+			b, err := os.ReadFile(p)
+			out[rel] = string(b)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// BenchmarkPlanDigest is what a simulated daemon does at every start to
+// find its shared topology tree: plan the full-size tree and digest it.
+func BenchmarkPlanDigest(b *testing.B) {
+	for b.Loop() {
+		simhost.Plan(simhost.WithSharedContent()).Digest()
+	}
+}

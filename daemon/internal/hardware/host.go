@@ -3,22 +3,26 @@
 // drivers (one list of devices.Driver: the NVIDIA GPU driver when the host
 // has one, then the FPGA region driver) and the bitstream library. It opens
 // them over the live host or, with Config.Simulate, over a simulated
-// DGX-class host (go-nvml's mock GPUs plus sysfs fixture trees written once
-// under the state directory), owns their background work (GPU telemetry
-// sampling, GPU health watch, topology refresh), fans the drivers' updates
+// DGX-class host (go-nvml's mock GPUs plus sysfs fixture trees written
+// once: the read-only topology tree in a per-user tmpfs directory shared
+// between starts, the FPGA trees under the state directory), owns their
+// background work (GPU telemetry sampling, GPU health watch, topology
+// refresh), fans the drivers' updates
 // and topology changes out to subscribers (Subscribe), and serves them to
 // the API through Backend. Placement decisions are not made here: the
 // daemon builds the placer's inventory from Drivers and Topology.
 //
 // It touches hardware only through devices/*, topology and their simulated
-// hosts, and may import those, daemon/api (for the API's device backend)
-// and the standard library; not the daemon's other internal packages.
+// hosts, and may import those, daemon/api (for the API's device backend),
+// golang.org/x/sys/unix and the standard library; not the daemon's other
+// internal packages.
 package hardware
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -26,7 +30,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices"
@@ -41,8 +48,19 @@ import (
 // Config says which host to open.
 type Config struct {
 	// StateDir holds the bitstream library (bitstreams/) and, when
-	// simulating, the simulated host's trees (sim/).
+	// simulating, the simulated host's FPGA trees (sim/), and its
+	// topology tree where SimTreeDir gives no other place.
 	StateDir string
+	// SimTreeDir holds the simulated host's topology tree, which is read
+	// only: one tree per content (named by its digest), shared by every
+	// simulated daemon of this user and kept between starts, so a daemon
+	// starting on an empty state directory does not write it again.
+	// "" is /dev/shm/fusiond-UID where /dev/shm is a tmpfs (writing the
+	// tree there costs a fraction of what it costs on ext4, and a start
+	// after the first nothing), else StateDir/sim; "-" is StateDir/sim. The
+	// directory must be this user's alone (mode 0700), else StateDir/sim
+	// is used and a note says why.
+	SimTreeDir string
 	// Simulate names a simulated host (see SimulatedHosts); "" opens the
 	// live host.
 	Simulate string
@@ -220,7 +238,7 @@ func (h *Host) openTopology(ctx context.Context) error {
 	root := h.cfg.Root
 	period := h.cfg.TopologyPeriod
 	if h.cfg.Simulate != "" {
-		dir, err := writeOnce(h.simDir("topology"), func(tmp string) error { return toposim.Write(tmp, toposim.WithSharedContent()) })
+		dir, err := h.simTopology()
 		if err != nil {
 			return fmt.Errorf("simulated topology: %w", err)
 		}
@@ -258,8 +276,101 @@ func (h *Host) openTopology(ctx context.Context) error {
 	return nil
 }
 
-// writeOnce fills dir with write (into a temporary sibling renamed into
-// place, so a crash never leaves half a tree) unless dir already exists.
+// simTopology returns the simulated host's topology tree, written if it
+// is not there yet: in the shared directory (Config.SimTreeDir) under the
+// tree's digest, else under the state directory.
+func (h *Host) simTopology() (string, error) {
+	tree := toposim.Plan(toposim.WithSharedContent())
+	base, err := sharedSimDir(h.cfg.SimTreeDir)
+	if err != nil {
+		h.log.Warn("simulated topology tree kept under the state directory", "err", err)
+		h.notes = append(h.notes, fmt.Sprintf("simulated topology tree written under the state directory: %v", err))
+	}
+	if base == "" {
+		return writeOnce(h.simDir("topology"), tree.Write)
+	}
+	name := simTreePrefix + tree.Digest()[:16]
+	pruneSimTrees(base, name, time.Now(), h.log)
+	return writeOnce(filepath.Join(base, name), tree.Write)
+}
+
+// simTreePrefix begins the name of a simulated topology tree in the
+// shared directory; the digest of its content follows.
+const simTreePrefix = "topology-"
+
+// sharedSimDir returns the directory for shared simulated trees, "" for
+// none (then the state directory holds them), or an error saying why the
+// configured or default one cannot be used.
+func sharedSimDir(dir string) (string, error) {
+	switch dir {
+	case "-":
+		return "", nil
+	case "":
+		var st unix.Statfs_t
+		if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+			return "", nil // no tmpfs there: the state directory, as ever
+		}
+		dir = filepath.Join("/dev/shm", fmt.Sprintf("fusiond-%d", os.Geteuid()))
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", err
+	}
+	// Another user may have made the name first (/dev/shm is everyone's):
+	// use only a real directory of ours that nobody else can write to.
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return "", fmt.Errorf("%s is not a directory", dir)
+	case !ok || int(st.Uid) != os.Geteuid():
+		return "", fmt.Errorf("%s is not owned by uid %d", dir, os.Geteuid())
+	case fi.Mode().Perm()&0o077 != 0:
+		return "", fmt.Errorf("%s is open to other users (mode %04o; want 0700)", dir, fi.Mode().Perm())
+	}
+	return dir, nil
+}
+
+// Simulated trees and half-written ones that other binaries left in the
+// shared directory are removed once they are this old: a simulated daemon
+// reads its topology tree only while it starts.
+const (
+	staleSimTree    = time.Hour
+	staleSimTreeTmp = 10 * time.Minute
+)
+
+// pruneSimTrees removes from base the topology trees other than keep
+// older than staleSimTree, and temporary trees older than staleSimTreeTmp.
+func pruneSimTrees(base, keep string, now time.Time, log *slog.Logger) {
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		name := e.Name()
+		age := staleSimTree
+		switch {
+		case name == keep || !e.IsDir():
+			continue
+		case strings.HasPrefix(name, "."+simTreePrefix):
+			age = staleSimTreeTmp
+		case !strings.HasPrefix(name, simTreePrefix):
+			continue
+		}
+		if fi, err := e.Info(); err == nil && now.Sub(fi.ModTime()) > age {
+			if err := os.RemoveAll(filepath.Join(base, name)); err != nil {
+				log.Warn("stale simulated tree not removed", "dir", filepath.Join(base, name), "err", err)
+			}
+		}
+	}
+}
+
+// writeOnce fills dir with write unless dir already exists: write fills
+// an empty temporary sibling, which is renamed into place, so a crash
+// never leaves half a tree and of two daemons writing the same tree at
+// once one keeps its own and the other finds it.
 func writeOnce(dir string, write func(tmp string) error) (string, error) {
 	if _, err := os.Stat(dir); err == nil {
 		return dir, nil
@@ -267,8 +378,14 @@ func writeOnce(dir string, write func(tmp string) error) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return "", err
 	}
-	tmp := dir + ".tmp"
-	if err := os.RemoveAll(tmp); err != nil {
+	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return "", err
+	}
+	// MkdirTemp makes it 0700; the tree is as readable as the state
+	// directory above it.
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		os.RemoveAll(tmp)
 		return "", err
 	}
 	if err := write(tmp); err != nil {
@@ -276,6 +393,10 @@ func writeOnce(dir string, write func(tmp string) error) (string, error) {
 		return "", err
 	}
 	if err := os.Rename(tmp, dir); err != nil {
+		os.RemoveAll(tmp)
+		if _, serr := os.Stat(dir); serr == nil {
+			return dir, nil // another daemon renamed its copy first
+		}
 		return "", err
 	}
 	return dir, nil
@@ -299,9 +420,6 @@ func (h *Host) openFPGAs(ctx context.Context) error {
 		h.fpgaSim = sim
 		h.samples = h.simDir("fpga-samples")
 		if _, err := writeOnce(h.samples, func(tmp string) error {
-			if err := os.Mkdir(tmp, 0o755); err != nil {
-				return err
-			}
 			_, err := fpgasim.WriteSamples(tmp, h.cfg.SampleBitstreamBytes)
 			return err
 		}); err != nil {

@@ -3,12 +3,16 @@ package hardware_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
@@ -19,7 +23,14 @@ import (
 
 func openSim(t *testing.T, dir string) *hardware.Host {
 	t.Helper()
-	h, err := hardware.Open(context.Background(), hardware.Config{StateDir: dir, Simulate: "dgxh200", SampleInterval: 10 * time.Millisecond}, nil)
+	return openSimTrees(t, dir, "")
+}
+
+// openSimTrees opens a simulated host whose topology tree is kept in
+// simTrees (Config.SimTreeDir).
+func openSimTrees(t *testing.T, dir, simTrees string) *hardware.Host {
+	t.Helper()
+	h, err := hardware.Open(context.Background(), hardware.Config{StateDir: dir, Simulate: "dgxh200", SampleInterval: 10 * time.Millisecond, SimTreeDir: simTrees}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,18 +129,127 @@ func TestOpenSimulated(t *testing.T) {
 func TestOpenSimulatedTwiceReusesTrees(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	h := openSim(t, dir)
+	h := openSimTrees(t, dir, "-")
 	h.Close()
 	marker := filepath.Join(dir, "sim", "topology", "marker")
 	if err := os.WriteFile(marker, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	openSim(t, dir)
+	openSimTrees(t, dir, "-")
 	if _, err := os.Stat(marker); err != nil {
 		t.Errorf("second open rewrote the simulated topology tree: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "sim", "topology.tmp")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("temporary tree left behind: %v", err)
+	if tmp, _ := filepath.Glob(filepath.Join(dir, "sim", ".*tmp*")); len(tmp) > 0 {
+		t.Errorf("temporary trees left behind: %v", tmp)
+	}
+}
+
+// TestSimTreesShared: daemons on different state directories, two of them
+// opening at once, share one topology tree in the shared directory, named
+// by its digest and written once; nothing is written under their state
+// directories; stale trees of other builds are pruned, recent ones kept.
+func TestSimTreesShared(t *testing.T) {
+	t.Parallel()
+	shared := t.TempDir()
+	if err := os.Chmod(shared, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old, recent, tmp := filepath.Join(shared, "topology-0000000000000000"), filepath.Join(shared, "topology-1111111111111111"), filepath.Join(shared, ".topology-2222.tmp-1")
+	for _, d := range []string{old, recent, tmp} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for d, age := range map[string]time.Duration{old: 2 * time.Hour, tmp: 20 * time.Minute, recent: 5 * time.Minute} {
+		if err := os.Chtimes(d, time.Now().Add(-age), time.Now().Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := t.TempDir(), t.TempDir()
+	var wg sync.WaitGroup
+	for _, dir := range []string{a, b} {
+		wg.Go(func() { openSimTrees(t, dir, shared) })
+	}
+	wg.Wait()
+	want := filepath.Join(shared, "topology-"+toposim.Plan(toposim.WithSharedContent()).Digest()[:16])
+	trees, _ := filepath.Glob(filepath.Join(shared, "*topology-*"))
+	slices.Sort(trees)
+	if w := []string{recent, want}; !slices.Equal(trees, w) {
+		t.Errorf("shared directory holds %v, want %v (the stale tree and temporary one pruned, the recent one kept)", trees, w)
+	}
+	for _, dir := range []string{a, b} {
+		if _, err := os.Stat(filepath.Join(dir, "sim", "topology")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: a topology tree under the state directory: %v", dir, err)
+		}
+	}
+	marker := filepath.Join(want, "marker")
+	if err := os.WriteFile(marker, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := openSimTrees(t, t.TempDir(), shared)
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("a third daemon rewrote the shared tree: %v", err)
+	}
+	if len(h.Topology().Accelerators()) != 8 {
+		t.Errorf("topology from the shared tree: %d accelerators", len(h.Topology().Accelerators()))
+	}
+}
+
+// TestSimTreesNotPrivate: a shared directory another user could write to,
+// or a symlink in its place, is not used: the tree goes under the state
+// directory and a note says why.
+func TestSimTreesNotPrivate(t *testing.T) {
+	t.Parallel()
+	open := t.TempDir()
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
+	for shared, why := range map[string]string{open: "open to other users (mode 0777", link: "is not a directory"} {
+		dir := t.TempDir()
+		h := openSimTrees(t, dir, shared)
+		if _, err := os.Stat(filepath.Join(dir, "sim", "topology")); err != nil {
+			t.Errorf("%s: no tree under the state directory: %v", shared, err)
+		}
+		if n := strings.Join(h.Notes(), "\n"); !strings.Contains(n, why) {
+			t.Errorf("%s: notes %q do not say %q", shared, n, why)
+		}
+		if ents, _ := os.ReadDir(shared); len(ents) > 0 {
+			t.Errorf("%s: written into: %v", shared, ents)
+		}
+	}
+}
+
+// TestSimTreesDefault: by default the tree lives in /dev/shm/fusiond-UID
+// (mode 0700) where /dev/shm is a tmpfs, as on this machine and CI's,
+// else under the state directory.
+func TestSimTreesDefault(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	openSim(t, dir)
+	var st unix.Statfs_t
+	tmpfs := unix.Statfs("/dev/shm", &st) == nil && st.Type == unix.TMPFS_MAGIC
+	shared := filepath.Join("/dev/shm", fmt.Sprintf("fusiond-%d", os.Geteuid()))
+	_, inState := os.Stat(filepath.Join(dir, "sim", "topology"))
+	if !tmpfs {
+		if inState != nil {
+			t.Errorf("no tmpfs at /dev/shm and no tree under the state directory: %v", inState)
+		}
+		return
+	}
+	fi, err := os.Stat(shared)
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("%s: %v, %v", shared, fi, err)
+	}
+	want := filepath.Join(shared, "topology-"+toposim.Plan(toposim.WithSharedContent()).Digest()[:16])
+	if _, err := os.Stat(filepath.Join(want, "sys", "devices", "system", "cpu", "online")); err != nil {
+		t.Errorf("tree not in %s: %v", want, err)
+	}
+	if inState == nil {
+		t.Error("a tree under the state directory too")
 	}
 }
 

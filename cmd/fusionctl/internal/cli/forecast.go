@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -91,21 +90,20 @@ func newForecastCmd(o *options) *cobra.Command {
 		bt            bool
 	)
 	cmd := &cobra.Command{
-		Use:   "forecast --backtest --trace FILE",
+		Use:   "forecast --backtest [--trace FILE|NAME]",
 		Short: "Back-test the daemon's forecasters on an openb trace's CPU and GPU demand",
 		Long: `forecast builds the CPU and GPU demand of an openb pod list over time (a
 pod requests its CPU and GPUs from its creation to its deletion time),
 fits the forecasters the daemon runs (daemon/forecast: EWMA, Holt,
 Holt-Winters, FFT periodicity) on the first part of the series and scores
 their forecasts --horizon ahead on the rest, beside the naive and
-seasonal-naive baselines. It reads no daemon.`,
+seasonal-naive baselines. --trace is a pod list file or the name of an openb
+trace embedded in fusionctl (fusionctl simulate --list-traces; "default"
+unless told). It reads no daemon.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !bt {
 				return fmt.Errorf("forecast: only --backtest is implemented; the daemon's own forecasts are in fusionctl status")
-			}
-			if trace == "" {
-				return fmt.Errorf("--trace: an openb pod list is required (e.g. openb_pod_list_default.csv)")
 			}
 			if step < time.Second || horizon < step || horizon%step != 0 {
 				return fmt.Errorf("--step %v, --horizon %v: want a step of at least 1s and a horizon that is a multiple of it", step, horizon)
@@ -113,14 +111,9 @@ seasonal-naive baselines. It reads no daemon.`,
 			if trainFrac <= 0.1 || trainFrac >= 0.95 {
 				return fmt.Errorf("--train %g: want a fraction between 0.1 and 0.95", trainFrac)
 			}
-			f, err := os.Open(trace)
+			pods, err := sim.ReadTrace(trace)
 			if err != nil {
-				return err
-			}
-			defer f.Close()
-			pods, err := sim.ReadPods(f)
-			if err != nil {
-				return fmt.Errorf("%s: %w", trace, err)
+				return fmt.Errorf("--trace: %w", err)
 			}
 			if n := seriesLen(pods, step); n < 20*int(horizon/step) {
 				return fmt.Errorf("%s: its pods' creation and deletion times span %d steps of %v, too few to back-test a %v forecast (want at least %d)",
@@ -133,7 +126,7 @@ seasonal-naive baselines. It reads no daemon.`,
 	}
 	f := cmd.Flags()
 	f.BoolVar(&bt, "backtest", true, "back-test on a trace (the only mode; the daemon's live forecasts are in fusionctl status)")
-	f.StringVar(&trace, "trace", "", "openb pod list (CSV)")
+	f.StringVar(&trace, "trace", "default", "openb pod list: a CSV file (plain, zstd or gzip) or an embedded trace's name (fusionctl simulate --list-traces)")
 	f.DurationVar(&step, "step", 5*time.Minute, "series step")
 	f.DurationVar(&horizon, "horizon", 15*time.Minute, "how far ahead to forecast")
 	f.IntVar(&period, "period", 0, "season in steps (0: found by FFT on the training part)")

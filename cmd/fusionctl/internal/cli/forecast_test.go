@@ -139,3 +139,27 @@ func TestPrintLoadEvents(t *testing.T) {
 		t.Errorf("events:\n%s", s)
 	}
 }
+
+// TestForecastEmbeddedTrace: with no --trace the back-test runs on the
+// openb default trace fusionctl embeds (docs/load.md's figures); a name
+// that is neither a file nor an embedded trace is refused, naming both.
+func TestForecastEmbeddedTrace(t *testing.T) {
+	var out, errb bytes.Buffer
+	root, _ := NewRootCommand(strings.NewReader(""), &out, &errb)
+	root.SetArgs([]string{"forecast", "--backtest", "-o", "json"})
+	if err := root.Execute(); err != nil {
+		t.Fatalf("%v: %s", err, errb.String())
+	}
+	var rep backtestReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if rep.Trace != "default" || rep.Points != 43010 || rep.Split != 28673 {
+		t.Errorf("embedded default: trace %q, %d points split at %d; want default, 43010, 28673 (docs/load.md)", rep.Trace, rep.Points, rep.Split)
+	}
+	root, _ = NewRootCommand(strings.NewReader(""), &out, &errb)
+	root.SetArgs([]string{"forecast", "--trace", "no-such-trace"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "no file no-such-trace, and no such embedded openb trace") {
+		t.Errorf("unknown trace: err = %v", err)
+	}
+}

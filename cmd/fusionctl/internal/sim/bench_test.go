@@ -2,8 +2,6 @@ package sim
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -12,25 +10,7 @@ import (
 // BenchmarkDefaultRun130 is one 130% run (seed 42) of the default openb
 // trace on its 1213 nodes, per policy; it reports decisions per second.
 func BenchmarkDefaultRun130(b *testing.B) {
-	dir := openbDir(b)
-	nf, err := os.Open(filepath.Join(dir, "openb_node_list_gpu_node.csv"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	specs, err := ReadNodes(nf)
-	nf.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
-	pf, err := os.Open(filepath.Join(dir, "openb_pod_list_default.csv"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	pods, err := ReadPods(pf)
-	pf.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
+	specs, pods := loadTrace(b, "openb_pod_list_default")
 	wl := Workload(pods, 42, 130, 6212*sched.MilliPerGPU)
 	frag := ShapeModel(wl, 0.95)
 	for _, pol := range []string{"fusiond", "fgd", "bestfit"} {

@@ -2,12 +2,17 @@ package sim
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
+
+	"github.com/fusiond/fusiond/cmd/fusionctl/internal/sim/openb"
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // NewCommand returns `simulate`, to be registered in fusionctl. It needs
@@ -23,20 +28,29 @@ func NewCommand() *cobra.Command {
 		testSeed string
 		frag     string
 		passes   int
+		list     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
 		Short: "Replay an openb GPU-cluster trace through the placement engine",
 		Long: `simulate replays an openb trace (node list + pod list CSV) through the same
-placement engine the daemon uses, offline. By default it runs the FGD paper's
+placement engine the daemon uses, offline. With no --nodes or --pods it
+replays the openb trace embedded in fusionctl (the FGD paper's node list and
+its "default" pod list; --trace picks another, --list-traces lists them), so
+it needs no files. By default it runs the FGD paper's
 protocol: pods resampled with each seed to --target % of GPU capacity,
 shuffled, placed one by one, never leaving; it reports GPU allocation % as
 the arrived request passes 100/110/120/130 %, the fragmentation ratio,
 failed pods and decisions per second. --timed honours creation/deletion
 times instead and reports GPU utilisation over time and queueing delay.`,
-		Example: "  fusionctl simulate --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv --policy fusiond,bestfit,fgd --seeds 42-51 --target 130 --plot alloc.svg --plot alloc.png",
-		Args:    cobra.NoArgs,
+		Example: `  fusionctl simulate
+  fusionctl simulate --trace multigpu50 --policy fusiond,bestfit,fgd --seeds 42-51 --plot alloc.svg --plot alloc.png
+  fusionctl simulate --nodes nodes.csv --pods pods.csv.zst --timed --load 70`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if list {
+				return ListTraces(cmd.OutOrStdout())
+			}
 			var err error
 			if o.Seeds, err = ParseSeeds(seeds); err != nil {
 				return err
@@ -50,25 +64,20 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 				if !cmd.Flags().Changed("seeds") {
 					o.Seeds, _ = ParseSeeds("42-46")
 				}
-				to := TuneOptions{NodesPath: o.NodesPath, TrainSeeds: o.Seeds, TargetPct: o.TargetPct, Workers: o.Workers, Start: o.Frag, Passes: passes}
+				to := TuneOptions{NodesPath: o.NodesPath, PodsPaths: splitList(o.PodsPath), Traces: splitList(o.Trace),
+					TrainSeeds: o.Seeds, TargetPct: o.TargetPct, Workers: o.Workers, Start: o.Frag, Passes: passes}
 				if to.TestSeeds, err = ParseSeeds(testSeed); err != nil {
 					return err
 				}
-				for p := range strings.SplitSeq(o.PodsPath, ",") {
-					if p = strings.TrimSpace(p); p != "" {
-						to.PodsPaths = append(to.PodsPaths, p)
-					}
+				if len(to.PodsPaths) == 0 && len(to.Traces) == 0 {
+					to.Traces = []string{openb.DefaultTrace}
 				}
 				if to.Workers <= 0 {
 					to.Workers = runtime.GOMAXPROCS(0)
 				}
 				return Tune(cmd.Context(), to, cmd.OutOrStdout())
 			}
-			for p := range strings.SplitSeq(policies, ",") {
-				if p = strings.TrimSpace(p); p != "" {
-					o.Policies = append(o.Policies, p)
-				}
-			}
+			o.Policies = splitList(policies)
 			if o.GPUPower, err = ParsePowerOverrides(gpuPower); err != nil {
 				return err
 			}
@@ -79,8 +88,10 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.NodesPath, "nodes", "", "node list CSV (openb format)")
-	f.StringVar(&o.PodsPath, "pods", "", "pod list CSV (openb format)")
+	f.StringVar(&o.NodesPath, "nodes", "", "node list CSV (openb format; plain, zstd or gzip); default: the openb node list embedded in fusionctl")
+	f.StringVar(&o.PodsPath, "pods", "", "pod list CSV (openb format; plain, zstd or gzip) instead of an embedded trace; with --tune, several, comma-separated")
+	f.StringVar(&o.Trace, "trace", "", "the embedded openb pod list to replay when --pods is not given (default \"default\"; --list-traces); with --tune, several, comma-separated")
+	f.BoolVar(&list, "list-traces", false, "list the openb traces embedded in fusionctl, with their pod counts, and exit")
 	f.StringVar(&policies, "policy", "fusiond", "comma-separated policies: fusiond,random,dotprod,gpuclustering,gpupacking,bestfit,fgd,spread")
 	f.StringVar(&seeds, "seeds", "42", "seeds: a list and/or ranges, e.g. 42-51 or 1,5,7")
 	f.Float64Var(&o.TargetPct, "target", 130, "resample the workload to this % of GPU capacity")
@@ -97,9 +108,69 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.IntVar(&passes, "tune-passes", 2, "with --tune: coordinate-descent passes over the parameters")
 	f.StringVar(&testSeed, "test-seeds", "47-51", "with --tune: the seeds the chosen parameters are reported on")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")
-	_ = cmd.MarkFlagRequired("nodes")
-	_ = cmd.MarkFlagRequired("pods")
 	return cmd
+}
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for p := range strings.SplitSeq(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ListTraces writes the embedded openb traces: each pod list's name, its
+// pods (all, GPU, shared-GPU, multi-GPU, limited to some GPU models) and
+// the GPUs they request, and the node list's size.
+func ListTraces(w io.Writer) error {
+	specs, err := readInput("", openb.NodeList, ReadNodes)
+	if err != nil {
+		return err
+	}
+	gpus := 0
+	for _, s := range specs {
+		gpus += s.GPUs
+	}
+	fmt.Fprintf(w, "embedded openb traces (the FGD paper's, ATC'23); node list: %d nodes, %d GPUs\n", len(specs), gpus)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tpods\tGPU pods\tshared-GPU\tmulti-GPU\tmodel-limited\tGPUs requested\t")
+	for _, tr := range openb.Traces() {
+		name, err := openb.PodList(tr)
+		if err != nil {
+			return err
+		}
+		pods, err := readInput("", name, ReadPods)
+		if err != nil {
+			return err
+		}
+		var withGPU, shared, multi, limited int
+		var milli int64
+		for _, p := range pods {
+			if p.GPUs == 0 {
+				continue
+			}
+			withGPU++
+			milli += int64(p.GPUs) * p.GPUMilli
+			if p.GPUMilli < sched.MilliPerGPU {
+				shared++
+			}
+			if p.GPUs > 1 {
+				multi++
+			}
+			if p.GPUSpec != "" {
+				limited++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t\n", tr, len(pods), withGPU, shared, multi, limited, float64(milli)/sched.MilliPerGPU)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "fusionctl simulate replays %q unless --trace NAME or --pods FILE says otherwise\n", openb.DefaultTrace)
+	return err
 }
 
 // ParseSeeds parses "42-51", "1,5,7" or a mix.

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -91,15 +89,7 @@ func TestPowerModelInputs(t *testing.T) {
 // list has figures, and which: the documented mapping (docs/load.md
 // "Energy").
 func TestPowerModelCoversOpenB(t *testing.T) {
-	f, err := os.Open(filepath.Join(openbDir(t), "openb_node_list_gpu_node.csv"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	specs, err := ReadNodes(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	specs, _ := loadTrace(t, "openb_pod_list_default")
 	power, err := PowerModel(specs, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -2,7 +2,9 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -10,27 +12,49 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fusiond/fusiond/cmd/fusionctl/internal/sim/openb"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
-// openbDir returns the openb data directory: $FUSIOND_OPENB_DIR, or
-// ../shared/data/openb beside the repository root. It fails the test when
-// the data is missing: CI has shared/ beside the clone.
-func openbDir(t testing.TB) string {
+// openbPath is where the tests read an openb file: in
+// $FUSIOND_OPENB_DIR when that is set (the plain file, or its .zst), else
+// the compressed copy in openb/ beside this file, inside the checkout.
+func openbPath(t testing.TB, name string) string {
 	t.Helper()
 	dir := os.Getenv("FUSIOND_OPENB_DIR")
 	if dir == "" {
-		dir = filepath.Join("..", "..", "..", "..", "..", "shared", "data", "openb")
+		dir = "openb"
 	}
-	if _, err := os.Stat(filepath.Join(dir, "openb_node_list_gpu_node.csv")); err != nil {
-		t.Fatalf("openb trace not found in %s (set FUSIOND_OPENB_DIR to the directory holding openb_node_list_gpu_node.csv): %v", dir, err)
+	for _, p := range []string{filepath.Join(dir, name), filepath.Join(dir, name+".zst")} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
 	}
-	return dir
+	t.Fatalf("openb file %s not found in %s (FUSIOND_OPENB_DIR, when set, names a directory of openb CSV files, plain or .zst)", name, dir)
+	return ""
 }
 
-func expected(t testing.TB, dir string) Published {
+// openbOptions are Options over the openb node list and the pod list
+// trace ("openb_pod_list_default").
+func openbOptions(t testing.TB, trace string) Options {
 	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "FGD_expected_allocation.txt"))
+	return Options{NodesPath: openbPath(t, "openb_node_list_gpu_node.csv"), PodsPath: openbPath(t, trace+".csv")}
+}
+
+// loadTrace reads the openb node list and one pod list.
+func loadTrace(t testing.TB, trace string) ([]NodeSpec, []Pod) {
+	t.Helper()
+	o := openbOptions(t, trace)
+	specs, pods, err := load(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return specs, pods
+}
+
+func expected(t testing.TB) Published {
+	t.Helper()
+	f, err := openb.OpenFile(openbPath(t, "FGD_expected_allocation.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,10 +71,9 @@ func expected(t testing.TB, dir string) Published {
 // 10-seed means (one seed varies by about ±0.3 points, so ±1.5 here; the
 // full 10-seed ±1 validation is TestOpenBValidationFull).
 func TestOpenBDefaultSeed42(t *testing.T) {
-	dir := openbDir(t)
-	want := expected(t, dir)["openb_pod_list_default"]
-	o := Options{NodesPath: filepath.Join(dir, "openb_node_list_gpu_node.csv"), PodsPath: filepath.Join(dir, "openb_pod_list_default.csv"),
-		Policies: []string{"bestfit", "fgd", "fusiond"}, Seeds: []uint64{42}, Workers: 2}
+	want := expected(t)["openb_pod_list_default"]
+	o := openbOptions(t, "openb_pod_list_default")
+	o.Policies, o.Seeds, o.Workers = []string{"bestfit", "fgd", "fusiond"}, []uint64{42}, 2
 	rep, err := Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -77,12 +100,73 @@ func TestOpenBDefaultSeed42(t *testing.T) {
 // hold whatever the numbers: nothing above the bound, and fusiond fails
 // no more 8-GPU pods than FGD before 100 % arrived.
 func TestOpenBDefaultGolden(t *testing.T) {
-	dir := openbDir(t)
-	o := Options{NodesPath: filepath.Join(dir, "openb_node_list_gpu_node.csv"), PodsPath: filepath.Join(dir, "openb_pod_list_default.csv"),
-		Policies: []string{"fusiond", "fgd"}, Seeds: []uint64{42}, Workers: 2}
+	o := openbOptions(t, "openb_pod_list_default")
+	o.Policies, o.Seeds, o.Workers = []string{"fusiond", "fgd"}, []uint64{42}, 2
 	rep, err := Simulate(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
+	}
+	checkDefaultGolden(t, rep, "explicit files")
+}
+
+// TestSimulateEmbeddedDefault runs `fusionctl simulate` as a user would:
+// with no trace flags it replays the embedded default trace, says so in
+// its first line, and gives the golden figures of TestOpenBDefaultGolden;
+// given the same trace as plain CSV files it gives them too.
+func TestSimulateEmbeddedDefault(t *testing.T) {
+	run := func(args ...string) string {
+		t.Helper()
+		cmd := NewCommand()
+		var out strings.Builder
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(args)
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("simulate %v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	report := func(args ...string) *Report {
+		t.Helper()
+		var rep Report
+		if err := json.Unmarshal([]byte(run(args...)), &rep); err != nil {
+			t.Fatalf("simulate %v -o json: %v", args, err)
+		}
+		return &rep
+	}
+	first, _, _ := strings.Cut(run("--policy", "bestfit"), "\n")
+	if !strings.HasPrefix(first, `input: embedded openb trace "default" (8152 pods) on the embedded openb node list (1213 nodes)`) {
+		t.Errorf("first line of simulate without trace flags: %q", first)
+	}
+	checkDefaultGolden(t, report("--policy", "fusiond,fgd", "--seeds", "42", "-o", "json"), "no trace flags")
+
+	dir := t.TempDir()
+	for name, dst := range map[string]string{"openb_node_list_gpu_node.csv": "nodes.csv", "openb_pod_list_default.csv": "pods.csv"} {
+		r, err := openb.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || os.WriteFile(filepath.Join(dir, dst), b, 0o644) != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	rep := report("--nodes", filepath.Join(dir, "nodes.csv"), "--pods", filepath.Join(dir, "pods.csv"), "--policy", "fusiond,fgd", "-o", "json")
+	if !strings.Contains(rep.Input, "pods from "+filepath.Join(dir, "pods.csv")) {
+		t.Errorf("input with files: %q", rep.Input)
+	}
+	rep.Trace = "openb_pod_list_default" // the file is pods.csv
+	checkDefaultGolden(t, rep, "plain files")
+}
+
+// checkDefaultGolden compares the default trace's seed-42 figures for
+// fusiond and FGD with testdata/openb_default_seed42.txt (rewritten with
+// -update), and checks what must hold whatever the numbers.
+func checkDefaultGolden(t *testing.T, rep *Report, how string) {
+	t.Helper()
+	if rep.Trace != "openb_pod_list_default" {
+		t.Errorf("%s: trace %q", how, rep.Trace)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "bound@130 %.2f\n", rep.BoundPct)
@@ -92,7 +176,7 @@ func TestOpenBDefaultGolden(t *testing.T) {
 		for _, v := range s.AllocPct {
 			fmt.Fprintf(&b, " %.2f", v)
 			if v > rep.BoundPct+1e-9 {
-				t.Errorf("%s allocates %.2f%%, above the bound %.2f%%", s.Policy, v, rep.BoundPct)
+				t.Errorf("%s: %s allocates %.2f%%, above the bound %.2f%%", how, s.Policy, v, rep.BoundPct)
 			}
 		}
 		fmt.Fprintf(&b, " failed")
@@ -106,11 +190,11 @@ func TestOpenBDefaultGolden(t *testing.T) {
 	}
 	for i := range big["fgd"] {
 		if big["fusiond"][i] > big["fgd"][i] {
-			t.Errorf("fusiond failed %.0f big pods before 100%% arrived, FGD %.0f", big["fusiond"][i], big["fgd"][i])
+			t.Errorf("%s: fusiond failed %.0f big pods before 100%% arrived, FGD %.0f", how, big["fusiond"][i], big["fgd"][i])
 		}
 	}
 	golden := filepath.Join("testdata", "openb_default_seed42.txt")
-	if *update {
+	if *update && how == "explicit files" {
 		if err := os.WriteFile(golden, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +204,7 @@ func TestOpenBDefaultGolden(t *testing.T) {
 		t.Fatalf("%v (run go test -run TestOpenBDefaultGolden -update)", err)
 	}
 	if b.String() != string(want) {
-		t.Errorf("default trace, seed 42, differs from %s:\n got:\n%s\nwant:\n%s", golden, b.String(), want)
+		t.Errorf("default trace, seed 42, %s: differs from %s:\n got:\n%s\nwant:\n%s", how, golden, b.String(), want)
 	}
 }
 
@@ -132,10 +216,9 @@ func TestOpenBValidationFull(t *testing.T) {
 	if os.Getenv("FUSIOND_SIM_FULL") != "1" {
 		t.Skip("make sim-validate runs it (FUSIOND_SIM_FULL=1)")
 	}
-	dir := openbDir(t)
-	for trace, pols := range expected(t, dir) {
-		o := Options{NodesPath: filepath.Join(dir, "openb_node_list_gpu_node.csv"), PodsPath: filepath.Join(dir, trace+".csv"),
-			Policies: sched.BaselineNames, Seeds: []uint64{42, 43, 44, 45, 46, 47, 48, 49, 50, 51}}
+	for trace, pols := range expected(t) {
+		o := openbOptions(t, trace)
+		o.Policies, o.Seeds = sched.BaselineNames, []uint64{42, 43, 44, 45, 46, 47, 48, 49, 50, 51}
 		rep, err := Simulate(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)
@@ -161,8 +244,7 @@ func TestOpenBTable(t *testing.T) {
 	if outPath == "" {
 		t.Skip("set FUSIOND_SIM_TABLE=FILE.md to regenerate the benchmark table")
 	}
-	dir := openbDir(t)
-	pub := expected(t, dir)
+	pub := expected(t)
 	var traces []string
 	for tr := range pub {
 		traces = append(traces, tr)
@@ -170,8 +252,8 @@ func TestOpenBTable(t *testing.T) {
 	slices.Sort(traces)
 	var reps []*Report
 	for _, tr := range traces {
-		o := Options{NodesPath: filepath.Join(dir, "openb_node_list_gpu_node.csv"), PodsPath: filepath.Join(dir, tr+".csv"),
-			Policies: append(slices.Clone(sched.BaselineNames), "fusiond"), Seeds: []uint64{42, 43, 44, 45, 46, 47, 48, 49, 50, 51}}
+		o := openbOptions(t, tr)
+		o.Policies, o.Seeds = append(slices.Clone(sched.BaselineNames), "fusiond"), []uint64{42, 43, 44, 45, 46, 47, 48, 49, 50, 51}
 		rep, err := Simulate(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)

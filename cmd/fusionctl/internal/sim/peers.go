@@ -136,10 +136,10 @@ func RunDecentralised(ctx context.Context, specs []NodeSpec, workload []Pod, pol
 // beside the centralised one, one seed.
 func NewPeersCommand() *cobra.Command {
 	var (
-		nodes, pods, policy string
-		seed                uint64
-		target              float64
-		o                   DecentralOptions
+		nodes, pods, trace, policy string
+		seed                       uint64
+		target                     float64
+		o                          DecentralOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "peers",
@@ -151,10 +151,10 @@ else offers it to peers ranked by the same policy over a gossiped view
 --delay arrivals old; a peer re-checks on its live node and accepts or
 refuses. It prints the GPU allocation at each threshold beside the
 centralised policy's (docs/peers.md).`,
-		Example: "  fusionctl simulate peers --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv --delay 50 --spread",
+		Example: "  fusionctl simulate peers --delay 50 --spread\n  fusionctl simulate peers --trace multigpu50 --delay 10",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := Options{NodesPath: nodes, PodsPath: pods, TargetPct: target}
+			opts := Options{NodesPath: nodes, PodsPath: pods, Trace: trace, TargetPct: target}
 			if err := opts.defaults(); err != nil {
 				return err
 			}
@@ -176,6 +176,7 @@ centralised policy's (docs/peers.md).`,
 			if err != nil {
 				return err
 			}
+			fmt.Fprintf(cmd.OutOrStdout(), "input: %s\n", describeInput(&opts, len(ps), len(specs)))
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintf(w, "ARRIVED\tCENTRALISED %s\tPEERS (delay %d, spread %v)\n", policy, max(o.Delay, 1), o.Spread)
 			for i, th := range opts.Thresholds {
@@ -187,15 +188,14 @@ centralised policy's (docs/peers.md).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&nodes, "nodes", "", "node list CSV (openb format)")
-	f.StringVar(&pods, "pods", "", "pod list CSV (openb format)")
+	f.StringVar(&nodes, "nodes", "", "node list CSV (openb format; plain, zstd or gzip); default: the embedded openb node list")
+	f.StringVar(&pods, "pods", "", "pod list CSV (openb format; plain, zstd or gzip) instead of an embedded trace")
+	f.StringVar(&trace, "trace", "", "the embedded openb pod list when --pods is not given (default \"default\"; fusionctl simulate --list-traces)")
 	f.StringVar(&policy, "policy", "fusiond", "the policy every daemon ranks with")
 	f.Uint64Var(&seed, "seed", 42, "seed of the workload and the arrival daemons")
 	f.Float64Var(&target, "target", 130, "resample the workload to this % of GPU capacity")
 	f.IntVar(&o.Delay, "delay", 50, "gossip delay: each daemon's view of its peers is this many arrivals old")
 	f.IntVar(&o.MaxOffers, "max-offers", 8, "peers one pod is offered to at most")
 	f.BoolVar(&o.Spread, "spread", false, "the arrival daemon ranks itself with its peers instead of keeping every pod that fits")
-	_ = cmd.MarkFlagRequired("nodes")
-	_ = cmd.MarkFlagRequired("pods")
 	return cmd
 }

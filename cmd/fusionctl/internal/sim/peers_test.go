@@ -3,8 +3,6 @@ package sim
 import (
 	"context"
 	"math"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -20,19 +18,7 @@ import (
 // wait budget), which loses a few points. Every pod is accounted for
 // (placed locally, handed over, or failed).
 func TestOpenBDecentralised(t *testing.T) {
-	dir := openbDir(t)
-	nf, _ := os.Open(filepath.Join(dir, "openb_node_list_gpu_node.csv"))
-	specs, err := ReadNodes(nf)
-	nf.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pf, _ := os.Open(filepath.Join(dir, "openb_pod_list_default.csv"))
-	pods, err := ReadPods(pf)
-	pf.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	specs, pods := loadTrace(t, "openb_pod_list_default")
 	if len(specs) != 1213 {
 		t.Fatalf("%d nodes, want openb's 1213", len(specs))
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"sync"
 	"text/tabwriter"
 
+	"github.com/fusiond/fusiond/cmd/fusionctl/internal/sim/openb"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
@@ -25,10 +27,18 @@ var ErrBadOption = errors.New("sim: bad option")
 
 // Options configure Run.
 type Options struct {
+	// NodesPath and PodsPath are the node and pod list files (CSV, plain
+	// or compressed with zstd or gzip). An empty NodesPath is the openb
+	// node list embedded in fusionctl; an empty PodsPath is the embedded
+	// pod list Trace names.
 	NodesPath string
 	PodsPath  string
-	Policies  []string
-	Seeds     []uint64
+	// Trace names an embedded openb pod list (openb.Traces: "default",
+	// "multigpu50", ...), read when PodsPath is empty; openb.DefaultTrace
+	// when both are empty.
+	Trace    string
+	Policies []string
+	Seeds    []uint64
 	// TargetPct is the resampling target (% of GPU capacity), 130 by default.
 	TargetPct float64
 	// Thresholds are the arrived-request points reported, 100/110/120/130
@@ -99,8 +109,16 @@ func (o *Options) defaults() error {
 			return fmt.Errorf("%w: unknown policy %q", ErrBadOption, p)
 		}
 	}
-	if o.NodesPath == "" || o.PodsPath == "" {
-		return fmt.Errorf("%w: --nodes and --pods are required", ErrBadOption)
+	switch {
+	case o.PodsPath != "" && o.Trace != "":
+		return fmt.Errorf("%w: --trace names an embedded pod list and --pods a file: give one", ErrBadOption)
+	case o.PodsPath == "" && o.Trace == "":
+		o.Trace = openb.DefaultTrace
+	}
+	if o.PodsPath == "" {
+		if _, err := openb.PodList(o.Trace); err != nil {
+			return fmt.Errorf("%w: --trace: %w", ErrBadOption, err)
+		}
 	}
 	return nil
 }
@@ -122,9 +140,11 @@ type Summary struct {
 
 // Report is what Run writes.
 type Report struct {
-	Trace  string `json:"trace"`
-	Nodes  int    `json:"nodes"`
-	GPUs   int    `json:"gpus"`
+	Trace string `json:"trace"`
+	Nodes int    `json:"nodes"`
+	GPUs  int    `json:"gpus"`
+	// Input says where the node and pod lists were read from.
+	Input  string `json:"input"`
 	Shapes string `json:"shapes"`
 	// BigGPUs is the largest node's GPU count (a big pod asks for that many).
 	BigGPUs int `json:"big_gpus"`
@@ -137,25 +157,98 @@ type Report struct {
 }
 
 func load(o *Options) ([]NodeSpec, []Pod, error) {
-	nf, err := os.Open(o.NodesPath)
+	specs, err := readInput(o.NodesPath, openb.NodeList, ReadNodes)
 	if err != nil {
-		return nil, nil, fmt.Errorf("sim: nodes: %w", err)
+		return nil, nil, err
 	}
-	defer nf.Close()
-	specs, err := ReadNodes(nf)
-	if err != nil {
-		return nil, nil, fmt.Errorf("sim: %s: %w", o.NodesPath, err)
+	podList := ""
+	if o.PodsPath == "" {
+		if podList, err = openb.PodList(o.Trace); err != nil {
+			return nil, nil, fmt.Errorf("%w: --trace: %w", ErrBadOption, err)
+		}
 	}
-	pf, err := os.Open(o.PodsPath)
+	pods, err := readInput(o.PodsPath, podList, ReadPods)
 	if err != nil {
-		return nil, nil, fmt.Errorf("sim: pods: %w", err)
-	}
-	defer pf.Close()
-	pods, err := ReadPods(pf)
-	if err != nil {
-		return nil, nil, fmt.Errorf("sim: %s: %w", o.PodsPath, err)
+		return nil, nil, err
 	}
 	return specs, pods, nil
+}
+
+// readInput reads one list with read: the file at path (plain or
+// compressed), or the embedded openb file when path is "".
+func readInput[T any](path, embedded string, read func(io.Reader) ([]T, error)) ([]T, error) {
+	var (
+		r    io.ReadCloser
+		err  error
+		name = path
+	)
+	if path == "" {
+		r, err = openb.Open(embedded)
+		name = embedded + " (embedded)"
+	} else {
+		r, err = openb.OpenFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	defer r.Close()
+	out, err := read(r)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %s: %w", name, err)
+	}
+	return out, nil
+}
+
+// ReadTrace reads a pod list given as a file (plain or compressed) or,
+// where no file has that name, as the name of an embedded openb trace
+// ("default", "openb_pod_list_multigpu50", ...).
+func ReadTrace(fileOrTrace string) ([]Pod, error) {
+	if _, err := os.Stat(fileOrTrace); err == nil {
+		return readInput(fileOrTrace, "", ReadPods)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	name, err := openb.PodList(fileOrTrace)
+	if err != nil {
+		return nil, fmt.Errorf("sim: no file %s, and %w", fileOrTrace, err)
+	}
+	return readInput("", name, ReadPods)
+}
+
+// traceName is the name a report gives the pod list: its file name
+// without ".csv" (and ".zst" or ".gz"), the same for the embedded file
+// and a copy of it on disk.
+func traceName(o *Options) string {
+	p := o.PodsPath
+	if p == "" {
+		p, _ = openb.PodList(o.Trace) // checked by defaults
+	}
+	base := filepath.Base(p)
+	for _, ext := range []string{".zst", ".gz", ".csv"} {
+		base = strings.TrimSuffix(base, ext)
+	}
+	return base
+}
+
+// describeInput is Report.Input: which files were read, and how to pick
+// others when they were the embedded ones.
+func describeInput(o *Options, pods, nodes int) string {
+	var parts []string
+	if o.PodsPath == "" {
+		parts = append(parts, fmt.Sprintf("embedded openb trace %q (%d pods)", strings.TrimPrefix(traceName(o), "openb_pod_list_"), pods))
+	} else {
+		parts = append(parts, fmt.Sprintf("pods from %s (%d)", o.PodsPath, pods))
+	}
+	if o.NodesPath == "" {
+		parts = append(parts, fmt.Sprintf("the embedded openb node list (%d nodes)", nodes))
+	} else {
+		parts = append(parts, fmt.Sprintf("nodes from %s (%d)", o.NodesPath, nodes))
+	}
+	s := strings.Join(parts, " on ")
+	if o.PodsPath == "" || o.NodesPath == "" {
+		s += "; fusionctl simulate --list-traces lists the embedded traces, --nodes/--pods read your own files"
+	}
+	return s
 }
 
 // Simulate runs every policy × seed of the protocol and returns the
@@ -168,8 +261,8 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	trace := strings.TrimSuffix(filepath.Base(o.PodsPath), ".csv")
-	rep := &Report{Trace: trace, Nodes: len(specs), Shapes: fmt.Sprintf("learned from the resampled workload of each seed (top %.0f%% of requests), as FGD is primed", o.Coverage*100)}
+	trace := traceName(&o)
+	rep := &Report{Trace: trace, Input: describeInput(&o, len(pods), len(specs)), Nodes: len(specs), Shapes: fmt.Sprintf("learned from the resampled workload of each seed (top %.0f%% of requests), as FGD is primed", o.Coverage*100)}
 	var capMilli int64
 	for _, s := range specs {
 		rep.BigGPUs = max(rep.BigGPUs, s.GPUs)
@@ -324,6 +417,9 @@ func fmtPct(v float64) string {
 
 func writeTable(w io.Writer, rep *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	if rep.Input != "" {
+		fmt.Fprintf(w, "input: %s\n", rep.Input)
+	}
 	if len(rep.Timed) > 0 {
 		t0 := rep.Timed[0]
 		fmt.Fprintf(w, "trace %s, time-ordered: window %.1f days (median to last arrival), %d cop(ies) of the trace, lifetimes ×%.3g, offered GPU load in the window %.2f%%\n", rep.Trace, float64(t0.WindowS)/86400, t0.Copies, t0.Scale, t0.OfferedPct)

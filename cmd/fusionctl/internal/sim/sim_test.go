@@ -200,12 +200,42 @@ func TestCommand(t *testing.T) {
 	if !strings.Contains(out.String(), "alloc@130%") || !strings.Contains(out.String(), "fgd") {
 		t.Fatalf("output:\n%s", out.String())
 	}
-	cmd = NewCommand()
+	for args, want := range map[string]string{
+		"--trace default --pods testdata/pods.csv": "--trace names an embedded pod list and --pods a file",
+		"--trace cpu0": `no such embedded openb trace "cpu0"`,
+		"--tune --trace nope --seeds 1 --test-seeds 2": `no such embedded openb trace "nope"`,
+		"--nodes testdata/missing.csv":                 "testdata/missing.csv: no such file",
+		"--pods testdata/nodes.csv":                    "testdata/nodes.csv",
+	} {
+		cmd = NewCommand()
+		out.Reset()
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(strings.Fields(args))
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("simulate %s: %v, want an error naming %q", args, err, want)
+		}
+	}
+}
+
+// TestListTraces: --list-traces names every embedded trace with its pod
+// count, read from the trace itself.
+func TestListTraces(t *testing.T) {
+	cmd := NewCommand()
+	var out bytes.Buffer
 	cmd.SetOut(&out)
-	cmd.SetErr(&out)
-	cmd.SetArgs([]string{"--pods", "testdata/pods.csv"})
-	if err := cmd.Execute(); err == nil {
-		t.Fatal("missing --nodes accepted")
+	cmd.SetArgs([]string{"--list-traces"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"node list: 1213 nodes, 6212 GPUs", "\n      default  8152      7064        3078         75              0          6086.8\n",
+		"\n   multigpu50  9061      7973        3078        984              0         11358.8\n", "\n    gpuspec33  8152      7064        3078         75           2388"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--list-traces lacks %q:\n%s", want, out.String())
+		}
+	}
+	if n := strings.Count(out.String(), "\n"); n != 17+3 {
+		t.Errorf("--list-traces: %d lines, want a header, 17 traces and two notes:\n%s", n, out.String())
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,8 +16,12 @@ import (
 // parameters (sched.FragParams) on the protocol's replay, choosing on the
 // train seeds and reporting the test seeds only.
 type TuneOptions struct {
+	// NodesPath is the node list ("": the embedded openb one); the
+	// traces scored together are the files PodsPaths and the embedded
+	// pod lists Traces names (openb.Traces), one or more in all.
 	NodesPath  string
-	PodsPaths  []string // one or more traces, all scored together
+	PodsPaths  []string
+	Traces     []string
 	TrainSeeds []uint64
 	TestSeeds  []uint64
 	TargetPct  float64 // 130 by default
@@ -110,8 +113,15 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	if o.Workers <= 0 {
 		o.Workers = 1
 	}
-	if o.NodesPath == "" || len(o.PodsPaths) == 0 {
-		return fmt.Errorf("%w: --nodes and --pods are required", ErrBadOption)
+	var inputs []Options
+	for _, pp := range o.PodsPaths {
+		inputs = append(inputs, Options{NodesPath: o.NodesPath, PodsPath: pp})
+	}
+	for _, tr := range o.Traces {
+		inputs = append(inputs, Options{NodesPath: o.NodesPath, Trace: tr})
+	}
+	if len(inputs) == 0 {
+		return fmt.Errorf("%w: --tune needs one or more traces (--trace or --pods)", ErrBadOption)
 	}
 	if len(o.TrainSeeds) == 0 || len(o.TestSeeds) == 0 {
 		return fmt.Errorf("%w: --tune needs train and test seeds", ErrBadOption)
@@ -124,8 +134,9 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 		}
 	}
 	var traces []*tuneTrace
-	for _, pp := range o.PodsPaths {
-		specs, pods, err := load(&Options{NodesPath: o.NodesPath, PodsPath: pp})
+	for i := range inputs {
+		in := &inputs[i]
+		specs, pods, err := load(in)
 		if err != nil {
 			return err
 		}
@@ -133,7 +144,7 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 		for _, s := range specs {
 			capMilli += int64(s.GPUs) * sched.MilliPerGPU
 		}
-		t := &tuneTrace{name: strings.TrimPrefix(strings.TrimSuffix(filepath.Base(pp), ".csv"), "openb_pod_list_"), specs: specs, wl: map[uint64][]Pod{}, frag: map[uint64]*sched.FragModel{}}
+		t := &tuneTrace{name: strings.TrimPrefix(traceName(in), "openb_pod_list_"), specs: specs, wl: map[uint64][]Pod{}, frag: map[uint64]*sched.FragModel{}}
 		for _, s := range append(append([]uint64{}, o.TrainSeeds...), o.TestSeeds...) {
 			t.wl[s] = Workload(pods, s, o.TargetPct, capMilli)
 			t.frag[s] = ShapeModel(t.wl[s], o.Coverage)

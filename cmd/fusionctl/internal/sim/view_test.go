@@ -2,7 +2,6 @@ package sim
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -14,8 +13,7 @@ import (
 // with and without it, for the policies it applies to. It also keeps the
 // view's copy of the engine's tie ranking in step with the engine's.
 func TestNodeViewMatchesEngine(t *testing.T) {
-	dir := openbDir(t)
-	specs, pods := loadTrace(t, dir, "openb_pod_list_default.csv")
+	specs, pods := loadTrace(t, "openb_pod_list_default")
 	var capMilli int64
 	for _, s := range specs {
 		capMilli += int64(s.GPUs) * sched.MilliPerGPU
@@ -65,14 +63,4 @@ func firstDiff(a, b []int) int {
 		}
 	}
 	return min(len(a), len(b))
-}
-
-func loadTrace(t testing.TB, dir, podsFile string) ([]NodeSpec, []Pod) {
-	t.Helper()
-	o := Options{NodesPath: filepath.Join(dir, "openb_node_list_gpu_node.csv"), PodsPath: filepath.Join(dir, podsFile)}
-	specs, pods, err := load(&o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return specs, pods
 }
