@@ -178,7 +178,10 @@ func newKeygenCmd(o *options) *cobra.Command {
 	return &cobra.Command{
 		Use:   "keygen",
 		Short: "Print a new random gossip key (32 bytes, base64) for peers.keyring_file",
-		Args:  cobra.NoArgs,
+		Long: `keygen prints a new random gossip key (32 bytes, base64). Keep the keyring
+file private: fusiond refuses one that other users can read, e.g.
+  (umask 077; fusionctl peers keygen > gossip.keys)`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			k := make([]byte, 32)
 			if _, err := rand.Read(k); err != nil {
