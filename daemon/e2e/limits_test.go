@@ -2,14 +2,17 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,4 +138,116 @@ func vmHWM(t *testing.T, pid int) int64 {
 	}
 	t.Fatal("no VmHWM")
 	return 0
+}
+
+// TestQuotasCountLiveWork: finished and cancelled jobs no longer count
+// against a user's spec bytes (a user who cancels everything can submit
+// again), and the node-wide spec budget keeps what all users make the
+// daemon hold bounded: past it the finished jobs of the user holding the
+// most are forgotten (another user's history stays), and live jobs that
+// would pass it are refused, naming limits.spec_budget.
+func TestQuotasCountLiveWork(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "limits: {exempt_root: false, spec_budget: 3Mi, per_user: {spec_bytes: 2Mi}}\n")
+	d.start()
+	c := d.client()
+	ctx := context.Background()
+	if _, err := c.SetCordoned(ctx, true); err != nil { // everything stays queued
+		t.Fatal(err)
+	}
+	pad := strings.Repeat("p", 100<<10)
+	// fill submits ~100 KiB specs as root until one is refused.
+	fill := func() ([]string, *api.Error) {
+		var ids []string
+		for i := range 100 {
+			j, err := c.Submit(ctx, spec(fmt.Sprint("fill-", i), map[string]string{"PAD": pad}))
+			var e *api.Error
+			if errors.As(err, &e) {
+				return ids, e
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, j.ID)
+		}
+		t.Fatal("100 specs of 100 KiB accepted under a 2 MiB limit")
+		return nil, nil
+	}
+	first, e := fill()
+	if e.Limit != "limits.per_user.spec_bytes" || len(first) < 15 || len(first) > 20 {
+		t.Fatalf("after %d specs: %v; want ~19 then limits.per_user.spec_bytes", len(first), e)
+	}
+	// uid 1000 has one finished job: history that must outlive root's churn.
+	file := filepath.Join(dir, "other.json")
+	other, _ := json.Marshal(spec("other", nil))
+	if err := os.WriteFile(file, other, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	alice := &syscall.Credential{Uid: 1000, Gid: 1000}
+	r := d.ctl(alice, "", "-q", "submit", file)
+	if r.code != 0 {
+		t.Fatalf("uid 1000 submit: %s", r.stderr)
+	}
+	aliceJob := strings.TrimSpace(r.stdout)
+	if r := d.ctl(alice, "", "cancel", aliceJob); r.code != 0 {
+		t.Fatalf("uid 1000 cancel: %s", r.stderr)
+	}
+	// Cancel everything and submit again, twice: each round is accepted in
+	// full; root's finished specs then pass the 3 MiB budget and its
+	// oldest are forgotten.
+	for round := range 2 {
+		for _, id := range first {
+			if _, err := c.Cancel(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		again, e := fill()
+		if e.Limit != "limits.per_user.spec_bytes" || len(again) != len(first) {
+			t.Fatalf("round %d after cancelling everything: %d accepted, then %v; want %d as before", round, len(again), e, len(first))
+		}
+		first = again
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var all []api.Job
+	for {
+		var err error
+		if all, err = c.List(ctx, api.ListOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var held int64
+		for _, j := range all {
+			b, _ := json.Marshal(j.Spec)
+			held += int64(len(b))
+		}
+		if held <= 3<<20 {
+			t.Logf("FIGURE specs held after 3 rounds of ~1.9 MiB: %d jobs, %.2f MiB (budget 3 MiB)", len(all), float64(held)/(1<<20))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon still holds %d bytes of specs in %d jobs, over the 3 MiB budget", held, len(all))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := c.Get(ctx, aliceJob); err != nil {
+		t.Errorf("uid 1000's finished job was forgotten for root's churn: %v", err)
+	}
+	if _, err := c.Get(ctx, "1"); err == nil {
+		t.Error("root's oldest finished job is still remembered")
+	}
+	// Live specs: root holds ~1.9 MiB; uid 1000's ~1.2 MiB more would pass
+	// the node's 3 MiB though within its own 2 MiB.
+	big, _ := json.Marshal(spec("big", map[string]string{"PAD": strings.Repeat("q", 200<<10)}))
+	if err := os.WriteFile(file, big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused := ""
+	for range 10 {
+		if r := d.ctl(alice, "", "-q", "submit", file); r.code != 0 {
+			refused = r.stderr
+			break
+		}
+	}
+	if !strings.Contains(refused, "limit limits.spec_budget") || !strings.Contains(refused, "live job specs") {
+		t.Errorf("live specs past the node's budget: %q, want a refusal naming limits.spec_budget", refused)
+	}
 }

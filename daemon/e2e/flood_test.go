@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// floodEnv makes the test binary a flood helper: "NETWORK ADDRESS COUNT".
+const floodEnv = "FUSIOND_E2E_FLOOD"
+
+// floodHelper opens up to COUNT connections to ADDRESS and holds them
+// without sending anything, prints "held N" (N connected; the process's
+// own file limit may stop it first), and keeps them until its standard
+// input closes.
+func floodHelper(spec string) int {
+	f := strings.Fields(spec)
+	if len(f) != 3 {
+		fmt.Fprintln(os.Stderr, "flood: want NETWORK ADDRESS COUNT")
+		return 2
+	}
+	n, _ := strconv.Atoi(f[2])
+	var held []net.Conn
+	for len(held) < n {
+		c, err := net.DialTimeout(f[0], f[1], 2*time.Second)
+		if err != nil {
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				break // this process's descriptors are spent
+			}
+			if errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
+				time.Sleep(time.Millisecond) // backlog full: the daemon is refusing as fast as it can
+				continue
+			}
+			fmt.Fprintln(os.Stderr, "flood:", err)
+			return 1
+		}
+		held = append(held, c)
+	}
+	fmt.Printf("held %d\n", len(held))
+	io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+func copyExecutable(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o755)
+}
+
+// flood starts the helper as cred against network/address and waits
+// until it holds its connections; stop ends it.
+func flood(t *testing.T, cred *syscall.Credential, network, address string, count int) (held int, stop func()) {
+	t.Helper()
+	cmd := osexec.Command(filepath.Join(binDir, "e2e.test"))
+	cmd.Env = append(os.Environ(), floodEnv+"="+network+" "+address+" "+strconv.Itoa(count))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	cmd.Dir = "/"
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errb strings.Builder
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop = func() {
+		in.Close()
+		cmd.Wait()
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if _, perr := fmt.Sscanf(line, "held %d", &held); err != nil || perr != nil {
+		stop()
+		t.Fatalf("flood helper: %q %v %v: %s", line, err, perr, errb.String())
+	}
+	return held, stop
+}
+
+// openFiles is the number of descriptors process pid holds.
+func openFiles(t *testing.T, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// listP99 runs another user's fusionctl list n times and returns the
+// slowest of the fastest 99 % (n=20: the slowest but one) and every
+// failure.
+func listP99(d *daemon, cred *syscall.Credential, n int) (time.Duration, []string) {
+	var took []time.Duration
+	var failed []string
+	for range n {
+		start := time.Now()
+		r := d.ctl(cred, "", "list")
+		took = append(took, time.Since(start))
+		if r.code != 0 {
+			failed = append(failed, r.stderr)
+		}
+	}
+	slices.Sort(took)
+	return took[min(len(took)-1, len(took)*99/100)], failed
+}
+
+// TestConnectionFloods: a user who opens 20,000 idle connections to the
+// API socket, and a user without socket access who does the same to the
+// loopback metrics port, hold at most their limits' worth of the daemon's
+// descriptors, and another user's list answers within a second meanwhile,
+// as fast as when idle (within 2×, or 0.2 s on this shared machine).
+func TestConnectionFloods(t *testing.T) {
+	dir := publicTempDir(t)
+	port := freeTCPPort(t)
+	d := newDaemon(t, dir, fmt.Sprintf("metrics: {listen: \"127.0.0.1:%d\"}\n", port))
+	d.start()
+	victim := &syscall.Credential{Uid: 1001, Gid: 1001}
+	idle, failed := listP99(d, victim, 20)
+	if len(failed) > 0 {
+		t.Fatalf("list while idle: %v", failed)
+	}
+	base := openFiles(t, d.cmd.Process.Pid)
+	for _, c := range []struct {
+		name, network, address string
+		cred                   *syscall.Credential
+		bound                  int // what the flood may hold: its limit
+	}{
+		{"API socket, one user", "unix", d.socket, &syscall.Credential{Uid: 1000, Gid: 1000}, 128},
+		{"metrics port, a user without socket access", "tcp", fmt.Sprintf("127.0.0.1:%d", port), &syscall.Credential{Uid: nobody, Gid: nobody}, 32},
+	} {
+		held, stop := flood(t, c.cred, c.network, c.address, 20000)
+		files := openFiles(t, d.cmd.Process.Pid)
+		p99, failed := listP99(d, victim, 20)
+		stop()
+		t.Logf("%s: the flood holds %d connections; the daemon %d descriptors (idle %d); another user's list p99 %v (idle %v)",
+			c.name, held, files, base, p99.Round(time.Millisecond), idle.Round(time.Millisecond))
+		if held < 10000 {
+			t.Errorf("%s: the flood got only %d connections: not the attack", c.name, held)
+		}
+		if files > base+c.bound+64 {
+			t.Errorf("%s: the daemon holds %d descriptors, idle %d: more than the limit of %d lets a flood take", c.name, files, base, c.bound)
+		}
+		if len(failed) > 0 {
+			t.Errorf("%s: another user's list failed: %v", c.name, failed)
+		}
+		if p99 > time.Second || p99 > max(2*idle, idle+200*time.Millisecond) {
+			t.Errorf("%s: another user's list p99 %v under the flood, %v idle", c.name, p99, idle)
+		}
+	}
+	if !strings.Contains(d.log.String(), "connection refused") || !strings.Contains(d.log.String(), "limits.per_user.connections") {
+		t.Errorf("the refusals are not logged:\n%s", d.log)
+	}
+}
+
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
