@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
@@ -23,9 +26,30 @@ const floodEnv = "FUSIOND_E2E_FLOOD"
 // floodHelper opens up to COUNT connections to ADDRESS and holds them
 // without sending anything, prints "held N" (N connected; the process's
 // own file limit may stop it first), and keeps them until its standard
-// input closes.
+// input closes. As "http SOCKET COUNT PATH" it sends COUNT GET requests
+// for PATH over one kept-alive connection to the API socket instead and
+// prints "sent N".
 func floodHelper(spec string) int {
 	f := strings.Fields(spec)
+	if len(f) == 4 && f[0] == "http" {
+		n, _ := strconv.Atoi(f[2])
+		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", f[1])
+		}}}
+		sent := 0
+		for range n {
+			resp, err := c.Get("http://fusiond" + f[3])
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "flood:", err)
+				return 1
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			sent++
+		}
+		fmt.Printf("sent %d\n", sent)
+		return 0
+	}
 	if len(f) != 3 {
 		fmt.Fprintln(os.Stderr, "flood: want NETWORK ADDRESS COUNT")
 		return 2
@@ -177,4 +201,79 @@ func freeTCPPort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestAuditFloodKeepsRootsRecords: 3,000 refused requests from one user,
+// as fast as one connection sends them, rotate none of root's records out
+// (a small audit.max_bytes makes rotation likely); the refusals past the
+// per-user rate are counted in summary records, so that written and
+// summed up they are every one of the 3,000.
+func TestAuditFloodKeepsRootsRecords(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "audit: {max_bytes: 64Ki, keep: 1}\n")
+	d.start()
+	c := d.client()
+	for range 3 {
+		if _, err := c.SetCordoned(context.Background(), true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.SetCordoned(context.Background(), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := osexec.Command(filepath.Join(binDir, "e2e.test"))
+	cmd.Env = append(os.Environ(), floodEnv+"=http "+d.socket+" 3000 /v1/jobs/no-such-job")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}}
+	cmd.Dir = "/"
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(start)
+	if err != nil || !strings.Contains(string(out), "sent 3000") {
+		t.Fatalf("flood: %v %s", err, out)
+	}
+	read := func(path string) []map[string]any {
+		b, _ := os.ReadFile(path)
+		var recs []map[string]any
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var r map[string]any
+			if line != "" && json.Unmarshal([]byte(line), &r) == nil {
+				recs = append(recs, r)
+			}
+		}
+		return recs
+	}
+	state := filepath.Join(dir, "state")
+	var written, summed int
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		written, summed = 0, 0
+		for _, p := range []string{"audit-refused.log.1", "audit-refused.log"} {
+			for _, r := range read(filepath.Join(state, p)) {
+				if r["action"] == "audit.suppressed" {
+					n, _ := strconv.Atoi(fmt.Sprint(r["target"]))
+					summed += n
+				} else if r["uid"] == 1000.0 {
+					written++
+				}
+			}
+		}
+		if written+summed >= 3000 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cordons := 0
+	for _, r := range read(filepath.Join(state, "audit.log")) {
+		if r["action"] == "node.cordon" && r["uid"] == 0.0 {
+			cordons++
+		}
+	}
+	t.Logf("FIGURE audit flood: 3,000 refused requests of one user in %v: %d written, %d counted in summaries; root's 3 cordons kept: %d",
+		took.Round(time.Millisecond), written, summed, cordons)
+	if cordons != 3 {
+		t.Errorf("root's cordon records: %d of 3 left after another user's flood", cordons)
+	}
+	if written+summed != 3000 || written > 50+int(5*took.Seconds())+10 {
+		t.Errorf("refusals: %d written and %d summed up; want all 3,000 accounted for and at most the burst and rate written", written, summed)
+	}
 }
