@@ -251,3 +251,82 @@ func TestQuotasCountLiveWork(t *testing.T) {
 		t.Errorf("live specs past the node's budget: %q, want a refusal naming limits.spec_budget", refused)
 	}
 }
+
+// vmRSS is a process's resident set in KiB.
+func vmRSS(t *testing.T, pid int) int64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// TestMemoryAtLimits measures what users can make the daemon hold at the
+// default limits: one user, then four, each filling limits.per_user.spec_bytes
+// (64 MiB) with the largest specs allowed; four fill limits.spec_budget
+// (256 MiB), and a fifth user is refused, naming it. The daemon's RSS at
+// each step is the figure (docs/reliability.md).
+func TestMemoryAtLimits(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "limits: {exempt_root: false}\nlog: {level: info}\n")
+	d.start()
+	c := d.client()
+	ctx := context.Background()
+	if _, err := c.SetCordoned(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	pid := d.cmd.Process.Pid
+	rssMiB := func() int64 { return vmRSS(t, pid) >> 10 }
+	idle := rssMiB()
+	// Three specs of ~250 KiB a request (max_request_bytes is 1 MiB).
+	pad := strings.Repeat("m", 250<<10)
+	var docs []string
+	for i := range 3 {
+		b, _ := json.Marshal(spec(fmt.Sprint("mem-", i), map[string]string{"PAD": pad}))
+		docs = append(docs, string(b))
+	}
+	file := filepath.Join(dir, "three.yaml")
+	if err := os.WriteFile(file, []byte(strings.Join(docs, "\n---\n")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// fill submits as cred until refused; it returns the refusal.
+	fill := func(cred *syscall.Credential) (int, string) {
+		for n := 0; n < 200; n++ {
+			if r := d.ctl(cred, "", "-q", "submit", file); r.code != 0 {
+				return 3 * n, r.stderr
+			}
+		}
+		t.Fatal("200 requests of 750 KiB accepted")
+		return 0, ""
+	}
+	var perUser []int64
+	for i, uid := range []uint32{0, 1000, 1001, 1002} {
+		var cred *syscall.Credential
+		if uid != 0 {
+			cred = &syscall.Credential{Uid: uid, Gid: uid}
+		}
+		n, why := fill(cred)
+		if !strings.Contains(why, "limits.per_user.spec_bytes") {
+			t.Fatalf("user %d after %d specs: %q, want the per-user limit", uid, n, why)
+		}
+		perUser = append(perUser, rssMiB())
+		t.Logf("FIGURE memory at the default limits: %d user(s) at limits.per_user.spec_bytes (%d specs of 250 KiB this one): daemon RSS %d MiB (idle %d MiB)",
+			i+1, n, perUser[i], idle)
+	}
+	_, why := fill(&syscall.Credential{Uid: 1003, Gid: 1003})
+	if !strings.Contains(why, "limits.spec_budget") {
+		t.Errorf("a fifth user past the 256 MiB budget: %q, want a refusal naming limits.spec_budget", why)
+	}
+	rss := rssMiB()
+	t.Logf("FIGURE memory at limits.spec_budget (256 MiB): daemon RSS %d MiB, %.0f MiB per user on average", rss, float64(rss-idle)/4)
+	if rss > 2048 {
+		t.Errorf("the daemon holds %d MiB at the node's spec budget", rss)
+	}
+}
