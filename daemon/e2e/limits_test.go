@@ -125,18 +125,25 @@ func TestDefaultLimitsStopOneUser(t *testing.T) {
 }
 
 // vmHWM is a process's peak resident set in KiB.
-func vmHWM(t *testing.T, pid int) int64 {
+func vmHWM(t *testing.T, pid int) int64 { return procStatusKiB(t, pid, "VmHWM") }
+
+// vmRSS is a process's resident set in KiB.
+func vmRSS(t *testing.T, pid int) int64 { return procStatusKiB(t, pid, "VmRSS") }
+
+// procStatusKiB reads a "kB" field of /proc/PID/status.
+func procStatusKiB(t *testing.T, pid int, field string) int64 {
+	t.Helper()
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return n
 		}
 	}
-	t.Fatal("no VmHWM")
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }
 
@@ -250,22 +257,6 @@ func TestQuotasCountLiveWork(t *testing.T) {
 	if !strings.Contains(refused, "limit limits.spec_budget") || !strings.Contains(refused, "live job specs") {
 		t.Errorf("live specs past the node's budget: %q, want a refusal naming limits.spec_budget", refused)
 	}
-}
-
-// vmRSS is a process's resident set in KiB.
-func vmRSS(t *testing.T, pid int) int64 {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
 }
 
 // TestMemoryAtLimits measures what users can make the daemon hold at the
