@@ -77,7 +77,8 @@ type Config struct {
 	GPU GPUConfig `json:"gpu"`
 	// Limits bound what one user may hold, and the logs of all jobs.
 	Limits LimitsConfig `json:"limits"`
-	// Audit bounds the audit file, <state_dir>/audit.log.
+	// Audit bounds the audit files, <state_dir>/audit.log (the admins'),
+	// audit-users.log and audit-refused.log.
 	Audit AuditConfig `json:"audit"`
 	// Metrics configures the Prometheus /metrics listener (off by default).
 	Metrics MetricsConfig `json:"metrics"`
@@ -107,13 +108,29 @@ type LimitsConfig struct {
 	MaxSpecBytes api.Bytes `json:"max_spec_bytes"`
 	// LogBudget caps the logs of all jobs in the state directory.
 	LogBudget api.Bytes `json:"log_budget"`
+	// SpecBudget caps the job specs the daemon holds for all users
+	// together, finished jobs included (what users can make it keep in
+	// memory): finished jobs are forgotten to stay within it, those of
+	// the user holding the most first; past it with live jobs alone,
+	// submissions are refused (429).
+	SpecBudget api.Bytes `json:"spec_budget"`
 	// StreamIdleTimeout ends an event stream that carried no event for
 	// this long.
 	StreamIdleTimeout Duration `json:"stream_idle_timeout"`
 	// ExemptRoot exempts uid 0 from the per-user limits (not from
 	// max_spec_bytes or log_budget).
-	ExemptRoot bool          `json:"exempt_root"`
-	PerUser    PerUserLimits `json:"per_user"`
+	ExemptRoot bool `json:"exempt_root"`
+	// Connections caps the API socket's connections open at once, every
+	// user's together; AdminConnections more are kept for root, the
+	// daemon's user and the admin group, so they can always connect. A
+	// connection beyond a limit is answered 429 and closed at once.
+	Connections      int `json:"connections"`
+	AdminConnections int `json:"admin_connections"`
+	// IdleTimeout closes a kept-alive connection that sends no request
+	// for this long; HeaderTimeout one whose request headers take longer.
+	IdleTimeout   Duration      `json:"idle_timeout"`
+	HeaderTimeout Duration      `json:"header_timeout"`
+	PerUser       PerUserLimits `json:"per_user"`
 }
 
 // PerUserLimits are each user's quotas.
@@ -128,13 +145,25 @@ type PerUserLimits struct {
 	LogBytes api.Bytes `json:"log_bytes"`
 	// Streams: open event streams and followed logs (429).
 	Streams int `json:"streams"`
+	// Connections: API socket connections open at once (429 and closed);
+	// more than Streams, so that a user at the stream limit can still ask.
+	Connections int `json:"connections"`
 }
 
 // AuditConfig bounds the audit file: rotated to audit.log.1 when it would
 // grow beyond MaxBytes, with Keep rotated files kept.
 type AuditConfig struct {
+	// MaxBytes and Keep are each file's size before rotation and the
+	// rotated files it keeps; MaxAge removes rotated files older than it
+	// (0: by size alone).
 	MaxBytes api.Bytes `json:"max_bytes"`
 	Keep     int       `json:"keep"`
+	MaxAge   Duration  `json:"max_age"`
+	// RefusedRate and RefusedBurst bound the refused requests recorded per
+	// user (a second, at once); beyond them they are counted in a summary
+	// record. Admins' records are never rate-limited.
+	RefusedRate  float64 `json:"refused_rate"`
+	RefusedBurst int     `json:"refused_burst"`
 }
 
 // MetricsConfig is the Prometheus listener: read-only GET /metrics on an
@@ -147,6 +176,9 @@ type MetricsConfig struct {
 	// AllowRemote lets Listen name an address other machines can reach;
 	// without it a TCP address must be a loopback one.
 	AllowRemote bool `json:"allow_remote"`
+	// MaxConnections caps the metrics listener's open connections (it
+	// cannot tell who connects over TCP); more are closed at once.
+	MaxConnections int `json:"max_connections"`
 }
 
 // Endpoint parses Listen into a network ("tcp" or "unix") and address;
@@ -235,19 +267,27 @@ func DefaultConfig() Config {
 		LeaveJobsOnShutdown: true,
 		MaxBitstreamBytes:   apiserver.DefaultMaxBitstreamBytes,
 		Retention:           Retention{MaxFinishedJobs: 10000, MaxAge: Duration(7 * 24 * time.Hour)},
-		Audit:               AuditConfig{MaxBytes: audit.DefaultMaxBytes, Keep: audit.DefaultKeep},
-		GPU:                 GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
+		Audit: AuditConfig{MaxBytes: audit.DefaultMaxBytes, Keep: audit.DefaultKeep, MaxAge: Duration(audit.DefaultMaxAge),
+			RefusedRate: audit.DefaultRefusedRate, RefusedBurst: audit.DefaultRefusedBurst},
+		Metrics: MetricsConfig{MaxConnections: 32},
+		GPU:     GPUConfig{HealthProbation: Duration(5 * time.Minute), HealthProbe: Duration(10 * time.Second)},
 		Limits: LimitsConfig{
 			MaxSpecBytes:      256 << 10,
 			LogBudget:         20 << 30,
+			SpecBudget:        256 << 20,
 			StreamIdleTimeout: Duration(30 * time.Minute),
 			ExemptRoot:        true,
+			Connections:       1024,
+			AdminConnections:  32,
+			IdleTimeout:       Duration(time.Minute),
+			HeaderTimeout:     Duration(10 * time.Second),
 			PerUser: PerUserLimits{
 				PendingJobs: 1000,
 				RunningJobs: 256,
 				SpecBytes:   64 << 20,
 				LogBytes:    4 << 30,
 				Streams:     64,
+				Connections: 128,
 			},
 		},
 		QoS:        DefaultQoSConfig(),
@@ -346,6 +386,12 @@ func (c *Config) Validate() error {
 		return bad("audit.max_bytes", "at least 64Ki")
 	case c.Audit.Keep < 1 || c.Audit.Keep > 100:
 		return bad("audit.keep", "between 1 and 100, got %d", c.Audit.Keep)
+	case c.Audit.MaxAge < 0:
+		return bad("audit.max_age", "must not be negative")
+	case c.Audit.RefusedRate <= 0 || c.Audit.RefusedRate > 10000:
+		return bad("audit.refused_rate", "between 0 and 10000 a second, got %g", c.Audit.RefusedRate)
+	case c.Audit.RefusedBurst < 1 || c.Audit.RefusedBurst > 100000:
+		return bad("audit.refused_burst", "between 1 and 100000, got %d", c.Audit.RefusedBurst)
 	}
 	l := c.Limits
 	switch {
@@ -355,6 +401,10 @@ func (c *Config) Validate() error {
 		return bad("limits.max_spec_bytes", "at least 1Ki (or 0: no limit)")
 	case l.LogBudget < 0:
 		return bad("limits.log_budget", "must not be negative")
+	case l.SpecBudget < 0:
+		return bad("limits.spec_budget", "must not be negative")
+	case l.SpecBudget > 0 && l.SpecBudget < l.MaxSpecBytes:
+		return bad("limits.spec_budget", "at least limits.max_spec_bytes (%s)", l.MaxSpecBytes.Human())
 	case l.StreamIdleTimeout < 0:
 		return bad("limits.stream_idle_timeout", "must not be negative")
 	case l.PerUser.PendingJobs < 0:
@@ -367,6 +417,20 @@ func (c *Config) Validate() error {
 		return bad("limits.per_user.log_bytes", "must not be negative")
 	case l.PerUser.Streams < 0:
 		return bad("limits.per_user.streams", "must not be negative")
+	case l.Connections < 0:
+		return bad("limits.connections", "must not be negative")
+	case l.AdminConnections < 0:
+		return bad("limits.admin_connections", "must not be negative")
+	case l.PerUser.Connections < 0:
+		return bad("limits.per_user.connections", "must not be negative")
+	case l.PerUser.Connections > 0 && l.PerUser.Streams > 0 && l.PerUser.Connections <= l.PerUser.Streams:
+		return bad("limits.per_user.connections", "must exceed limits.per_user.streams (%d): a user at the stream limit must still be able to ask", l.PerUser.Streams)
+	case l.IdleTimeout < Duration(time.Second):
+		return bad("limits.idle_timeout", "at least 1s")
+	case l.HeaderTimeout < Duration(time.Second):
+		return bad("limits.header_timeout", "at least 1s")
+	case c.Metrics.MaxConnections < 0:
+		return bad("metrics.max_connections", "must not be negative")
 	}
 	if err := hardware.CheckSimulate(c.Simulate); err != nil {
 		return bad("simulate", "%v", err)

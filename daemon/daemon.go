@@ -201,6 +201,7 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 			PendingJobs:  cfg.Limits.PerUser.PendingJobs,
 			RunningJobs:  cfg.Limits.PerUser.RunningJobs,
 			SpecBytes:    int64(cfg.Limits.PerUser.SpecBytes),
+			SpecBudget:   int64(cfg.Limits.SpecBudget),
 			LogBytes:     int64(cfg.Limits.PerUser.LogBytes),
 			LogBudget:    int64(cfg.Limits.LogBudget),
 			ExemptRoot:   cfg.Limits.ExemptRoot,
@@ -253,11 +254,12 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		adminGID = &gid
 	}
 	if d.audit, err = audit.Open(filepath.Join(cfg.StateDir, "audit.log"),
-		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep}, log); err != nil {
+		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep, MaxAge: time.Duration(cfg.Audit.MaxAge),
+			RefusedRate: cfg.Audit.RefusedRate, RefusedBurst: cfg.Audit.RefusedBurst}, log); err != nil {
 		return nil, err
 	}
 	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff, telemetry: bus,
-		reclaim: reclaimLoop, reclaimOff: reclaimOff}
+		reclaim: reclaimLoop, reclaimOff: reclaimOff, fileLimit: fileLimitNote(cfg, log)}
 	d.srv = apiserver.New(svc, apiserver.Config{
 		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 		AdminGID:          adminGID,
@@ -362,23 +364,33 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	if d.peers != nil {
 		d.peers.Start()
 	}
+	// Every connection counts against the limits from its accept on (an
+	// idle one too), and the servers close idle and slow ones, so no user
+	// can hold the daemon's descriptors or keep another user out.
 	hs := &http.Server{
 		Handler:           d.srv,
 		ConnContext:       d.srv.ConnContext,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: time.Duration(cfg.Limits.HeaderTimeout),
+		IdleTimeout:       time.Duration(cfg.Limits.IdleTimeout),
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	conns := apiserver.LimitListener(ln, apiserver.ConnLimits{Total: cfg.Limits.Connections, Reserve: cfg.Limits.AdminConnections,
+		PerUser: cfg.Limits.PerUser.Connections, TotalLimit: apiserver.LimitConnections}, d.srv.Identify, log.With("listener", "api"))
 	serveErr := make(chan error, 2) // the API and metrics servers
-	go func() { serveErr <- hs.Serve(ln) }()
+	go func() { serveErr <- hs.Serve(conns) }()
 	var ms *http.Server
 	if mln != nil {
 		ms = &http.Server{
 			Handler:           d.metrics.Handler(),
-			ReadHeaderTimeout: 10 * time.Second,
+			ReadHeaderTimeout: time.Duration(cfg.Limits.HeaderTimeout),
+			ReadTimeout:       time.Duration(cfg.Limits.HeaderTimeout),
+			WriteTimeout:      30 * time.Second,
+			IdleTimeout:       time.Duration(cfg.Limits.IdleTimeout),
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
 		defer ms.Close() // after Shutdown below; at once on an early return
-		go func() { serveErr <- ms.Serve(mln) }()
+		mlim := apiserver.LimitListener(mln, apiserver.ConnLimits{Total: cfg.Metrics.MaxConnections, TotalLimit: apiserver.LimitMetricsConnections}, nil, log.With("listener", "metrics"))
+		go func() { serveErr <- ms.Serve(mlim) }()
 		log.Info("metrics listening", "network", network, "address", mln.Addr().String())
 	}
 	log.Info("fusiond ready", "socket", cfg.Socket, "state_dir", cfg.StateDir,
@@ -532,6 +544,9 @@ type service struct {
 	// (reclaimOff says why).
 	reclaim    *reclaim.Loop
 	reclaimOff api.ReclaimStatus
+	// fileLimit says why the open-file limit is too low for the
+	// connection limits ("" when it is not).
+	fileLimit string
 }
 
 var _ apiserver.Backend = (*service)(nil)
@@ -562,6 +577,9 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 // (its state database refused the last write), why.
 func (s *service) notes() []string {
 	notes := s.hw.Notes()
+	if s.fileLimit != "" {
+		notes = append(notes, s.fileLimit)
+	}
 	if err := s.Ready(); err != nil {
 		notes = append(notes, "not ready: "+err.Error())
 	}
@@ -600,4 +618,30 @@ func (s *service) Get(ctx context.Context, c api.Caller, id string) (api.Job, er
 		j.Latency = s.qos.JobLatency(id)
 	}
 	return j, err
+}
+
+// fileDescriptorsOwnUse is what the daemon keeps open besides its API and
+// metrics connections (state database, job logs, cgroup and BPF files,
+// monitors' sockets, peers), with room to spare.
+const fileDescriptorsOwnUse = 1024
+
+// fileLimitNote checks that the open-file limit leaves room for every
+// connection the limits allow on top of the daemon's own files (Go raises
+// the soft limit to the hard one at start; the unit sets LimitNOFILE), and
+// says what to change when it does not. Without that room a flood within
+// the limits could still exhaust the descriptors.
+func fileLimitNote(cfg Config, log *slog.Logger) string {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return ""
+	}
+	l := cfg.Limits
+	need := uint64(l.Connections+l.AdminConnections+cfg.Metrics.MaxConnections) + fileDescriptorsOwnUse
+	if l.Connections == 0 || rl.Cur >= need {
+		return ""
+	}
+	note := fmt.Sprintf("open-file limit %d is below the %d that limits.connections (%d), limits.admin_connections (%d) and metrics.max_connections (%d) need with the daemon's own files: raise LimitNOFILE or lower limits.connections",
+		rl.Cur, need, l.Connections, l.AdminConnections, cfg.Metrics.MaxConnections)
+	log.Warn(note)
+	return note
 }

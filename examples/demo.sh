@@ -10,11 +10,12 @@ CTL="./bin/fusionctl --socket $RUN/fusiond.sock"
 mkdir -p "$RUN"
 rm -rf "$RUN/state" "$RUN/fusiond.sock" "$RUN/metrics.sock"
 
-echo "==> starting fusiond (development config: examples/dev-config.yaml)"
-# fusiond itself is the background job (its output goes through sed by a
-# process substitution), so $! is its own PID: stop signals that process
-# alone, never another daemon that happens to match a pattern.
-./bin/fusiond --config examples/dev-config.yaml "$@" > >(sed -u 's/^/    [fusiond] /') 2>&1 &
+LOG=$RUN/fusiond.log
+echo "==> starting fusiond (development config: examples/dev-config.yaml; its log: $LOG)"
+# fusiond itself is the background job, so $! is its own PID: stop signals
+# that process alone, never another daemon that happens to match a
+# pattern. Its log goes to a file so that the story below stays readable.
+./bin/fusiond --config examples/dev-config.yaml "$@" > "$LOG" 2>&1 &
 DAEMON_PID=$!
 stop() {
   kill -TERM "$DAEMON_PID" 2>/dev/null || true
@@ -25,6 +26,11 @@ trap stop EXIT
 # a second; `make start-time` measures it).
 for _ in $(seq 1 300); do
   $CTL status >/dev/null 2>&1 && break
+  if ! kill -0 "$DAEMON_PID" 2>/dev/null; then
+    echo "fusiond exited; its log ($LOG):" >&2
+    sed 's/^/    /' "$LOG" >&2
+    exit 1
+  fi
   sleep 0.1
 done
 $CTL status
@@ -96,7 +102,16 @@ for id in $($CTL ps -q --class training); do
 done
 echo
 $CTL status
+echo
+echo "==> fusiond wrote $(wc -l < "$LOG") log lines to $LOG; its warnings and errors:"
+grep -E 'level=(WARN|ERROR)' "$LOG" | sed 's/^/    /' || echo "    none"
 if [ "${DEMO_KEEP:-}" = 1 ]; then
-  echo "==> DEMO_KEEP=1: fusiond keeps running; try: $CTL ps   (Ctrl-C to stop)"
+  echo
+  echo "==> DEMO_KEEP=1: fusiond keeps running (PID $DAEMON_PID) and this terminal waits for it."
+  echo "    From a second terminal, in $(pwd):"
+  echo "      $CTL ps"
+  echo "      $CTL top"
+  echo "      tail -f $LOG"
+  echo "    Ctrl-C here stops fusiond."
   wait "$DAEMON_PID"
 fi

@@ -16,7 +16,7 @@ import (
 func writeSimhost(t testing.TB, opts ...simhost.Option) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "root")
-	if err := simhost.Write(dir, append([]simhost.Option{simhost.WithCoresPerSocket(simCores)}, opts...)...); err != nil {
+	if err := simhost.Plan(append([]simhost.Option{simhost.WithCoresPerSocket(simCores)}, opts...)...).Write(dir); err != nil {
 		t.Fatal(err)
 	}
 	return dir

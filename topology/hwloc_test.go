@@ -218,7 +218,7 @@ func TestHwlocCrossCheckLiveHost(t *testing.T) {
 
 func TestHwlocCrossCheckSimhost(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "root")
-	if err := simhost.Write(dir); err != nil { // full size: 224 CPUs
+	if err := simhost.Plan().Write(dir); err != nil { // full size: 224 CPUs
 		t.Fatal(err)
 	}
 	crossCheck(t, dir)

@@ -20,6 +20,9 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(floodEnv); spec != "" {
+		os.Exit(floodHelper(spec)) // a flood test's attacker, as another user
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "e2e tests must run as root (they run jobs as other users and read peer credentials)")
 		os.Exit(1)
@@ -34,6 +37,12 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	// The flood tests run this binary again as other users: a copy they
+	// can execute.
+	if err := copyExecutable(os.Args[0], filepath.Join(dir, "e2e.test")); err != nil {
+		fmt.Fprintln(os.Stderr, "copying the test binary:", err)
 		os.Exit(1)
 	}
 	code := m.Run()

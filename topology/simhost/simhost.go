@@ -339,10 +339,6 @@ func (t *Tree) Write(dir string) error {
 	return nil
 }
 
-// Write plans the tree with opts and creates it below dir (created if
-// missing; it must be empty).
-func Write(dir string, opts ...Option) error { return Plan(opts...).Write(dir) }
-
 // cpuOf returns socket, core and thread of a logical CPU, numbered as
 // Linux numbers Intel CPUs: all first threads of socket 0, then of
 // socket 1, then the second threads.

@@ -42,10 +42,10 @@ func TestGPUAddrsMatchNVMLMock(t *testing.T) {
 
 func TestWriteLayout(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "root")
-	if err := simhost.Write(dir, simhost.WithCoresPerSocket(1)); err != nil {
+	if err := simhost.Plan(simhost.WithCoresPerSocket(1)).Write(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := simhost.Write(dir); !errors.Is(err, simhost.ErrNotEmpty) {
+	if err := simhost.Plan().Write(dir); !errors.Is(err, simhost.ErrNotEmpty) {
 		t.Fatalf("second Write into %s: %v, want ErrNotEmpty", dir, err)
 	}
 	for _, d := range simhost.Devices() {
@@ -81,10 +81,10 @@ func TestWriteLayout(t *testing.T) {
 // fast.
 func TestSharedContentReadsTheSame(t *testing.T) {
 	plain, shared := filepath.Join(t.TempDir(), "plain"), filepath.Join(t.TempDir(), "shared")
-	if err := simhost.Write(plain, simhost.WithCoresPerSocket(4)); err != nil {
+	if err := simhost.Plan(simhost.WithCoresPerSocket(4)).Write(plain); err != nil {
 		t.Fatal(err)
 	}
-	if err := simhost.Write(shared, simhost.WithCoresPerSocket(4), simhost.WithSharedContent()); err != nil {
+	if err := simhost.Plan(simhost.WithCoresPerSocket(4), simhost.WithSharedContent()).Write(shared); err != nil {
 		t.Fatal(err)
 	}
 	count := func(root string) (dirs, inodes int) {
@@ -157,8 +157,8 @@ func TestSharedContentReadsTheSame(t *testing.T) {
 
 // TestDigest: a tree's digest names its content — the same for every plan
 // of the same options (whatever order the plan visits files in), another
-// for another shape or for shared content — and Plan's tree is what Write
-// writes.
+// for another shape or for shared content — and one plan written twice
+// reads the same (the content pool's file names aside).
 func TestDigest(t *testing.T) {
 	d := simhost.Plan(simhost.WithCoresPerSocket(2)).Digest()
 	if len(d) != 64 {
@@ -178,20 +178,21 @@ func TestDigest(t *testing.T) {
 			t.Errorf("%s: same digest as 2 cores per socket", name)
 		}
 	}
-	planned, direct := t.TempDir(), t.TempDir()
-	if err := simhost.Plan(simhost.WithCoresPerSocket(2), simhost.WithSharedContent()).Write(planned); err != nil {
+	planned, again := t.TempDir(), t.TempDir()
+	tree := simhost.Plan(simhost.WithCoresPerSocket(2), simhost.WithSharedContent())
+	if err := tree.Write(planned); err != nil {
 		t.Fatal(err)
 	}
-	if err := simhost.Write(direct, simhost.WithCoresPerSocket(2), simhost.WithSharedContent()); err != nil {
+	if err := simhost.Plan(simhost.WithCoresPerSocket(2), simhost.WithSharedContent()).Write(again); err != nil {
 		t.Fatal(err)
 	}
-	a, b := listTree(t, planned), listTree(t, direct)
+	a, b := listTree(t, planned), listTree(t, again)
 	if len(a) < 100 || len(a) != len(b) {
 		t.Fatalf("trees of %d and %d entries", len(a), len(b))
 	}
 	for p, v := range a {
 		if b[p] != v {
-			t.Errorf("%s: %q written by Plan().Write, %q by Write", p, v, b[p])
+			t.Errorf("%s: %q in one tree, %q in the other", p, v, b[p])
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -126,20 +127,28 @@ func TestAudit(t *testing.T) {
 		{UID: 0, Action: "node.uncordon", Outcome: audit.OK, Status: 200},
 		{UID: 0, Action: "mig.apply", Outcome: audit.Failed, Status: 503, Code: api.CodeUnavailable},
 	}
-	f, err := os.Open(auditPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	// root's records are in the admins' file, mallory's refusals in the
+	// refusals' file; in time order they are the steps'.
 	var got []audit.Record
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var r audit.Record
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+	for stream, path := range audit.StreamPaths(auditPath) {
+		f, err := os.Open(path)
+		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, r)
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			var r audit.Record
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]string{true: audit.Admins, false: audit.Refusals}[r.UID == 0]; stream != want {
+				t.Errorf("uid %d's %s in the %s file, want %s", r.UID, r.Action, stream, want)
+			}
+			got = append(got, r)
+		}
+		f.Close()
 	}
+	slices.SortStableFunc(got, func(a, b audit.Record) int { return a.Time.Compare(b.Time) })
 	if len(got) != len(want) {
 		t.Fatalf("%d records, want %d:\n%+v", len(got), len(want), got)
 	}

@@ -251,19 +251,30 @@ func (w *statusWriter) Flush() {
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // ConnContext is the http.Server hook that reads the peer's credentials
-// once per connection.
+// once per connection (LimitListener read them already for its own).
 func (s *Server) ConnContext(ctx context.Context, c net.Conn) context.Context {
-	caller, err := peerCredentials(c)
-	if err == nil {
-		caller.User = s.names.name(caller.UID)
-		// root, and the daemon's own user (a development daemon that
-		// does not run as root), administer it.
-		caller.Admin = caller.UID == 0 || caller.UID == uint32(os.Geteuid())
-		if g := s.cfg.AdminGID; g != nil && (caller.GID == *g || slices.Contains(caller.Groups, *g)) {
-			caller.Admin = true
-		}
+	if caller, err, ok := identified(c); ok {
+		return withCaller(ctx, caller, err)
 	}
+	caller, err := s.Identify(c)
 	return withCaller(ctx, caller, err)
+}
+
+// Identify tells who is on the other end of a socket connection: its
+// peer credentials, user name, and whether it administers the daemon.
+func (s *Server) Identify(c net.Conn) (api.Caller, error) {
+	caller, err := peerCredentials(c)
+	if err != nil {
+		return caller, err
+	}
+	caller.User = s.names.name(caller.UID)
+	// root, and the daemon's own user (a development daemon that does not
+	// run as root), administer it.
+	caller.Admin = caller.UID == 0 || caller.UID == uint32(os.Geteuid())
+	if g := s.cfg.AdminGID; g != nil && (caller.GID == *g || slices.Contains(caller.Groups, *g)) {
+		caller.Admin = true
+	}
+	return caller, nil
 }
 
 // openStream counts a stream of c against the per-user limit; the returned

@@ -3,8 +3,12 @@
 // admin routes) and every request it refuses (401, 403, 404, 413, 422,
 // 429). Each record goes to the daemon's log (the journal under systemd)
 // as one line with the message "audit" and its fields under the key
-// "audit", and as one JSON line to a size-capped file in the state
-// directory that is rotated to file.1 … file.N.
+// "audit", and as one JSON line to one of three size-capped files in the
+// state directory — the admins', other users' actions, other users'
+// refusals — each rotated to file.1 … file.N on its own and expired by
+// age, so that no user's traffic rotates root's records out. Refusals are
+// rate-limited per user with a counted summary, and every record is
+// bounded in size.
 package audit
 
 import (
@@ -14,9 +18,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Outcomes of a record.
@@ -56,27 +63,75 @@ type Record struct {
 	Message string `json:"message,omitempty"`
 }
 
-// Options bound the audit file.
+// Options bound the audit files.
 type Options struct {
-	// MaxBytes is the size at which the file is rotated.
+	// MaxBytes is the size at which each stream's file is rotated.
 	MaxBytes int64
-	// Keep is how many rotated files (path.1 … path.Keep) are kept.
+	// Keep is how many rotated files (path.1 … path.Keep) each stream
+	// keeps.
 	Keep int
+	// MaxAge removes a stream's rotated files older than this (0: they
+	// go by Keep alone).
+	MaxAge time.Duration
+	// RefusedRate and RefusedBurst bound the refusals recorded per user
+	// (non-admin callers; a token bucket: RefusedRate a second, RefusedBurst
+	// at once). Those beyond are counted, not written, and a summary
+	// record says how many of whose were left out and when.
+	RefusedRate  float64
+	RefusedBurst int
 }
 
 // Defaults for Options.
 const (
-	DefaultMaxBytes = 16 << 20
-	DefaultKeep     = 5
+	DefaultMaxBytes     = 16 << 20
+	DefaultKeep         = 5
+	DefaultMaxAge       = 90 * 24 * time.Hour
+	DefaultRefusedRate  = 5
+	DefaultRefusedBurst = 50
 )
+
+// Streams. Records go to one of three files, each rotated on its own, so
+// that no caller's traffic can push another's records out:
+//   - Admins: everything root, the daemon's user and the admin group did
+//     or were refused (the path Open is given, audit.log);
+//   - Users: other users' privileged actions, done or failed
+//     (audit-users.log);
+//   - Refusals: other users' refused requests, rate-limited per user
+//     (audit-refused.log).
+const (
+	Admins   = "admins"
+	Users    = "users"
+	Refusals = "refused"
+)
+
+// Field bounds: a record is at most a few KiB whatever a caller sends
+// (a 900 KB path is kept as its first 512 bytes and its length).
+const (
+	maxPath    = 512
+	maxMessage = 1024
+	maxShort   = 256
+)
+
+// SummaryAction is the action of a record that counts the refusals a
+// rate limit kept out of the file.
+const SummaryAction = "audit.suppressed"
 
 // Log is the audit log. Its methods are safe for concurrent use.
 type Log struct {
 	log  *slog.Logger
-	path string
 	opts Options
 
-	mu   sync.Mutex
+	mu      sync.Mutex
+	streams map[string]*stream
+	buckets map[int64]*bucket // per uid, for Refusals
+	now     func() time.Time
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// stream is one audit file.
+type stream struct {
+	path string
 	f    *os.File
 	size int64
 	// failing is set once writing the file failed, so that a full disk is
@@ -84,8 +139,18 @@ type Log struct {
 	failing bool
 }
 
-// Open opens (creating, mode 0600) the audit file at path; records also go
-// to log.
+// bucket is one user's refusals allowance and what it kept out.
+type bucket struct {
+	tokens      float64
+	at          time.Time
+	suppressed  int
+	first, last time.Time
+	user        string
+}
+
+// Open opens (creating, mode 0600) the audit files: the admins' at path,
+// the others beside it (path's name with "-users" and "-refused" before
+// its extension); records also go to log.
 func Open(path string, opts Options, log *slog.Logger) (*Log, error) {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = DefaultMaxBytes
@@ -93,18 +158,41 @@ func Open(path string, opts Options, log *slog.Logger) (*Log, error) {
 	if opts.Keep <= 0 {
 		opts.Keep = DefaultKeep
 	}
+	if opts.RefusedRate <= 0 {
+		opts.RefusedRate = DefaultRefusedRate
+	}
+	if opts.RefusedBurst <= 0 {
+		opts.RefusedBurst = DefaultRefusedBurst
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Log{log: log, path: path, opts: opts}
-	if err := l.open(); err != nil {
-		return nil, err
+	l := &Log{log: log, opts: opts, streams: map[string]*stream{}, buckets: map[int64]*bucket{}, now: time.Now,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	for name, p := range StreamPaths(path) {
+		st := &stream{path: p}
+		if err := st.open(); err != nil {
+			for _, o := range l.streams {
+				o.f.Close()
+			}
+			return nil, err
+		}
+		l.streams[name] = st
+		l.expire(st)
 	}
+	go l.flusher()
 	return l, nil
 }
 
-func (l *Log) open() error {
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+// StreamPaths are the files of the audit log at path, by stream.
+func StreamPaths(path string) map[string]string {
+	ext := filepath.Ext(path)
+	base := strings.TrimSuffix(path, ext)
+	return map[string]string{Admins: path, Users: base + "-users" + ext, Refusals: base + "-refused" + ext}
+}
+
+func (s *stream) open() error {
+	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
@@ -113,17 +201,130 @@ func (l *Log) open() error {
 		f.Close()
 		return fmt.Errorf("audit log: %w", err)
 	}
-	l.f, l.size = f, st.Size()
+	s.f, s.size = f, st.Size()
 	return nil
 }
 
-// Record writes r to the log and the file. A failing file does not fail
-// the request: it is reported on the log (once until it works again), and
-// the record is still in the log.
+// streamOf is where r goes.
+func streamOf(r Record) string {
+	switch {
+	case r.Admin:
+		return Admins
+	case r.Outcome == Refused:
+		return Refusals
+	default:
+		return Users
+	}
+}
+
+// Record writes r to the log and its stream's file. A non-admin's refusal
+// beyond the rate limit is only counted (see Options.RefusedRate). A
+// failing file does not fail the request: it is reported on the log (once
+// until it works again), and the record is still in the log.
 func (l *Log) Record(r Record) {
 	if r.Time.IsZero() {
-		r.Time = time.Now().UTC()
+		r.Time = l.now().UTC()
 	}
+	bound(&r)
+	name := streamOf(r)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if name == Refusals {
+		b := l.bucketOf(r)
+		if b.tokens < 1 {
+			if b.suppressed == 0 {
+				b.first = r.Time
+			}
+			b.suppressed++
+			b.last = r.Time
+			return
+		}
+		b.tokens--
+		if b.suppressed > 0 {
+			l.write(Refusals, l.summary(r.UID, b))
+		}
+	}
+	l.write(name, r)
+}
+
+// bucketOf refills and returns r's caller's bucket. l.mu held.
+func (l *Log) bucketOf(r Record) *bucket {
+	now := l.now()
+	b, ok := l.buckets[r.UID]
+	if !ok {
+		if len(l.buckets) >= 4096 {
+			l.flushLocked(true) // forget idle users' buckets
+		}
+		b = &bucket{tokens: float64(l.opts.RefusedBurst), at: now}
+		l.buckets[r.UID] = b
+	}
+	b.tokens = min(float64(l.opts.RefusedBurst), b.tokens+now.Sub(b.at).Seconds()*l.opts.RefusedRate)
+	b.at = now
+	b.user = r.User
+	return b
+}
+
+// summary is the record of what b kept out, which it then forgets.
+func (l *Log) summary(uid int64, b *bucket) Record {
+	rec := Record{Time: b.last.UTC(), UID: uid, GID: -1, User: b.user, Action: SummaryAction, Outcome: Refused, Status: 429,
+		Target: strconv.Itoa(b.suppressed),
+		Message: fmt.Sprintf("%d refused requests of uid %d between %s and %s not recorded: more than %g a second (burst %d)",
+			b.suppressed, uid, b.first.UTC().Format(time.RFC3339Nano), b.last.UTC().Format(time.RFC3339Nano), l.opts.RefusedRate, l.opts.RefusedBurst)}
+	b.suppressed = 0
+	return rec
+}
+
+// flusher writes pending summaries every few seconds, so that a flood
+// that stops is still summed up.
+func (l *Log) flusher() {
+	defer close(l.done)
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+			l.mu.Lock()
+			l.flushLocked(false)
+			l.mu.Unlock()
+		}
+	}
+}
+
+// flushLocked writes every pending summary and, with forget, drops the
+// buckets that are full again. l.mu held.
+func (l *Log) flushLocked(forget bool) {
+	for uid, b := range l.buckets {
+		if b.suppressed > 0 {
+			l.write(Refusals, l.summary(uid, b))
+		}
+		if forget && b.tokens+l.now().Sub(b.at).Seconds()*l.opts.RefusedRate >= float64(l.opts.RefusedBurst) {
+			delete(l.buckets, uid)
+		}
+	}
+}
+
+// bound truncates the fields a caller controls.
+func bound(r *Record) {
+	cut := func(s *string, n int) {
+		if len(*s) > n {
+			i := n
+			for i > 0 && !utf8.RuneStart((*s)[i]) {
+				i--
+			}
+			*s = fmt.Sprintf("%s…(%d bytes)", (*s)[:i], len(*s))
+		}
+	}
+	cut(&r.Path, maxPath)
+	cut(&r.Message, maxMessage)
+	for _, f := range []*string{&r.User, &r.Action, &r.Method, &r.Target, &r.Code, &r.Field} {
+		cut(f, maxShort)
+	}
+}
+
+// write logs r and appends it to stream name. l.mu held.
+func (l *Log) write(name string, r Record) {
 	level := slog.LevelInfo
 	if r.Outcome != OK {
 		level = slog.LevelWarn
@@ -149,39 +350,38 @@ func (l *Log) Record(r Record) {
 		return
 	}
 	line = append(line, '\n')
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	err = l.write(line)
+	st := l.streams[name]
+	err = l.append(st, line)
 	switch {
-	case err != nil && !l.failing:
-		l.failing = true
-		l.log.Error("writing the audit file failed; records still go to this log", "path", l.path, "err", err)
-	case err == nil && l.failing:
-		l.failing = false
-		l.log.Info("writing the audit file works again", "path", l.path)
+	case err != nil && !st.failing:
+		st.failing = true
+		l.log.Error("writing the audit file failed; records still go to this log", "path", st.path, "err", err)
+	case err == nil && st.failing:
+		st.failing = false
+		l.log.Info("writing the audit file works again", "path", st.path)
 	}
 }
 
-func (l *Log) write(line []byte) error {
-	if l.f == nil {
-		if err := l.open(); err != nil {
+func (l *Log) append(st *stream, line []byte) error {
+	if st.f == nil {
+		if err := st.open(); err != nil {
 			return err
 		}
 	}
-	if l.size > 0 && l.size+int64(len(line)) > l.opts.MaxBytes {
-		if err := l.rotate(); err != nil {
+	if st.size > 0 && st.size+int64(len(line)) > l.opts.MaxBytes {
+		if err := l.rotate(st); err != nil {
 			return err
 		}
 	}
-	n, err := l.f.Write(line)
-	l.size += int64(n)
+	n, err := st.f.Write(line)
+	st.size += int64(n)
 	return err
 }
 
-// rotate shifts path.N-1 → path.N … path → path.1 (dropping the oldest)
-// and starts an empty file.
-func (l *Log) rotate() error {
-	name := func(i int) string { return l.path + "." + strconv.Itoa(i) }
+// rotate shifts path.N-1 → path.N … path → path.1 (dropping the oldest),
+// starts an empty file and removes rotated files past MaxAge.
+func (l *Log) rotate(st *stream) error {
+	name := func(i int) string { return st.path + "." + strconv.Itoa(i) }
 	if err := os.Remove(name(l.opts.Keep)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("audit rotation: %w", err)
 	}
@@ -190,22 +390,52 @@ func (l *Log) rotate() error {
 			return fmt.Errorf("audit rotation: %w", err)
 		}
 	}
-	if err := os.Rename(l.path, name(1)); err != nil {
+	if err := os.Rename(st.path, name(1)); err != nil {
 		return fmt.Errorf("audit rotation: %w", err)
 	}
-	l.f.Close()
-	l.f = nil
-	return l.open()
+	st.f.Close()
+	st.f = nil
+	if err := st.open(); err != nil {
+		return err
+	}
+	l.expire(st)
+	return nil
 }
 
-// Close closes the file.
+// expire removes st's rotated files older than MaxAge (their last record
+// is that old).
+func (l *Log) expire(st *stream) {
+	if l.opts.MaxAge <= 0 {
+		return
+	}
+	for i := 1; i <= l.opts.Keep; i++ {
+		p := st.path + "." + strconv.Itoa(i)
+		if fi, err := os.Stat(p); err == nil && l.now().Sub(fi.ModTime()) > l.opts.MaxAge {
+			if err := os.Remove(p); err != nil {
+				l.log.Warn("expired audit file not removed", "path", p, "err", err)
+			}
+		}
+	}
+}
+
+// Close writes pending summaries and closes the files.
 func (l *Log) Close() error {
+	select {
+	case <-l.stop:
+		return nil
+	default:
+	}
+	close(l.stop)
+	<-l.done
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.f == nil {
-		return nil
+	l.flushLocked(false)
+	var err error
+	for _, st := range l.streams {
+		if st.f != nil {
+			err = errors.Join(err, st.f.Close())
+			st.f = nil
+		}
 	}
-	err := l.f.Close()
-	l.f = nil
 	return err
 }

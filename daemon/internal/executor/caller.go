@@ -108,3 +108,43 @@ func openRootfs(s Spec) (*os.File, string, error) {
 	}
 	return root, real, nil
 }
+
+// stagedRootDir is where, in a root monitor's attempt directory, a
+// container job's root filesystem is mounted for the runtime.
+const stagedRootDir = "root"
+
+// stageRoot mounts root — the directory the job's user opened — on dir,
+// which it makes (0700) in the attempt directory, and returns dir: the
+// path the runtime is given. A root runtime resolves that path again, as
+// root, more than once (validation, bind mounts, mount points) before
+// fusiond can check what it found; every component of dir is root's, so
+// no user can rename or replace any of it meanwhile, and the mount's
+// source is the open directory itself (its /proc/self/fd magic link),
+// never the path the user named. The monitor runs in a mount namespace of
+// its own whose mounts are slaves of the host's (see enterOwnMountNS), so
+// the staged mount is seen by no one else and goes with the monitor; it is
+// private, so the container's copy of it keeps no tie to it either.
+func stageRoot(root *os.File, dir string) (string, error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", fmt.Errorf("stage the root filesystem: %w", err)
+	}
+	src := "/proc/self/fd/" + strconv.Itoa(int(root.Fd()))
+	if err := unix.Mount(src, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return "", fmt.Errorf("stage the root filesystem: bind mount: %w", err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		return "", fmt.Errorf("stage the root filesystem: make it private: %w", err)
+	}
+	return dir, nil
+}
+
+// enterOwnMountNS readies the mount namespace a root monitor of a
+// container job was started in (CLONE_NEWNS): every mount becomes a slave
+// of the host's, so that what the monitor mounts never reaches the host
+// while the host's new mounts (devices, filesystems) still reach it.
+func enterOwnMountNS() error {
+	if err := unix.Mount("", "/", "", unix.MS_SLAVE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("monitor's mount namespace: %w", err)
+	}
+	return nil
+}

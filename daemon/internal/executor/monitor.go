@@ -87,6 +87,13 @@ func runMonitor(dir string, rt ContainerRuntime) int {
 		return 1
 	}
 	mon.log = log.With("job", mon.spec.JobID, "attempt", mon.spec.Attempt)
+	if mon.spec.Rootfs != "" && mon.spec.SetIdentity {
+		// The daemon started this monitor in a mount namespace of its own.
+		if err := enterOwnMountNS(); err != nil {
+			report(readyMsg{Error: "monitor: " + err.Error()})
+			return 1
+		}
+	}
 	// fd 4 is the attempt's lock file, locked by the daemon before it
 	// started this process: the lock now lives exactly as long as this
 	// process, with no moment unlocked in between, and a daemon that can
@@ -322,6 +329,15 @@ func (m *monitor) startContainer(out io.WriteCloser) error {
 		return err
 	}
 	defer root.Close()
+	if m.spec.SetIdentity {
+		// A root runtime re-resolves the path it is given: it gets one
+		// that no user can swap, onto which the opened directory itself
+		// is mounted.
+		if rootPath, err = stageRoot(root, filepath.Join(m.dir, stagedRootDir)); err != nil {
+			out.Close()
+			return fmt.Errorf("rootfs %s: %w", m.spec.Rootfs, err)
+		}
+	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		out.Close()

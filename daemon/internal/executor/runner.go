@@ -219,10 +219,13 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 	if err := writeJSONDurably(filepath.Join(dir, specFile), spec); err != nil {
 		return nil, fmt.Errorf("write job spec: %w", err)
 	}
-	return r.startMonitor(ctx, req.JobID, req.Attempt, dir)
+	// A root monitor of a container job lives in a mount namespace of its
+	// own, where it stages the job's root (see stageRoot): nothing it
+	// mounts is seen by, or left to, the host.
+	return r.startMonitor(ctx, req.JobID, req.Attempt, dir, spec.Rootfs != "" && spec.SetIdentity)
 }
 
-func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt int, dir string) (*monitorProcess, error) {
+func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt int, dir string, ownMountNS bool) (*monitorProcess, error) {
 	mlog, err := os.OpenFile(filepath.Join(dir, monitorLogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("monitor log: %w", err)
@@ -252,6 +255,9 @@ func (r *MonitorRunner) startMonitor(ctx context.Context, jobID string, attempt 
 	// A session of its own: the monitor outlives the daemon and gets none
 	// of its terminal's signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if ownMountNS {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNS
+	}
 	err = cmd.Start()
 	readyW.Close()
 	if err != nil {

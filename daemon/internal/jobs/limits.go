@@ -27,9 +27,16 @@ type Limits struct {
 	// RunningJobs caps a user's placed, starting and running jobs: jobs
 	// past it stay queued, their reason naming the limit.
 	RunningJobs int
-	// SpecBytes caps the JSON size of the specs of a user's remembered
-	// jobs (queued, running and finished ones not yet forgotten): 429.
+	// SpecBytes caps the JSON size of the specs of a user's live jobs
+	// (queued, placed, starting, running): 429. Finished and cancelled
+	// jobs do not count: a user who cancels everything can submit again.
 	SpecBytes int64
+	// SpecBudget caps the specs the daemon holds for every user together,
+	// finished jobs included. Past it the finished jobs of the user whose
+	// finished jobs take the most are forgotten first, oldest first (so
+	// one user's churn does not erase everyone's history); while live jobs
+	// alone would pass it every submission is refused with 429.
+	SpecBudget int64
 	// LogBytes caps the output the logs of a user's jobs hold on disk.
 	// Past it the logs of the user's finished jobs are removed, oldest
 	// first; while the user's running jobs alone exceed it, their new
@@ -52,6 +59,7 @@ const (
 	LimitSpecBytes    = "limits.per_user.spec_bytes"
 	LimitLogBytes     = "limits.per_user.log_bytes"
 	LimitLogBudget    = "limits.log_budget"
+	LimitSpecBudget   = "limits.spec_budget"
 )
 
 func (m *Manager) exempt(uid uint32) bool { return m.cfg.Limits.ExemptRoot && uid == 0 }
@@ -108,8 +116,12 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending, bytes := 0, int64(0)
+	live := int64(0) // every user's live specs, for the node's budget
 	for _, j := range m.jobs {
-		if j.Owner.UID == c.UID {
+		if !j.State.Terminal() {
+			live += m.specBytesOf(j)
+		}
+		if j.Owner.UID == c.UID && !j.State.Terminal() {
 			if j.State == api.StatePending {
 				pending++
 			}
@@ -123,6 +135,7 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		}
 	}
 	for o := range m.reserved {
+		live += o.bytes
 		if o.uid == c.UID {
 			pending += o.pending
 			bytes += o.bytes
@@ -135,6 +148,13 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		}
 	}
 	l := m.cfg.Limits
+	if b := l.SpecBudget; b > 0 && live+r.bytes > b {
+		return nil, api.QuotaError(LimitSpecBudget, "the daemon holds %s of live job specs; %s more would pass the node's budget of %s: try again when jobs finish",
+			api.Bytes(live).Human(), api.Bytes(r.bytes).Human(), api.Bytes(b).Human())
+	}
+	if b := l.SpecBudget; b > 0 && m.specTotal+r.bytes > b {
+		m.kickGC() // finished jobs make room
+	}
 	if b := l.LogBudget; b > 0 && m.logTotal > b {
 		return nil, api.QuotaError(LimitLogBudget, "the jobs' logs hold %s, over the node's log budget of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",
 			api.Bytes(m.logTotal).Human(), api.Bytes(b).Human())
@@ -145,7 +165,7 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 			return nil, api.QuotaError(LimitPendingJobs, "%s has %d queued jobs; %d more would pass the limit of %d", who, pending, len(specs), n)
 		}
 		if n := l.SpecBytes; n > 0 && bytes+r.bytes > n {
-			return nil, api.QuotaError(LimitSpecBytes, "%s's remembered job specs take %s; %s more would pass the limit of %s",
+			return nil, api.QuotaError(LimitSpecBytes, "%s's live jobs' specs (queued or running) take %s; %s more would pass the limit of %s",
 				who, api.Bytes(bytes).Human(), api.Bytes(r.bytes).Human(), api.Bytes(n).Human())
 		}
 		if n := l.LogBytes; n > 0 && m.logByUser[c.UID] > n {
@@ -173,14 +193,76 @@ func (m *Manager) unreserve(r *reservation) {
 	m.mu.Unlock()
 }
 
-// specBytesOf is the JSON size of j's spec, computed once. m.mu held.
+// specBytesOf is the JSON size of j's spec, computed once and counted in
+// m.specTotal until forgetSpec. m.mu held.
 func (m *Manager) specBytesOf(j *api.Job) int64 {
 	n, ok := m.specBytes[j.ID]
 	if !ok {
 		n = specSize(j.Spec)
-		m.specBytes[j.ID] = n
+		m.setSpecBytes(j.ID, n)
 	}
 	return n
+}
+
+// setSpecBytes records the spec size of job id. m.mu held.
+func (m *Manager) setSpecBytes(id string, n int64) {
+	m.specTotal += n - m.specBytes[id]
+	m.specBytes[id] = n
+}
+
+// forgetSpec drops job id's spec size. m.mu held.
+func (m *Manager) forgetSpec(id string) {
+	m.specTotal -= m.specBytes[id]
+	delete(m.specBytes, id)
+}
+
+// overSpecBudget picks finished jobs to forget so that the specs of every
+// remembered job fit SpecBudget: the finished jobs of the user whose
+// finished jobs take the most bytes go first, oldest first, until the
+// total fits or no finished job is left. skip are jobs already chosen;
+// finished is sorted oldest first. m.mu held.
+func (m *Manager) overSpecBudget(finished []*api.Job, skip map[string]bool) []string {
+	b := m.cfg.Limits.SpecBudget
+	if b <= 0 {
+		return nil
+	}
+	total := int64(0)
+	for _, j := range m.jobs {
+		if !skip[j.ID] {
+			total += m.specBytesOf(j)
+		}
+	}
+	if total <= b {
+		return nil
+	}
+	byUser := map[uint32][]*api.Job{}
+	held := map[uint32]int64{}
+	for _, j := range finished {
+		if !skip[j.ID] {
+			byUser[j.Owner.UID] = append(byUser[j.Owner.UID], j)
+			held[j.Owner.UID] += m.specBytesOf(j)
+		}
+	}
+	var drop []string
+	for total > b && len(byUser) > 0 {
+		var top uint32
+		first := true
+		for uid, n := range held {
+			if first || n > held[top] || (n == held[top] && uid < top) {
+				top, first = uid, false
+			}
+		}
+		j := byUser[top][0]
+		if byUser[top] = byUser[top][1:]; len(byUser[top]) == 0 {
+			delete(byUser, top)
+			delete(held, top)
+		} else {
+			held[top] -= m.specBytesOf(j)
+		}
+		drop = append(drop, j.ID)
+		total -= m.specBytesOf(j)
+	}
+	return drop
 }
 
 // overRunningLimit reports, for the scheduler, whether placing n more of

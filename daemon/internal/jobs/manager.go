@@ -100,9 +100,14 @@ type Manager struct {
 	// ovf hands jobs that do not fit to peers (nil: no peers).
 	ovf *overflowState
 
-	kick     chan struct{}
-	wg       sync.WaitGroup
-	stopping chan struct{}
+	kick chan struct{}
+	// gcKick asks the loop to collect garbage now (the spec budget is
+	// passed).
+	gcKick chan struct{}
+	// specTotal is the sum of specBytes: every remembered job's spec.
+	specTotal int64
+	wg        sync.WaitGroup
+	stopping  chan struct{}
 }
 
 // New builds a manager. Call Recover before Start.
@@ -128,6 +133,7 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		unrecorded: map[string]func() error{},
 		unreserved: map[string]string{},
 		kick:       make(chan struct{}, 1),
+		gcKick:     make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
 		reserved:   map[*reservation]struct{}{},
 		specBytes:  map[string]int64{},
@@ -361,6 +367,14 @@ func (m *Manager) poke() {
 	}
 }
 
+// kickGC has the loop collect garbage at once.
+func (m *Manager) kickGC() {
+	select {
+	case m.gcKick <- struct{}{}:
+	default:
+	}
+}
+
 func (m *Manager) loop() {
 	defer m.wg.Done()
 	tick := time.NewTicker(time.Second)
@@ -378,6 +392,9 @@ func (m *Manager) loop() {
 		case <-m.kick:
 		case <-tick.C:
 		case <-gc.C:
+			m.collectGarbage()
+			continue
+		case <-m.gcKick:
 			m.collectGarbage()
 			continue
 		case <-logs.C:
@@ -480,7 +497,7 @@ func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec
 	for i, job := range jobs {
 		stored := job
 		m.jobs[job.ID] = &stored
-		m.specBytes[job.ID] = res.sizes[i]
+		m.setSpecBytes(job.ID, res.sizes[i])
 	}
 	m.mu.Unlock()
 	for _, job := range jobs {
@@ -1069,15 +1086,22 @@ func (m *Manager) collectGarbage() {
 	slices.SortFunc(finished, func(a, b *api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
 	now := time.Now() // monotonic: see Config.Now
 	var drop []string
+	chosen := map[string]bool{}
 	for i, j := range finished {
 		tooMany := m.cfg.MaxFinished > 0 && len(finished)-i > m.cfg.MaxFinished
 		at, ok := m.finished[j.ID]
 		tooOld := m.cfg.MaxAge > 0 && ok && now.Sub(at) > m.cfg.MaxAge
 		if tooMany || tooOld {
 			drop = append(drop, j.ID)
+			chosen[j.ID] = true
 		}
 	}
+	overBudget := m.overSpecBudget(finished, chosen)
+	drop = append(drop, overBudget...)
 	m.mu.Unlock()
+	if len(overBudget) > 0 {
+		m.log.Info("forgetting finished jobs to keep the specs within limits.spec_budget", "count", len(overBudget), "budget", api.Bytes(m.cfg.Limits.SpecBudget).Human())
+	}
 	if len(drop) == 0 {
 		return
 	}
@@ -1088,7 +1112,7 @@ func (m *Manager) collectGarbage() {
 	m.mu.Lock()
 	for _, id := range drop {
 		delete(m.jobs, id)
-		delete(m.specBytes, id)
+		m.forgetSpec(id)
 		delete(m.finished, id)
 	}
 	m.mu.Unlock()

@@ -19,6 +19,9 @@ import (
 // the live keyring and write the file back, so a restart keeps them.
 
 func readKeyring(path string) ([][]byte, error) {
+	if err := checkSecret(path, "gossip keyring"); err != nil {
+		return nil, err
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("gossip keyring: %w", err)

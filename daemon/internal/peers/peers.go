@@ -51,6 +51,9 @@ type Config struct {
 	Profile string
 	// KeyringFile holds the gossip encryption keys ("" : no encryption).
 	KeyringFile string
+	// GossipLimits bound what the gossip port takes from anyone (zero
+	// fields: DefaultGossipLimits).
+	GossipLimits GossipLimits
 	// CertFile, KeyFile and CAFile are the peer API's mutual TLS.
 	CertFile, KeyFile, CAFile string
 	// Broadcast is how often at most this daemon gossips its load: when it
@@ -74,7 +77,9 @@ type Node struct {
 	jobs Jobs
 	host Host
 
-	ml      *memberlist.Memberlist
+	ml *memberlist.Memberlist
+	// wire is the bounded transport under ml.
+	wire    *boundedTransport
 	keyring *memberlist.Keyring
 	queue   *memberlist.TransmitLimitedQueue
 
@@ -163,6 +168,19 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 	}
 	mc.Delegate = n
 	mc.Logger = slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)
+	// The gossip port's own transport, bounded before anything is decoded.
+	tr, err := newBoundedTransport(mc.BindAddr, mc.BindPort, cfg.GossipLimits, n.log.With("component", "gossip"))
+	if err != nil {
+		return nil, err
+	}
+	if mc.BindPort == 0 {
+		mc.BindPort = tr.Port()
+		if cfg.AdvertiseGossip == "" {
+			mc.AdvertisePort = tr.Port()
+		}
+	}
+	mc.Transport = tr
+	n.wire = tr
 	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: func() int {
 		if n.ml == nil {
 			return 1
@@ -170,6 +188,7 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 		return n.ml.NumMembers()
 	}}
 	if n.ml, err = memberlist.Create(mc); err != nil {
+		tr.Shutdown()
 		return nil, fmt.Errorf("gossip: %w", err)
 	}
 	return n, nil

@@ -15,6 +15,9 @@ import (
 // name as a DNS name); the server reads the calling peer's name from its
 // certificate.
 func tlsConfigs(certFile, keyFile, caFile string) (server, client *tls.Config, err error) {
+	if err := checkSecret(keyFile, "peer private key"); err != nil {
+		return nil, nil, err
+	}
 	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
 	if err != nil {
 		return nil, nil, fmt.Errorf("peer certificate: %w", err)

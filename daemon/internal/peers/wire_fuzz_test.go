@@ -2,6 +2,9 @@ package peers
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
+	"net"
 	"reflect"
 	"testing"
 	"time"
@@ -106,5 +109,40 @@ func FuzzDecodeStatus(f *testing.F) {
 		if err == nil && (s.ID == "" || s.State == "" || len(s.Log) > logChunk) {
 			t.Fatalf("accepted a bad status %+v", s)
 		}
+	})
+}
+
+// FuzzGossipStream feeds any bytes, as a stranger would send them to the
+// gossip port, through the bounded stream reader into the push/pull
+// state's and a load message's decoders: the reader never passes its
+// limit (it ends the stream with errStreamTooLarge), and the decoders
+// take whatever it let through without panicking.
+func FuzzGossipStream(f *testing.F) {
+	state, _ := encodeState([]loadMsg{seedLoad()})
+	load, _ := encodeLoad(seedLoad())
+	f.Add(state, uint16(4096))
+	f.Add(load, uint16(16))
+	f.Add([]byte{10, 0x01, 0x3f, 0xff, 0xff}, uint16(3))
+	f.Fuzz(func(t *testing.T, data []byte, limit uint16) {
+		server, client := net.Pipe()
+		go func() {
+			client.Write(data)
+			client.Close()
+		}()
+		bt := &boundedTransport{lim: DefaultGossipLimits, bySrc: map[string]int{"pipe": 1}, streams: 1}
+		c := &boundedConn{Conn: server, left: int64(limit), deadline: time.Now().Add(time.Second), t: bt, src: "pipe"}
+		got, err := io.ReadAll(c)
+		c.Close()
+		if len(got) > int(limit) {
+			t.Fatalf("read %d bytes through a limit of %d", len(got), limit)
+		}
+		if len(data) > int(limit) && !errors.Is(err, errStreamTooLarge) {
+			t.Fatalf("%d bytes through a limit of %d ended with %v, not errStreamTooLarge", len(data), limit, err)
+		}
+		if bt.streams != 0 || len(bt.bySrc) != 0 {
+			t.Fatalf("closing did not give the stream's place back: %d, %v", bt.streams, bt.bySrc)
+		}
+		decodeState(got)
+		decodeLoad(got)
 	})
 }

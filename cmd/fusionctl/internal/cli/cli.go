@@ -10,6 +10,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -57,7 +58,10 @@ type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit code %d", int(e)) }
 
-func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", " ") }
+// oneLine is an error as one line for the terminal: its newlines become
+// spaces and any other control character that the daemon quoted from a
+// user's input is made visible (esc).
+func oneLine(err error) string { return esc(strings.ReplaceAll(err.Error(), "\n", " ")) }
 
 // NewRootCommand builds the command tree.
 func NewRootCommand(stdin io.Reader, stdout, stderr io.Writer) (*cobra.Command, *options) {
@@ -130,6 +134,7 @@ func (o *options) print(v any, table func(w io.Writer) error) error {
 		_, err = o.stdout.Write(data)
 		return err
 	default:
-		return table(o.stdout)
+		w := newEscapeWriter(o.stdout)
+		return errors.Join(table(w), w.Flush())
 	}
 }

@@ -395,7 +395,7 @@ func regionTable(w io.Writer, rs []api.FPGARegion) error {
 		case r.Held:
 			state = "held by a job"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Kind, r.Name, holds, health, state)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", esc(r.ID), esc(string(r.Kind)), esc(r.Name), esc(holds), esc(health), state)
 	}
 	return tw.Flush()
 }
@@ -499,7 +499,7 @@ func bitstreamTable(w io.Writer, l []bitstream.Bitstream) error {
 		} else if b.Header.Part != "" {
 			iface = "part " + b.Header.Part
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", b.Name, short(b.ID), b.Header.Format, api.Bytes(b.Size).Human(), acc, iface)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", esc(b.Name), esc(short(b.ID)), esc(string(b.Header.Format)), api.Bytes(b.Size).Human(), esc(acc), esc(iface))
 	}
 	return tw.Flush()
 }

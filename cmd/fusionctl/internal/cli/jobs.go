@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -382,11 +383,11 @@ func jobTable(w io.Writer, jobs []api.Job) error {
 		if user == "" {
 			user = strconv.FormatUint(uint64(j.Owner.UID), 10)
 		}
-		reason := j.Reason
+		reason := esc(j.Reason)
 		if r := []rune(reason); len(r) > 70 {
 			reason = string(r[:67]) + "..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Spec.Name, j.Spec.Class, j.Tier, j.State, user, age(j.CreatedAt), reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", esc(j.ID), esc(j.Spec.Name), esc(string(j.Spec.Class)), j.Tier, j.State, esc(user), age(j.CreatedAt), reason)
 	}
 	return tw.Flush()
 }
@@ -410,7 +411,11 @@ func newShowCmd(o *options) *cobra.Command {
 
 func showJob(w io.Writer, j api.Job) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	p := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s:\t%s\n", k, fmt.Sprintf(format, args...)) }
+	// Every value is one line of text, much of it the user's own (name,
+	// command, reason): escaped whole.
+	p := func(k, format string, args ...any) {
+		fmt.Fprintf(tw, "%s:\t%s\n", k, esc(fmt.Sprintf(format, args...)))
+	}
 	p("ID", "%s", j.ID)
 	p("Name", "%s", j.Spec.Name)
 	p("Class / tier", "%s / %s", j.Spec.Class, j.Tier)
@@ -421,6 +426,20 @@ func showJob(w io.Writer, j api.Job) error {
 		p("Reason", "%s", j.Reason)
 	}
 	p("Command", "%s", strings.Join(j.Spec.Command, " "))
+	if j.Spec.Workdir != "" {
+		p("Workdir", "%s", j.Spec.Workdir)
+	}
+	if j.Spec.Rootfs != "" {
+		p("Rootfs", "%s", j.Spec.Rootfs)
+	}
+	if len(j.Spec.Labels) > 0 {
+		var ls []string
+		for k, v := range j.Spec.Labels {
+			ls = append(ls, k+"="+v)
+		}
+		slices.Sort(ls)
+		p("Labels", "%s", strings.Join(ls, ", "))
+	}
 	r := j.Spec.Resources
 	p("Requests", "cpu %s, memory %s%s", r.CPU, r.Memory, deviceRequest(r))
 	showProvenance(p, j)
@@ -478,7 +497,7 @@ func showJob(w io.Writer, j api.Job) error {
 		if from == "" {
 			from = "-"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), from, e.To, e.Reason)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), esc(from), esc(string(e.To)), esc(e.Reason))
 	}
 	return tw.Flush()
 }
@@ -554,18 +573,28 @@ func newCancelCmd(o *options) *cobra.Command {
 }
 
 func newLogsCmd(o *options) *cobra.Command {
-	var follow bool
+	var follow, escape bool
 	cmd := &cobra.Command{
 		Use:   "logs JOB",
 		Short: "Print a job's output (stdout and stderr)",
-		Args:  cobra.ExactArgs(1),
+		Long: `logs prints what the job wrote, byte for byte (like kubectl logs): a
+job that colours its output keeps its colours. --escape makes every control
+character but newline and tab visible (\x1b, \x07, \u009b), so that the
+output of a job you do not trust cannot drive your terminal.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := o.client()
 			defer c.Close()
-			return c.Logs(cmd.Context(), args[0], follow, o.stdout)
+			if !escape {
+				return c.Logs(cmd.Context(), args[0], follow, o.stdout)
+			}
+			out := newEscapeWriter(o.stdout)
+			err := c.Logs(cmd.Context(), args[0], follow, out)
+			return errors.Join(err, out.Flush())
 		},
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep streaming until the job finishes")
+	cmd.Flags().BoolVar(&escape, "escape", false, "make control characters other than newline and tab visible")
 	return cmd
 }
 
@@ -578,7 +607,7 @@ func newEventsCmd(o *options) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c := o.client()
 			defer c.Close()
-			tw := tabwriter.NewWriter(o.stdout, 0, 4, 2, ' ', 0)
+			tw := tabwriter.NewWriter(newEscapeWriter(o.stdout), 0, 4, 2, ' ', 0)
 			// The daemon ends a stream that has been idle for
 			// limits.stream_idle_timeout: open it again (at most once a
 			// second) until interrupted.
@@ -608,14 +637,14 @@ func printEvent(o *options, tw *tabwriter.Writer, e api.Event) error {
 	}
 	switch e.Kind {
 	case api.EventQoS, api.EventScale, api.EventResize, api.EventReclaim:
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), cmp.Or(e.JobID, "-"), e.Kind, e.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), esc(cmp.Or(e.JobID, "-")), esc(string(e.Kind)), esc(e.Reason))
 		return tw.Flush()
 	}
 	if e.Kind == api.EventDevice {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.Device, deviceHealth(e), e.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", e.Time.Local().Format("15:04:05.000"), esc(e.Device), esc(deviceHealth(e)), esc(e.Reason))
 		return tw.Flush()
 	}
-	fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), e.JobID, cmp.Or(string(e.From), "-"), e.To, e.Reason)
+	fmt.Fprintf(tw, "%s\t%s\t%s → %s\t%s\n", e.Time.Local().Format("15:04:05.000"), esc(e.JobID), esc(cmp.Or(string(e.From), "-")), esc(string(e.To)), esc(e.Reason))
 	return tw.Flush()
 }
 

@@ -90,7 +90,7 @@ func (f *fakeDaemon) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func serveFake(t *testing.T, f *fakeDaemon) string {
+func serveFake(t *testing.T, f http.Handler) string {
 	sock := filepath.Join(t.TempDir(), "s")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {

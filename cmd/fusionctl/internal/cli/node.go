@@ -37,8 +37,8 @@ func newStatusCmd(o *options) *cobra.Command {
 
 func nodeTable(w io.Writer, n api.NodeStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "Host:\t%s\n", n.Hostname)
-	fmt.Fprintf(tw, "Daemon:\tfusiond %s, up %s\n", n.Version, time.Since(n.StartedAt).Round(time.Second))
+	fmt.Fprintf(tw, "Host:\t%s\n", esc(n.Hostname))
+	fmt.Fprintf(tw, "Daemon:\tfusiond %s, up %s\n", esc(n.Version), time.Since(n.StartedAt).Round(time.Second))
 	if n.Simulated {
 		fmt.Fprintf(tw, "Devices:\tSIMULATED (no real GPU/FPGA hardware behind them)\n")
 	}
@@ -87,14 +87,14 @@ func nodeTable(w io.Writer, n api.NodeStatus) error {
 			if !d.Healthy {
 				health = "UNHEALTHY"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", id, d.Kind, d.Model, health, d.Detail)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", esc(id), esc(d.Kind), esc(d.Model), health, esc(d.Detail))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
 	for _, note := range n.Notes {
-		fmt.Fprintf(w, "Note: %s\n", note)
+		fmt.Fprintf(w, "Note: %s\n", esc(note))
 	}
 	return nil
 }

@@ -57,16 +57,16 @@ func peerTable(w io.Writer, l api.PeerList) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tAPI\tCPU FREE\tMEMORY FREE\tGPUS FREE\tQUEUE\tHEALTH\tAGE")
 	for _, p := range l.Peers {
-		name := p.Name
+		name := esc(p.Name)
 		if p.Self {
 			name += " (self)"
 		}
 		cpu, mem, gpus, queue, health := "-", "-", "-", "-", "-"
 		if ld := p.Load; ld != nil {
 			cpu, mem, gpus = ld.CPU.String(), ld.Memory.Human(), gpuCounts(ld.GPUs)
-			queue, health = fmt.Sprintf("%d (wait %s)", ld.Queue, time.Duration(ld.Wait)), ld.Health
+			queue, health = fmt.Sprintf("%d (wait %s)", ld.Queue, time.Duration(ld.Wait)), esc(ld.Health)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, p.State, p.Address, dash(p.APIAddress),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, esc(p.State), esc(p.Address), esc(dash(p.APIAddress)),
 			cpu, mem, gpus, queue, health, time.Duration(p.Age))
 	}
 	if err := tw.Flush(); err != nil {
@@ -93,7 +93,7 @@ func gpuCounts(m map[string]int) string {
 	}
 	var out []string
 	for model, n := range m {
-		out = append(out, fmt.Sprintf("%d %s", n, model))
+		out = append(out, fmt.Sprintf("%d %s", n, esc(model)))
 	}
 	sort.Strings(out)
 	return strings.Join(out, ", ")
@@ -124,7 +124,7 @@ func peerSummary(ctx context.Context, w io.Writer, c *api.Client) error {
 		}
 	}
 	_, err = fmt.Fprintf(w, "\nPeers: %s is one of %d members (%s); oldest load view %s; fusionctl peers lists them\n",
-		l.Self, len(l.Peers), strings.Join(parts, ", "), oldest)
+		esc(l.Self), len(l.Peers), strings.Join(parts, ", "), oldest)
 	return err
 }
 
@@ -178,7 +178,10 @@ func newKeygenCmd(o *options) *cobra.Command {
 	return &cobra.Command{
 		Use:   "keygen",
 		Short: "Print a new random gossip key (32 bytes, base64) for peers.keyring_file",
-		Args:  cobra.NoArgs,
+		Long: `keygen prints a new random gossip key (32 bytes, base64). Keep the keyring
+file private: fusiond refuses one that other users can read, e.g.
+  (umask 077; fusionctl peers keygen > gossip.keys)`,
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			k := make([]byte, 32)
 			if _, err := rand.Read(k); err != nil {

@@ -163,12 +163,14 @@ func renderFrame(w io.Writer, f topFrame, st frameStyle) error {
 			sim += " (" + f.GPUs.Simulated + ")"
 		}
 	}
-	fmt.Fprintln(w, st.title(fmt.Sprintf("NODE %s — fusiond %s%s — %s", n.Hostname, n.Version, sim, mode)))
+	// The terminal view styles this text (lipgloss), so no writer below
+	// can clean it: the fields that come from outside are escaped here.
+	fmt.Fprintln(w, st.title(fmt.Sprintf("NODE %s — fusiond %s%s — %s", esc(n.Hostname), esc(n.Version), esc(sim), mode)))
 	fmt.Fprintf(w, "CPU %s/%s cores  MEM %s/%s  GPU %d/%d  FPGA %d/%d  JOBS %s\n",
 		n.Allocated.CPU, n.Capacity.CPU, n.Allocated.Memory.Human(), n.Capacity.Memory.Human(),
 		n.Allocated.GPUs, n.Capacity.GPUs, n.Allocated.FPGAs, n.Capacity.FPGAs, jobCounts(n.Jobs))
 	for _, note := range n.Notes {
-		fmt.Fprintf(w, "note: %s\n", note)
+		fmt.Fprintf(w, "note: %s\n", esc(note))
 	}
 
 	// Tiers: jobs, reservations and measured use of each QoS tier.
@@ -274,7 +276,7 @@ func renderFrame(w io.Writer, f topFrame, st frameStyle) error {
 			case r.Held:
 				state = "held by a job"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.ID, r.Kind, holds, health, state)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", esc(r.ID), esc(string(r.Kind)), esc(holds), health, state)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -309,7 +311,7 @@ func renderFrame(w io.Writer, f topFrame, st frameStyle) error {
 		if j.State == api.StateFailed || j.State == api.StateLost {
 			state = st.bad(state)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, cmp.Or(j.Spec.Name, "-"), state, j.Spec.Class, j.Tier, cpu, mem, devs, used, peak)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", esc(j.ID), esc(cmp.Or(j.Spec.Name, "-")), state, esc(string(j.Spec.Class)), j.Tier, cpu, mem, esc(devs), used, peak)
 	}
 	return tw.Flush()
 }

@@ -8,6 +8,7 @@ package container
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -235,5 +236,88 @@ func TestSameRoot(t *testing.T) {
 	}
 	if err := sameRoot(nil, os.Getpid()); err == nil {
 		t.Error("no opened directory accepted")
+	}
+}
+
+// TestKernelRootfsSwapRace: while B's container jobs start over B's root
+// filesystem, the path is swapped, again and again, for a symlink to a
+// root-only directory (what B could do to their own directory). Root
+// never creates anything there — the runtime is given the directory B
+// opened, not the path — and a job that runs, runs over B's root
+// filesystem. 200 attempts.
+func TestKernelRootfsSwapRace(t *testing.T) {
+	r := newCtrRunner(t)
+	b := exectest.NeedUser(t, "fusiond-tb")
+	// root's 0700 directory, without the mount points the runtime would
+	// make if it ever got there.
+	secret := t.TempDir()
+	if err := os.Chmod(secret, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(secret, "key"), []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	real := busyboxRootfs(t)
+	// B can traverse its parent, and could rename it as its owner would.
+	if err := os.WriteFile(filepath.Join(real, "marker"), []byte("B's rootfs\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// B's job names the real path; B renames the directory away and puts a
+	// symlink to root's directory in its place, and back, over and over:
+	// after B's own check, a runtime that resolved the path again would
+	// find root's directory.
+	path, hold := real, real+".hold"
+	stop := make(chan struct{})
+	swapped := make(chan int)
+	go func() {
+		n := 0
+		defer func() { swapped <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if os.Rename(path, hold) == nil {
+				os.Symlink(secret, path)
+				time.Sleep(time.Duration(n%5) * 200 * time.Microsecond)
+				os.Remove(path)
+				os.Rename(hold, path)
+			}
+			time.Sleep(time.Duration(n%7) * 200 * time.Microsecond)
+			n++
+		}
+	}()
+	ran, refused := 0, 0
+	for i := range 200 {
+		out, err := r.run(t, fmt.Sprint("swap-", i), b, path, "/", "cat", "/marker")
+		switch {
+		case err != nil:
+			refused++
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("attempt %d: the refusal names root's directory: %v", i, err)
+			}
+		case out != "B's rootfs\n":
+			t.Errorf("attempt %d ran over something else: %q", i, out)
+		default:
+			ran++
+		}
+	}
+	close(stop)
+	n := <-swapped
+	ents, err := os.ReadDir(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("FIGURE rootfs swap race: 200 attempts against %d swaps: %d ran over B's rootfs, %d refused; root-only directory holds %d entries", n, ran, refused, len(ents))
+	if len(ents) != 1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("root created %v in a root-only directory while the path was swapped", names)
+	}
+	if ran == 0 || refused == 0 {
+		t.Errorf("%d ran, %d refused: the swap did not race the starts", ran, refused)
 	}
 }
