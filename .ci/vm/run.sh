@@ -3,14 +3,16 @@
 # pure cgroup v2 hierarchy and runs the privileged real-kernel tests there:
 # tier limits, the eBPF device filter, cgroup.kill, the run-queue latency
 # probe and the QoS loop. Exits non-zero when a
-# test fails, the result line is missing, or the VM runs past the timeout.
+# test fails, the result line is missing, or the VM hangs on every boot.
 #
 # Needs root-free qemu and: apt-get install -y qemu-system-x86 busybox-static cpio
 # Environment:
 #   FUSIOND_VM_PKGS     Go packages whose tests run in the VM (default ./cgroups/)
 #   FUSIOND_VM_RUN      -test.run pattern (default ^TestKernel)
 #   FUSIOND_VM_ARGS     extra test flags, e.g. "-test.bench=CPUIsolation -test.benchtime=10x"
-#   FUSIOND_VM_TIMEOUT  seconds before the VM is declared hung (default 900)
+#   FUSIOND_VM_TIMEOUT  seconds one boot may run before it is declared hung (default 900)
+#   FUSIOND_VM_STALL    seconds without console output that declare it hung (default 240)
+#   FUSIOND_VM_TRIES    boots in all when the VM hangs (default 2; a test failure is not retried)
 #   FUSIOND_VM_TEST_TIMEOUT  -test.timeout of each test binary, in seconds
 #                       (default: the VM timeout less 60 s, shared out
 #                       between the binaries, so that all of them fit)
@@ -85,21 +87,62 @@ chmod +x "$root/init"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) > "$build/initrd.gz"
 
 # 3. Boot. KVM guests hang on this kind of host: software emulation only.
+# Under emulation the guest kernel itself now and then wedges (an RCU stall,
+# then no more output; seen once in a CI run, in a test that passes on the
+# next boot): a boot that prints nothing for FUSIOND_VM_STALL seconds
+# (default 240; the longest quiet test takes about 60) or runs past the
+# timeout is a hang of the emulated machine, not a test's failure, and the
+# VM is booted again, FUSIOND_VM_TRIES boots in all (default 2). A test that
+# fails prints its failure and the result line: that is never retried.
 log="$build/console.log"
-echo "test-vm: booting $(basename "$(readlink -f "$build/vmlinuz")") with $pkgs (log $log)"
-set +e
-timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 -accel tcg -m 1024 -smp 2 -nographic -no-reboot \
-	-kernel "$build/vmlinuz" -initrd "$build/initrd.gz" \
-	-append "console=ttyS0 panic=-1 quiet" </dev/null 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-set -e
-if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-	echo "test-vm: FAIL: VM did not finish within ${timeout_s}s" >&2
+stall_s=${FUSIOND_VM_STALL:-240}
+tries=${FUSIOND_VM_TRIES:-2}
+# boot runs the VM once, its console to the terminal and $log; it returns
+# 0 when the VM powered off, 3 when it hung (and was killed).
+boot() {
+	: >"$log"
+	qemu-system-x86_64 -accel tcg -m 1024 -smp 2 -nographic -no-reboot \
+		-kernel "$build/vmlinuz" -initrd "$build/initrd.gz" \
+		-append "console=ttyS0 panic=-1 quiet" </dev/null >"$log" 2>&1 &
+	local qemu=$! start now size last=-1 changed
+	tail -n +1 -f --pid="$qemu" "$log" &
+	local tailer=$!
+	start=$(date +%s)
+	changed=$start
+	while kill -0 "$qemu" 2>/dev/null; do
+		sleep 5
+		now=$(date +%s)
+		size=$(stat -c %s "$log")
+		if [ "$size" != "$last" ]; then
+			last=$size
+			changed=$now
+		fi
+		if [ $((now - changed)) -ge "$stall_s" ] || [ $((now - start)) -ge "$timeout_s" ]; then
+			kill -9 "$qemu" 2>/dev/null || true
+			wait "$qemu" 2>/dev/null || true
+			wait "$tailer" 2>/dev/null || true
+			echo "test-vm: the VM hung: no console output for $((now - changed)) s, $((now - start)) s since boot" >&2
+			return 3
+		fi
+	done
+	wait "$qemu" 2>/dev/null || true
+	wait "$tailer" 2>/dev/null || true
+	return 0
+}
+for try in $(seq 1 "$tries"); do
+	echo "test-vm: booting $(basename "$(readlink -f "$build/vmlinuz")") with $pkgs (boot $try of at most $tries; log $log)"
+	rc=0
+	boot || rc=$?
+	if [ "$rc" = 3 ]; then
+		cp "$log" "$build/console-hung-$try.log"
+		continue
+	fi
+	if grep -q '^FUSIOND-VM-RESULT: PASS' "$log"; then
+		echo "test-vm: PASS"
+		exit 0
+	fi
+	echo "test-vm: FAIL (see $log)" >&2
 	exit 1
-fi
-if grep -q '^FUSIOND-VM-RESULT: PASS' "$log"; then
-	echo "test-vm: PASS"
-	exit 0
-fi
-echo "test-vm: FAIL (qemu exit $rc; see $log)" >&2
+done
+echo "test-vm: FAIL: the VM hung on each of $tries boots (consoles in $build/console-hung-*.log)" >&2
 exit 1
