@@ -341,7 +341,7 @@ func (m *monitor) startContainer(out io.WriteCloser) error {
 			out.Close()
 			return fmt.Errorf("rootfs %s: %w", m.spec.Rootfs, err)
 		}
-		if idmapErr != nil {
+		if idmapErr != nil && m.spec.UID != 0 {
 			m.log.Warn("container root staged without an idmap: a mount point the job's user removes while the container starts would be made again by the runtime, as root, in the user's root filesystem", "err", idmapErr)
 		}
 	}
