@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -304,4 +307,95 @@ func TestAuditFloodKeepsRootsRecords(t *testing.T) {
 	if written+summed != 3000 || written > 50+int(5*took.Seconds())+10 {
 		t.Errorf("refusals: %d written and %d summed up; want all 3,000 accounted for and at most the burst and rate written", written, summed)
 	}
+}
+
+// TestGossipFloodDaemon: 100 clients streaming 20 MiB at a time to a
+// daemon's gossip port for 3 s, strangers with neither key nor
+// certificate, each stream claiming an encrypted push/pull memberlist
+// would buffer whole, leave its peak RSS within a few hundred MiB (100
+// such streams took it to 1.57 GB before the gossip port was bounded), and
+// another user's list answers within a second meanwhile.
+func TestGossipFloodDaemon(t *testing.T) {
+	dir := publicTempDir(t)
+	pki := filepath.Join(dir, "pki")
+	if err := os.Mkdir(pki, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	keyring := peerPKI(t, pki, "a")
+	gossip := fmt.Sprintf("127.0.0.1:%d", freeTCPPort(t))
+	d := newDaemon(t, dir, peerConfig(pki, keyring, "a", gossip))
+	d.start()
+	victim := &syscall.Credential{Uid: 1001, Gid: 1001}
+	idle, _ := listP99(d, victim, 20)
+	before := vmHWM(t, d.cmd.Process.Pid)
+	cpuBefore := cpuTime(t, d.cmd.Process.Pid)
+	chunk := make([]byte, 64<<10)
+	var wg sync.WaitGroup
+	var streams atomic.Int64
+	end := time.Now().Add(3 * time.Second) // a sustained flood: refused streams reconnect
+	for range 100 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				conn, err := net.DialTimeout("tcp", gossip, 2*time.Second)
+				if err != nil {
+					return
+				}
+				streams.Add(1)
+				conn.SetDeadline(time.Now().Add(20 * time.Second))
+				hdr := []byte{10, 0, 0, 0, 0} // memberlist's encryptMsg, then its length
+				binary.BigEndian.PutUint32(hdr[1:], 20<<20-1)
+				if _, err := conn.Write(hdr); err == nil {
+					for n := 0; n < 20<<20; n += len(chunk) {
+						if _, err := conn.Write(chunk); err != nil {
+							break
+						}
+					}
+				}
+				conn.Close()
+			}
+		})
+	}
+	flooded := make(chan struct{})
+	go func() { wg.Wait(); close(flooded) }()
+	var during []time.Duration
+	for done := false; !done; {
+		select {
+		case <-flooded:
+			done = true
+		default:
+			s := time.Now()
+			if r := d.ctl(victim, "", "list"); r.code != 0 {
+				t.Errorf("another user's list during the gossip flood: %s", r.stderr)
+			}
+			during = append(during, time.Since(s))
+		}
+	}
+	slices.Sort(during)
+	var p99 time.Duration
+	if len(during) > 0 {
+		p99 = during[min(len(during)-1, len(during)*99/100)]
+	}
+	peak := vmHWM(t, d.cmd.Process.Pid)
+	t.Logf("FIGURE gossip flood on a daemon: 100 clients streaming 20 MiB each for 3 s (%d streams); daemon CPU %v; peak RSS %d -> %d MiB; another user's list p99 %v over %d lists (idle %v)",
+		streams.Load(), cpuTime(t, d.cmd.Process.Pid)-cpuBefore, before>>10, peak>>10, p99.Round(time.Millisecond), len(during), idle.Round(time.Millisecond))
+	if grew := (peak - before) >> 10; grew > 256 {
+		t.Errorf("the gossip flood grew the daemon's peak RSS by %d MiB", grew)
+	}
+	if p99 > time.Second {
+		t.Errorf("another user's list p99 %v during the gossip flood", p99)
+	}
+}
+
+// cpuTime is the user and system CPU time process pid has used.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command (which may hold spaces) in parentheses.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
 }

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -119,23 +121,87 @@ const stagedRootDir = "root"
 // root, more than once (validation, bind mounts, mount points) before
 // fusiond can check what it found; every component of dir is root's, so
 // no user can rename or replace any of it meanwhile, and the mount's
-// source is the open directory itself (its /proc/self/fd magic link),
-// never the path the user named. The monitor runs in a mount namespace of
-// its own whose mounts are slaves of the host's (see enterOwnMountNS), so
-// the staged mount is seen by no one else and goes with the monitor; it is
-// private, so the container's copy of it keeps no tie to it either.
-func stageRoot(root *os.File, dir string) (string, error) {
+// source is the open directory itself, never the path the user named. The
+// monitor runs in a mount namespace of its own whose mounts are slaves of
+// the host's (see enterOwnMountNS), so the staged mount is seen by no one
+// else and goes with the monitor; it is private, so the container's copy
+// of it keeps no tie to it either.
+//
+// For a job of another user than root, the mount is idmapped with every
+// uid and gid but 0 mapped to itself: the job's files are its own as
+// ever, but nothing can be created through the mount by root (the kernel
+// answers EOVERFLOW), so the runtime cannot make a mount point or a
+// working directory the user removed after fusiond's check — it fails the
+// start instead. Where the filesystem has no idmapped mounts (the kernel
+// before 5.12, NFS, tmpfs before 6.3) the mount is a plain bind, and
+// idmapErr says why.
+func stageRoot(root *os.File, dir string, uid uint32) (path string, idmapErr, err error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return "", fmt.Errorf("stage the root filesystem: %w", err)
+		return "", nil, fmt.Errorf("stage the root filesystem: %w", err)
+	}
+	if uid == 0 {
+		idmapErr = errors.New("the job runs as root")
+	} else if idmapErr = mountNoRoot(root, dir); idmapErr == nil {
+		return dir, nil, private(dir)
 	}
 	src := "/proc/self/fd/" + strconv.Itoa(int(root.Fd()))
 	if err := unix.Mount(src, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return "", fmt.Errorf("stage the root filesystem: bind mount: %w", err)
+		return "", idmapErr, fmt.Errorf("stage the root filesystem: bind mount: %w", err)
 	}
+	return dir, idmapErr, private(dir)
+}
+
+func private(dir string) error {
 	if err := unix.Mount("", dir, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-		return "", fmt.Errorf("stage the root filesystem: make it private: %w", err)
+		return fmt.Errorf("stage the root filesystem: make it private: %w", err)
 	}
-	return dir, nil
+	return nil
+}
+
+// mountNoRoot mounts a clone of root's mount tree on dir, idmapped through
+// a user namespace that maps every id but 0 to itself.
+func mountNoRoot(root *os.File, dir string) error {
+	ns, err := noRootUserNS()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	tree, err := unix.OpenTree(int(root.Fd()), "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("open_tree: %w", err)
+	}
+	defer unix.Close(tree)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+		return fmt.Errorf("idmap the mount: %w", err)
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount: %w", err)
+	}
+	return nil
+}
+
+// noRootUserNS returns a user namespace whose uid and gid maps hold every
+// id but 0, each to itself: a helper (this binary, usernsArg) is started
+// in it, its namespace opened, and the helper ended.
+func noRootUserNS() (*os.File, error) {
+	all := []syscall.SysProcIDMap{{ContainerID: 1, HostID: 1, Size: 1<<32 - 2}}
+	cmd := osexec.Command("/proc/self/exe", usernsArg)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER, UidMappings: all, GidMappings: all}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("user namespace: %w", err)
+	}
+	ns, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
+	in.Close()
+	_ = cmd.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("user namespace: %w", err)
+	}
+	return ns, nil
 }
 
 // enterOwnMountNS readies the mount namespace a root monitor of a

@@ -43,6 +43,9 @@ func DispatchWith(args []string, rt ContainerRuntime) (int, bool) {
 		return runMonitor(args[2], rt), true
 	case execArg:
 		return runExec(), true
+	case usernsArg:
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		return 0, true
 	}
 	return 0, false
 }
@@ -332,10 +335,14 @@ func (m *monitor) startContainer(out io.WriteCloser) error {
 	if m.spec.SetIdentity {
 		// A root runtime re-resolves the path it is given: it gets one
 		// that no user can swap, onto which the opened directory itself
-		// is mounted.
-		if rootPath, err = stageRoot(root, filepath.Join(m.dir, stagedRootDir)); err != nil {
+		// is mounted, where root can create nothing.
+		var idmapErr error
+		if rootPath, idmapErr, err = stageRoot(root, filepath.Join(m.dir, stagedRootDir), m.spec.UID); err != nil {
 			out.Close()
 			return fmt.Errorf("rootfs %s: %w", m.spec.Rootfs, err)
+		}
+		if idmapErr != nil && m.spec.UID != 0 {
+			m.log.Warn("container root staged without an idmap: a mount point the job's user removes while the container starts would be made again by the runtime, as root, in the user's root filesystem", "err", idmapErr)
 		}
 	}
 	outR, outW, err := os.Pipe()

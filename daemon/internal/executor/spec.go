@@ -41,6 +41,9 @@ const (
 	// put it into the job's cgroup, takes the job's identity and execs the
 	// job's command.
 	execArg = "__exec"
+	// usernsArg holds a user namespace open for stageRoot: it waits for its
+	// standard input to close.
+	usernsArg = "__userns"
 )
 
 // Spec is what the daemon hands a monitor in spec.json, and the monitor

@@ -12,9 +12,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
@@ -319,5 +322,83 @@ func TestKernelRootfsSwapRace(t *testing.T) {
 	}
 	if ran == 0 || refused == 0 {
 		t.Errorf("%d ran, %d refused: the swap did not race the starts", ran, refused)
+	}
+}
+
+// TestKernelRootfsMountPointRace: B removes a mount point from B's own
+// root filesystem and makes it again, over and over, while B's container
+// jobs start. The runtime, root, never makes it in B's place: a start that
+// meets it missing fails (the staged root is idmapped without root), and
+// no root-owned sys ever appears in B's tree. 200 attempts.
+func TestKernelRootfsMountPointRace(t *testing.T) {
+	r := newCtrRunner(t)
+	b := exectest.NeedUser(t, "fusiond-tb")
+	rootfs := busyboxRootfs(t)
+	if err := filepath.Walk(rootfs, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(b.UID), int(b.GID))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sys := filepath.Join(rootfs, "sys")
+	stop := make(chan struct{})
+	swapped := make(chan int)
+	go func() {
+		// This goroutine's thread takes B's identity for good (it dies
+		// with the goroutine): B's own rmdir and mkdir.
+		runtime.LockOSThread()
+		n := 0
+		defer func() { swapped <- n }()
+		// Raw calls: unix.Setresuid would change every thread.
+		if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+			t.Error(e)
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(b.GID), uintptr(b.GID), uintptr(b.GID)); e != 0 {
+			t.Error(e)
+			return
+		}
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(b.UID), uintptr(b.UID), uintptr(b.UID)); e != 0 {
+			t.Error(e)
+			return
+		}
+		for {
+			select {
+			case <-stop:
+				unix.Mkdir(sys, 0o755)
+				return
+			default:
+			}
+			unix.Rmdir(sys)
+			time.Sleep(time.Duration(n%5) * 200 * time.Microsecond)
+			unix.Mkdir(sys, 0o755)
+			time.Sleep(time.Duration(n%7) * 200 * time.Microsecond)
+			n++
+		}
+	}()
+	rootMade, ran, refused := 0, 0, 0
+	for i := range 200 {
+		if _, err := r.run(t, fmt.Sprint("mp-", i), b, rootfs, "/", "true"); err != nil {
+			if refused++; refused == 1 {
+				t.Logf("first refusal: %v", err)
+			}
+		} else {
+			ran++
+		}
+		var st unix.Stat_t
+		if unix.Lstat(sys, &st) == nil && st.Uid == 0 {
+			rootMade++
+		}
+	}
+	close(stop)
+	n := <-swapped
+	t.Logf("FIGURE mount-point race: 200 attempts against %d removals of /sys: %d ran, %d refused; root-owned sys seen %d times", n, ran, refused, rootMade)
+	if rootMade > 0 {
+		t.Errorf("root made /sys in B's root filesystem %d times", rootMade)
+	}
+	if refused == 0 {
+		t.Errorf("no start met /sys missing (%d ran): the race did not happen", ran)
 	}
 }
