@@ -116,8 +116,11 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending, bytes := 0, int64(0)
-	live := int64(0) // every user's live specs, for the node's budget
+	// Every user's live specs, and every remembered job's, for the
+	// node's budget.
+	live, held := int64(0), int64(0)
 	for _, j := range m.jobs {
+		held += m.specBytesOf(j)
 		if !j.State.Terminal() {
 			live += m.specBytesOf(j)
 		}
@@ -136,6 +139,7 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 	}
 	for o := range m.reserved {
 		live += o.bytes
+		held += o.bytes
 		if o.uid == c.UID {
 			pending += o.pending
 			bytes += o.bytes
@@ -152,7 +156,7 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		return nil, api.QuotaError(LimitSpecBudget, "the daemon holds %s of live job specs; %s more would pass the node's budget of %s: try again when jobs finish",
 			api.Bytes(live).Human(), api.Bytes(r.bytes).Human(), api.Bytes(b).Human())
 	}
-	if b := l.SpecBudget; b > 0 && m.specTotal+r.bytes > b {
+	if b := l.SpecBudget; b > 0 && held+r.bytes > b {
 		m.kickGC() // finished jobs make room
 	}
 	if b := l.LogBudget; b > 0 && m.logTotal > b {
@@ -193,27 +197,14 @@ func (m *Manager) unreserve(r *reservation) {
 	m.mu.Unlock()
 }
 
-// specBytesOf is the JSON size of j's spec, computed once and counted in
-// m.specTotal until forgetSpec. m.mu held.
+// specBytesOf is the JSON size of j's spec, computed once. m.mu held.
 func (m *Manager) specBytesOf(j *api.Job) int64 {
 	n, ok := m.specBytes[j.ID]
 	if !ok {
 		n = specSize(j.Spec)
-		m.setSpecBytes(j.ID, n)
+		m.specBytes[j.ID] = n
 	}
 	return n
-}
-
-// setSpecBytes records the spec size of job id. m.mu held.
-func (m *Manager) setSpecBytes(id string, n int64) {
-	m.specTotal += n - m.specBytes[id]
-	m.specBytes[id] = n
-}
-
-// forgetSpec drops job id's spec size. m.mu held.
-func (m *Manager) forgetSpec(id string) {
-	m.specTotal -= m.specBytes[id]
-	delete(m.specBytes, id)
 }
 
 // overSpecBudget picks finished jobs to forget so that the specs of every

@@ -103,11 +103,9 @@ type Manager struct {
 	kick chan struct{}
 	// gcKick asks the loop to collect garbage now (the spec budget is
 	// passed).
-	gcKick chan struct{}
-	// specTotal is the sum of specBytes: every remembered job's spec.
-	specTotal int64
-	wg        sync.WaitGroup
-	stopping  chan struct{}
+	gcKick   chan struct{}
+	wg       sync.WaitGroup
+	stopping chan struct{}
 }
 
 // New builds a manager. Call Recover before Start.
@@ -497,7 +495,7 @@ func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec
 	for i, job := range jobs {
 		stored := job
 		m.jobs[job.ID] = &stored
-		m.setSpecBytes(job.ID, res.sizes[i])
+		m.specBytes[job.ID] = res.sizes[i]
 	}
 	m.mu.Unlock()
 	for _, job := range jobs {
@@ -1112,7 +1110,7 @@ func (m *Manager) collectGarbage() {
 	m.mu.Lock()
 	for _, id := range drop {
 		delete(m.jobs, id)
-		m.forgetSpec(id)
+		delete(m.specBytes, id)
 		delete(m.finished, id)
 	}
 	m.mu.Unlock()

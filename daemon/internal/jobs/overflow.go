@@ -635,7 +635,7 @@ func (m *Manager) AcceptHandover(from api.Provenance, userName string, spec api.
 	live := cloneJob(&j)
 	m.mu.Lock()
 	m.jobs[j.ID] = &live
-	m.setSpecBytes(j.ID, specSize(spec))
+	m.specBytes[j.ID] = specSize(spec)
 	m.mu.Unlock()
 	m.publish(&j, ev)
 	m.log.Info("accepted a job from a peer", "job", j.ID, "peer", from.Node, "key", from.Key, "user", userName, "hold", hold)

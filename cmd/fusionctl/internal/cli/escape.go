@@ -33,7 +33,9 @@ func esc(s string) string {
 	for i := 0; i < len(s); {
 		r, n := utf8.DecodeRuneInString(s[i:])
 		switch {
-		case r == utf8.RuneError && n <= 1:
+		case !unsafeRune(r, n):
+			b.WriteString(s[i : i+n])
+		case r == utf8.RuneError:
 			fmt.Fprintf(&b, `\x%02x`, s[i])
 		case r == '\n':
 			b.WriteString(`\n`)
@@ -43,10 +45,8 @@ func esc(s string) string {
 			b.WriteString(`\r`)
 		case r < 0x20 || r == 0x7f:
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case isC1(r) || isBidi(r):
+		default: // C1 or bidi
 			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+n])
 		}
 		i += n
 	}
@@ -54,21 +54,25 @@ func esc(s string) string {
 }
 
 func needsEscape(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c >= 0x7f {
-			// Non-ASCII needs a closer look (most of it is fine).
-			if c < 0x80 {
-				return true
-			}
-			for _, r := range s[i:] {
-				if r == utf8.RuneError || r < 0x20 || r == 0x7f || isC1(r) || isBidi(r) {
-					return true
-				}
-			}
-			return !utf8.ValidString(s[i:])
+	for i := 0; i < len(s); {
+		if c := s[i]; c >= 0x20 && c < 0x7f { // printable ASCII, most of it
+			i++
+			continue
 		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if unsafeRune(r, n) {
+			return true
+		}
+		i += n
 	}
 	return false
+}
+
+// unsafeRune is a rune (of n bytes) that esc writes as an escape: a
+// control character, C1, a bidi formatting character, or a byte of
+// invalid UTF-8.
+func unsafeRune(r rune, n int) bool {
+	return (r == utf8.RuneError && n <= 1) || r < 0x20 || r == 0x7f || isC1(r) || isBidi(r)
 }
 
 // isC1 is the C1 control range (U+0080..U+009F): U+009B is CSI, U+009D
@@ -132,7 +136,7 @@ func (e *escapeWriter) put(s string) error {
 	start := 0
 	for i := 0; i < len(s); {
 		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == '\n' || r == '\t' || !(r < 0x20 || r == 0x7f || isC1(r) || isBidi(r) || (r == utf8.RuneError && n <= 1)) {
+		if r == '\n' || r == '\t' || !unsafeRune(r, n) {
 			i += n
 			continue
 		}
