@@ -186,6 +186,13 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		QoS:       qosMetrics(&qosLoopRef),
 	}})
 	d.unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
+	// The audit log records every admission (the job manager's) and
+	// every privileged or refused request (the API's).
+	if d.audit, err = audit.Open(filepath.Join(cfg.StateDir, "audit.log"),
+		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep, MaxAge: time.Duration(cfg.Audit.MaxAge),
+			RefusedRate: cfg.Audit.RefusedRate, RefusedBurst: cfg.Audit.RefusedBurst}, log); err != nil {
+		return nil, err
+	}
 	prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
 	d.mgr = jobs.New(jobs.Config{
 		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
@@ -208,10 +215,11 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		},
 		Observer: d.metrics,
 		Queue:    cfg.Scheduling.queue(),
+		Audit:    d.audit,
 	}, d.store, runner, engine, log)
 	prep.holders = d.mgr
 	if cfg.Peers.Enabled {
-		if d.peers, err = startPeers(cfg, d.mgr, engine, log); err != nil {
+		if d.peers, err = startPeers(cfg, d.mgr, engine, d.audit, log); err != nil {
 			return nil, err
 		}
 	}
@@ -252,11 +260,6 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 			return nil, fmt.Errorf("admin_group: %w", err)
 		}
 		adminGID = &gid
-	}
-	if d.audit, err = audit.Open(filepath.Join(cfg.StateDir, "audit.log"),
-		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep, MaxAge: time.Duration(cfg.Audit.MaxAge),
-			RefusedRate: cfg.Audit.RefusedRate, RefusedBurst: cfg.Audit.RefusedBurst}, log); err != nil {
-		return nil, err
 	}
 	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff, telemetry: bus,
 		reclaim: reclaimLoop, reclaimOff: reclaimOff, fileLimit: fileLimitNote(cfg, log)}

@@ -41,7 +41,10 @@ func peerPKI(t *testing.T, dir string, nodes ...string) (keyring string) {
 }
 
 // peerConfig is the peers section of a daemon named name, gossiping on
-// addr (host:0 takes a port from the kernel) and joining join.
+// addr (host:0 takes a port from the kernel) and joining join. The tests'
+// jobs run as nobody (uid 65534), which peers.users.max_uid lets peers
+// name here (above UID_MAX it is a system account, refused by default:
+// TestPeerAttacks).
 // acceptRootJobs, appended to peerConfig's section, lets peers run the
 // jobs of root that a test submits as root (refused by default).
 const acceptRootJobs = "  accept_root_jobs: true\n"
@@ -66,6 +69,7 @@ func peerConfig(pki, keyring, name, addr string, join ...string) string {
   poll: 100ms
   lease: 4s
   wait_budget: {training: 0s, batch: 0s, inference: 0s, service: 0s}
+  users: {max_uid: 65534}
 %s`, name, addr, host, keyring, pki, name, pki, name, pki, j)
 }
 

@@ -14,6 +14,8 @@ import (
 // the action's target.
 var privileged = map[string]struct{ action, target string }{
 	"POST /v1/jobs":                      {"job.submit", ""},
+	"POST /v1/batches":                   {"job.submit", ""},
+	"POST /v1/peers/keyring":             {"peers.keyring", ""},
 	"POST /v1/jobs/{id}/cancel":          {"job.cancel", "id"},
 	"POST /v1/node/cordon":               {"node.cordon", ""},
 	"POST /v1/node/uncordon":             {"node.uncordon", ""},
@@ -34,7 +36,14 @@ func (s *Server) audited(pattern string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now().UTC()
 		aw := &auditWriter{ResponseWriter: w}
-		h.ServeHTTP(aw, r)
+		// A submission is audited by the job manager's admission (with
+		// its source and the jobs it made); the request is recorded here
+		// only when it never got there (a body that does not decode).
+		ctx, recorded := audit.WithMark(r.Context())
+		h.ServeHTTP(aw, r.WithContext(ctx))
+		if recorded.Load() {
+			return
+		}
 		status := aw.status
 		if status == 0 {
 			status = http.StatusOK

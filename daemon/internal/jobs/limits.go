@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/fusiond/fusiond/daemon/api"
 )
@@ -79,27 +78,23 @@ type reservation struct {
 	pending int
 	bytes   int64
 	gangs   map[string]int
-	sizes   []int64
 }
 
-// admit checks a batch of one caller's specs against the limits and the
-// gangs already queued, and reserves it. The caller must call m.unreserve.
-func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error) {
+// admit is the limits step: a batch of one user's specs (of sizes, from
+// the validate step) checked against the per-user limits, the node's
+// budgets, the per-peer limits for a peer's job, and the gangs already
+// queued; it reserves the batch. The caller must call m.unreserve.
+func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, error) {
+	specs := e.Specs
 	r := &reservation{uid: c.UID, pending: len(specs), gangs: map[string]int{}}
-	sizes := make([]int64, len(specs))
 	prefix := func(i int) string {
 		if len(specs) == 1 {
 			return ""
 		}
 		return "jobs[" + strconv.Itoa(i) + "]."
 	}
-	for i, s := range specs {
-		sizes[i] = specSize(s)
+	for i := range specs {
 		r.bytes += sizes[i]
-		if n := m.cfg.Limits.MaxSpecBytes; n > 0 && sizes[i] > n {
-			return nil, &api.Error{Code: api.CodeTooLarge, Field: strings.TrimSuffix(prefix(i), "."), Limit: LimitMaxSpecBytes,
-				Message: fmt.Sprintf("the job spec takes %s, more than the limit of %s (limit %s)", api.Bytes(sizes[i]).Human(), api.Bytes(n).Human(), LimitMaxSpecBytes)}
-		}
 	}
 	// Gangs within the batch must agree with each other.
 	for i, s := range specs {
@@ -116,6 +111,8 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	pending, bytes := 0, int64(0)
+	// The jobs and spec bytes the offering peer holds here.
+	peerJobs, peerBytes := 0, int64(0)
 	// Every user's live specs, and every remembered job's, for the
 	// node's budget.
 	live, held := int64(0), int64(0)
@@ -123,6 +120,10 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		held += m.specBytesOf(j)
 		if !j.State.Terminal() {
 			live += m.specBytesOf(j)
+		}
+		if e.Offer != nil && j.Origin != nil && j.Origin.Node == e.Offer.From.Node && !j.State.Terminal() {
+			peerJobs++
+			peerBytes += m.specBytesOf(j)
 		}
 		if j.Owner.UID == c.UID && !j.State.Terminal() {
 			if j.State == api.StatePending {
@@ -163,6 +164,16 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		return nil, api.QuotaError(LimitLogBudget, "the jobs' logs hold %s, over the node's log budget of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",
 			api.Bytes(m.logTotal).Human(), api.Bytes(b).Human())
 	}
+	if e.Offer != nil {
+		pl, peer := m.ovf.cfg.PeerLimits, e.Offer.From.Node
+		if n := pl.Jobs; n > 0 && peerJobs+len(specs) > n {
+			return nil, api.QuotaError(LimitPeerJobs, "peer %s holds %d unfinished jobs here, the most allowed (%d)", peer, peerJobs, n)
+		}
+		if n := pl.SpecBytes; n > 0 && peerBytes+r.bytes > n {
+			return nil, api.QuotaError(LimitPeerSpecBytes, "the specs of peer %s's jobs here take %s; %s more would pass the limit of %s",
+				peer, api.Bytes(peerBytes).Human(), api.Bytes(r.bytes).Human(), api.Bytes(n).Human())
+		}
+	}
 	if !m.exempt(c.UID) {
 		who := cmp.Or(c.User, "uid "+strconv.FormatUint(uint64(c.UID), 10))
 		if n := l.PendingJobs; n > 0 && pending+len(specs) > n {
@@ -178,7 +189,6 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		}
 	}
 	m.reserved[r] = struct{}{}
-	r.sizes = sizes
 	return r, nil
 }
 

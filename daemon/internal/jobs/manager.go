@@ -55,6 +55,8 @@ type Config struct {
 	Observer Observer
 	// Queue tunes the queue's aging, gangs and preemption.
 	Queue QueueConfig
+	// Audit records every admission, from every source (optional).
+	Audit Auditor
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -90,6 +92,11 @@ type Manager struct {
 	specBytes map[string]int64
 	logByUser map[uint32]int64
 	logTotal  int64
+	// byOrigin indexes the jobs peers handed over by hand-over key;
+	// holds are the gang members waiting for the queue's verdict, with
+	// their holds (admit.go).
+	byOrigin map[string]string
+	holds    map[string]time.Duration
 	// finished holds, per finished job, a monotonic reading of when it
 	// finished: retention by age measures from it, never from the
 	// recorded (wall-clock) FinishedAt.
@@ -101,6 +108,8 @@ type Manager struct {
 	ovf *overflowState
 
 	kick chan struct{}
+	// settles are peers' jobs waiting for the next pass's verdict.
+	settles chan settle
 	// gcKick asks the loop to collect garbage now (the spec budget is
 	// passed).
 	gcKick   chan struct{}
@@ -131,6 +140,9 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		unrecorded: map[string]func() error{},
 		unreserved: map[string]string{},
 		kick:       make(chan struct{}, 1),
+		settles:    make(chan settle, 64),
+		byOrigin:   map[string]string{},
+		holds:      map[string]time.Duration{},
 		gcKick:     make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
 		reserved:   map[*reservation]struct{}{},
@@ -157,6 +169,9 @@ func (m *Manager) Recover() error {
 	loadedMono, loadedWall := time.Now(), m.cfg.Now()
 	err := m.store.Jobs(func(j api.Job) error {
 		m.jobs[j.ID] = &j
+		if j.Origin != nil {
+			m.byOrigin[j.Origin.Key] = j.ID
+		}
 		if j.State.Terminal() {
 			var age time.Duration
 			if j.FinishedAt != nil {
@@ -389,6 +404,23 @@ func (m *Manager) loop() {
 			return
 		case <-m.kick:
 		case <-tick.C:
+		case s := <-m.settles:
+			// A peer's job: placed by this pass or refused, with every
+			// other one waiting.
+			batch := []settle{s}
+			for len(batch) < cap(m.settles) {
+				select {
+				case s := <-m.settles:
+					batch = append(batch, s)
+					continue
+				default:
+				}
+				break
+			}
+			m.retryUnrecorded()
+			m.schedule()
+			m.settleAll(batch)
+			continue
 		case <-gc.C:
 			m.collectGarbage()
 			continue
@@ -414,99 +446,6 @@ func (m *Manager) isStopping() bool {
 	default:
 		return false
 	}
-}
-
-// Submit validates spec, stores the job durably and queues it. It returns
-// only after the record is on disk.
-func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (api.Job, error) {
-	jobs, err := m.SubmitAll(ctx, c, []api.JobSpec{spec})
-	if err != nil {
-		return api.Job{}, err
-	}
-	return jobs[0], nil
-}
-
-// SubmitAll validates every spec, checks them together against the
-// caller's limits and queued gangs, and stores them in one transaction:
-// all are queued or none is. Errors about one spec of several name it
-// ("jobs[2].gang.size"). It returns only after the records are on disk.
-func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec) ([]api.Job, error) {
-	if m.isStopping() {
-		return nil, ErrShuttingDown
-	}
-	if len(specs) == 0 {
-		return nil, api.FieldError("jobs", "no job specs")
-	}
-	name := func(i int, err error) error {
-		var e *api.Error
-		if len(specs) == 1 || !errors.As(err, &e) {
-			return err
-		}
-		out := *e
-		out.Field = "jobs[" + strconv.Itoa(i) + "]"
-		if e.Field != "" {
-			out.Field += "." + e.Field
-		}
-		return &out
-	}
-	if m.cfg.DaemonUID != 0 && c.UID != m.cfg.DaemonUID {
-		return nil, api.Errorf(api.CodeForbidden,
-			"fusiond is not running as root, so it can run jobs only for uid %d (you are uid %d)", m.cfg.DaemonUID, c.UID)
-	}
-	tiers := make([]api.Tier, len(specs))
-	for i := range specs {
-		spec := &specs[i]
-		spec.ApplyDefaults()
-		if err := spec.Validate(); err != nil {
-			return nil, name(i, err)
-		}
-		if err := m.admit1(*spec); err != nil {
-			return nil, name(i, err)
-		}
-		tiers[i] = cmp.Or(spec.Tier, m.cfg.DefaultTiers[spec.Class], api.TierBurstable)
-	}
-	res, err := m.admit(c, specs)
-	if err != nil {
-		return nil, err
-	}
-	defer m.unreserve(res)
-	now := m.now()
-	jobs, err := m.store.CreateJobs(len(specs), func(i int, id string) api.Job {
-		return api.Job{
-			ID:    id,
-			Spec:  specs[i],
-			Owner: api.Owner{UID: c.UID, GID: c.GID, Groups: c.Groups, User: c.User},
-			Tier:  tiers[i],
-			State: api.StatePending,
-			Events: []api.Event{{
-				Time: now, To: api.StatePending,
-				Reason: fmt.Sprintf("submitted by %s (uid %d)", cmp.Or(c.User, "?"), c.UID),
-			}},
-			CreatedAt: now,
-			Version:   1,
-		}
-	})
-	if err != nil {
-		m.noteStoreError(err)
-		return nil, api.Errorf(api.CodeInternal, "could not store the job: %v", err)
-	}
-	m.noteStoreOK()
-	m.mu.Lock()
-	for i, job := range jobs {
-		stored := job
-		m.jobs[job.ID] = &stored
-		m.specBytes[job.ID] = res.sizes[i]
-	}
-	m.mu.Unlock()
-	for _, job := range jobs {
-		ev := job.Events[0]
-		ev.JobID = job.ID
-		m.publish(&job, ev)
-		m.cfg.Observer.Submitted(job.Spec.Class, job.Tier)
-		m.log.Info("job submitted", "job", job.ID, "name", job.Spec.Name, "class", job.Spec.Class, "tier", job.Tier, "uid", c.UID)
-	}
-	m.poke()
-	return jobs, nil
 }
 
 func (m *Manager) publish(j *api.Job, ev api.Event) {
@@ -980,6 +919,13 @@ func (m *Manager) SetCordoned(c api.Caller, on bool) error {
 	return nil
 }
 
+// Cordoned reports whether the node is cordoned.
+func (m *Manager) Cordoned() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cordoned
+}
+
 // Counts returns the number of jobs in each state and whether the node is
 // cordoned.
 func (m *Manager) Counts() (map[api.State]int, bool) {
@@ -1109,6 +1055,9 @@ func (m *Manager) collectGarbage() {
 	}
 	m.mu.Lock()
 	for _, id := range drop {
+		if j := m.jobs[id]; j != nil && j.Origin != nil {
+			delete(m.byOrigin, j.Origin.Key)
+		}
 		delete(m.jobs, id)
 		delete(m.specBytes, id)
 		delete(m.finished, id)

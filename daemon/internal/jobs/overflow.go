@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 )
 
 // Overflow reaches the peers a job that does not fit here is handed over
@@ -74,10 +74,11 @@ type OverflowConfig struct {
 	// Retry is how long a job waits after every peer refused it before it
 	// is offered again.
 	Retry time.Duration
-	// AcceptRoot lets peers hand over jobs that run as root (uid 0) here;
-	// without it such an offer is refused, so a peer's certificate alone
-	// never gives root on this host.
-	AcceptRoot bool
+	// Users says which local users a peer's jobs may run as
+	// (peers.users; its AcceptRoot is peers.accept_root_jobs).
+	Users admission.PeerUsers
+	// PeerLimits bound what each peer holds here (peers.limits).
+	PeerLimits PeerLimits
 }
 
 type overflowState struct {
@@ -531,143 +532,9 @@ func (m *Manager) cancelHandedOverOnStop() {
 	}
 }
 
-// Refusal is AcceptHandover's answer when this host does not take a job.
-type Refusal struct{ Why string }
-
-func (r *Refusal) Error() string { return "refused: " + r.Why }
-
-// AcceptHandover takes a job a peer hands over, if this host can place it
-// now: the spec is admitted and placed like a local job's (the placer's
-// own check, never the gossiped numbers), and it runs as the user of the
-// same name here. A key already accepted returns the job it made, so a
-// retried offer never runs twice. It fails with a *Refusal when the host
-// does not take it.
-//
-// A hold above zero reserves a gang member: placed and stored but not
-// started until CommitHeld, and released when hold passes first.
-func (m *Manager) AcceptHandover(from api.Provenance, userName string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
-	if m.isStopping() {
-		return api.Job{}, &Refusal{"fusiond is shutting down"}
-	}
-	// One accept at a time: the check for an earlier accept of the key
-	// and the placement happen together.
-	if m.ovf == nil {
-		return api.Job{}, &Refusal{"this host runs without peers"}
-	}
-	m.ovf.accept.Lock()
-	defer m.ovf.accept.Unlock()
-	m.mu.Lock()
-	for _, j := range m.jobs {
-		if j.Origin != nil && j.Origin.Key == from.Key {
-			out := cloneJob(j)
-			m.mu.Unlock()
-			return out, nil
-		}
-	}
-	cordoned := m.cordoned
-	m.mu.Unlock()
-	if cordoned {
-		return api.Job{}, &Refusal{"this host is cordoned"}
-	}
-	u, err := user.Lookup(userName)
-	if err != nil || userName == "" {
-		return api.Job{}, &Refusal{fmt.Sprintf("no user %q on this host", userName)}
-	}
-	owner, err := ownerOf(u)
-	if err != nil {
-		return api.Job{}, &Refusal{err.Error()}
-	}
-	if owner.UID == 0 && (m.ovf == nil || !m.ovf.cfg.AcceptRoot) {
-		return api.Job{}, &Refusal{"jobs of root are not accepted from peers here (peers.accept_root_jobs: false)"}
-	}
-	if m.cfg.DaemonUID != 0 && owner.UID != m.cfg.DaemonUID {
-		return api.Job{}, &Refusal{fmt.Sprintf("fusiond here is not root and runs jobs only for uid %d", m.cfg.DaemonUID)}
-	}
-	spec.ApplyDefaults()
-	if err := spec.Validate(); err != nil {
-		return api.Job{}, &Refusal{err.Error()}
-	}
-	if err := m.placer.Admit(spec); err != nil {
-		return api.Job{}, &Refusal{err.Error()}
-	}
-	now := m.now()
-	origin := from
-	created, err := m.store.CreateJobs(1, func(_ int, id string) api.Job {
-		return api.Job{
-			ID: id, Spec: spec, Owner: owner, Origin: &origin,
-			Tier:  cmp.Or(spec.Tier, m.cfg.DefaultTiers[spec.Class], api.TierBurstable),
-			State: api.StatePending,
-			Events: []api.Event{{Time: now, To: api.StatePending, Reason: fmt.Sprintf("handed over by peer %s (its job %s), to run as %s (uid %d)",
-				from.Node, from.JobID, userName, owner.UID)}},
-			CreatedAt: now, Version: 1,
-		}
-	})
-	if err != nil {
-		m.noteStoreError(err)
-		return api.Job{}, fmt.Errorf("storing the job: %w", err)
-	}
-	j := created[0]
-	allocs, why, ok := m.placer.Place([]*api.Job{&j})
-	if !ok {
-		if err := m.store.DeleteJobs(j.ID); err != nil {
-			m.log.Warn("removing a refused hand-over", "job", j.ID, "err", err)
-		}
-		return api.Job{}, &Refusal{why}
-	}
-	alloc := allocs[0]
-	ev := api.Event{Time: m.now(), From: api.StatePending, To: api.StatePlaced, Reason: "placed: " + summaryOf(alloc)}
-	j.State, j.Reason, j.Allocation = api.StatePlaced, ev.Reason, &alloc
-	j.Events = append(j.Events, ev)
-	j.Version++
-	// The acceptance is durable already (the pending record with its
-	// provenance and key). A job to start now is not written again as
-	// placed before the answer: its start writes the record (placement
-	// included), and a crash before that finds it pending, to be placed
-	// again like any queued job. A held gang member is written placed.
-	if hold > 0 {
-		if err := m.store.PutJob(j); err != nil {
-			m.placer.Release(&j)
-			_ = m.store.DeleteJobs(j.ID)
-			m.noteStoreError(err)
-			return api.Job{}, fmt.Errorf("storing the job: %w", err)
-		}
-	}
-	live := cloneJob(&j)
-	m.mu.Lock()
-	m.jobs[j.ID] = &live
-	m.specBytes[j.ID] = specSize(spec)
-	m.mu.Unlock()
-	m.publish(&j, ev)
-	m.log.Info("accepted a job from a peer", "job", j.ID, "peer", from.Node, "key", from.Key, "user", userName, "hold", hold)
-	if hold > 0 {
-		m.hold(&live, hold)
-		return j, nil
-	}
-	m.wg.Add(1)
-	go m.launch(&live)
-	return j, nil
-}
-
 func summaryOf(a api.Allocation) string {
 	s, _, _ := strings.Cut(cmp.Or(a.Explain, "resources reserved"), "\n")
 	return s
-}
-
-// ownerOf maps a user of this host to the job owner it runs as.
-func ownerOf(u *user.User) (api.Owner, error) {
-	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-	if err1 != nil || err2 != nil {
-		return api.Owner{}, fmt.Errorf("user %q has no numeric uid/gid here", u.Username)
-	}
-	o := api.Owner{UID: uint32(uid), GID: uint32(gid), User: u.Username}
-	ids, _ := u.GroupIds()
-	for _, g := range ids {
-		if n, err := strconv.ParseUint(g, 10, 32); err == nil && uint32(n) != o.GID {
-			o.Groups = append(o.Groups, uint32(n))
-		}
-	}
-	return o, nil
 }
 
 // Accepted lists the unfinished jobs peers handed over to this host (the
@@ -688,10 +555,8 @@ func (m *Manager) Accepted() []api.Job {
 func (m *Manager) AcceptedByKey(key string) (api.Job, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, j := range m.jobs {
-		if j.Origin != nil && j.Origin.Key == key {
-			return cloneJob(j), true
-		}
+	if j, ok := m.jobs[m.byOrigin[key]]; ok && j.Origin != nil && j.Origin.Key == key {
+		return cloneJob(j), true
 	}
 	return api.Job{}, false
 }

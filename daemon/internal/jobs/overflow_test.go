@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -87,7 +88,10 @@ func newOverflowManager(t *testing.T, capacity api.NodeResources, o jobs.Overflo
 	for _, c := range api.Classes {
 		b[c] = budget
 	}
-	m.SetOverflow(o, jobs.OverflowConfig{Budget: b, Poll: 20 * time.Millisecond, Lost: 300 * time.Millisecond, Retry: 50 * time.Millisecond})
+	// nobody (uid 65534) stands for a regular user of the host here;
+	// the policy's own rules are admission's tests.
+	m.SetOverflow(o, jobs.OverflowConfig{Budget: b, Poll: 20 * time.Millisecond, Lost: 300 * time.Millisecond, Retry: 50 * time.Millisecond,
+		Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
 	if err := m.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -207,27 +211,27 @@ func TestAcceptHandover(t *testing.T) {
 	m, _ := newOverflowManager(t, api.NodeResources{CPU: 2000, Memory: 1 << 30}, &fakePeers{polls: map[string]int{}}, time.Hour)
 	spec := api.JobSpec{Name: "x", Class: api.ClassBatch, Command: []string{"sleep", "30"}, Resources: api.Resources{CPU: 2000, Memory: 16 << 20}}
 	from := api.Provenance{Node: "o", JobID: "5", Key: "o/5#2"}
-	var ref *jobs.Refusal
-	if _, err := m.AcceptHandover(from, "no-such-user-fusiond", spec, 0); !errors.As(err, &ref) || !strings.Contains(ref.Why, "no user") {
+	var ref *admission.Refusal
+	if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: from, User: "no-such-user-fusiond"}, spec); !errors.As(err, &ref) || !strings.Contains(ref.Why, "no user") {
 		t.Fatalf("unknown user: %v", err)
 	}
 	// A peer's certificate never means root here unless the config says so.
-	if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "4", Key: "o/4#1"}, "root", spec, 0); !errors.As(err, &ref) || !strings.Contains(ref.Why, "accept_root_jobs") {
+	if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "4", Key: "o/4#1"}, User: "root"}, spec); !errors.As(err, &ref) || ref.Rule != admission.RuleRoot {
 		t.Fatalf("a root job from a peer: %v, want it refused", err)
 	}
-	j, err := m.AcceptHandover(from, "nobody", spec, 0)
+	j, err := m.AcceptHandover(context.Background(), jobs.Offer{From: from, User: "nobody"}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if j.Owner.User != "nobody" || j.Owner.UID != 65534 || j.Origin == nil || j.Origin.Key != from.Key || j.State != api.StatePlaced {
+	if j.Owner.User != "nobody" || j.Owner.UID != 65534 || j.Origin == nil || j.Origin.Key != from.Key || j.State == api.StatePending || j.State.Terminal() {
 		t.Fatalf("accepted job %+v", j)
 	}
-	again, err := m.AcceptHandover(from, "nobody", spec, 0)
+	again, err := m.AcceptHandover(context.Background(), jobs.Offer{From: from, User: "nobody"}, spec)
 	if err != nil || again.ID != j.ID {
 		t.Fatalf("the same key again: %s, %v (first %s)", again.ID, err, j.ID)
 	}
 	waitFor(t, m, j.ID, state(api.StateRunning))
-	if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "6", Key: "o/6#2"}, "nobody", spec, 0); !errors.As(err, &ref) {
+	if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "6", Key: "o/6#2"}, User: "nobody"}, spec); !errors.As(err, &ref) {
 		t.Fatalf("a job that does not fit now: %v", err)
 	}
 	if ids, _, _ := m.ListPage(context.Background(), root, api.ListOptions{}); len(ids) != 1 {
@@ -243,7 +247,7 @@ func TestAcceptHandover(t *testing.T) {
 func TestHeldGangMembers(t *testing.T) {
 	m, _ := newOverflowManager(t, api.NodeResources{CPU: 4000, Memory: 1 << 30}, &fakePeers{polls: map[string]int{}}, time.Hour)
 	spec := api.JobSpec{Name: "m", Class: api.ClassTraining, Command: []string{"true"}, Resources: api.Resources{CPU: 1000, Memory: 16 << 20}}
-	held, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, "nobody", spec, time.Minute)
+	held, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, User: "nobody", Hold: time.Minute}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +263,7 @@ func TestHeldGangMembers(t *testing.T) {
 		t.Errorf("a second commit: %v", err)
 	}
 
-	expires, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, "nobody", spec, 100*time.Millisecond)
+	expires, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, User: "nobody", Hold: 100*time.Millisecond}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +275,7 @@ func TestHeldGangMembers(t *testing.T) {
 		t.Errorf("commit after the hold ended: %v", err)
 	}
 
-	aborted, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "3", Key: "o/3#1"}, "nobody", spec, time.Minute)
+	aborted, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "3", Key: "o/3#1"}, User: "nobody", Hold: time.Minute}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +287,7 @@ func TestHeldGangMembers(t *testing.T) {
 	}
 	// Released members gave their CPUs back: four 1-CPU members fit.
 	for i := range 4 {
-		if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: fmt.Sprint(10 + i), Key: fmt.Sprintf("o/%d#1", 10+i)}, "nobody", spec, time.Minute); err != nil {
+		if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: fmt.Sprint(10 + i), Key: fmt.Sprintf("o/%d#1", 10+i)}, User: "nobody", Hold: time.Minute}, spec); err != nil {
 			t.Fatalf("member %d after the releases: %v", i, err)
 		}
 	}

@@ -127,8 +127,12 @@ func (m *Manager) schedule() {
 		return
 	}
 	nowMs, rate := now.Sub(m.queue.epoch).Milliseconds(), m.cfg.Queue.AgingPerMinute/60000
+	// A peer's job comes after every local one: it runs here only where
+	// it delays no job queued here (it is backfill, whatever priority
+	// its origin gave it).
 	slices.SortFunc(pending, func(a, b *api.Job) int {
-		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), sched.CompareQueued(keys[a], keys[b], nowMs, rate))
+		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), cmp.Compare(b32(a.Origin == nil), b32(b.Origin == nil)),
+			sched.CompareQueued(keys[a], keys[b], nowMs, rate))
 	})
 
 	backfill, _ := m.placer.(Backfiller)
@@ -164,6 +168,12 @@ func (m *Manager) schedule() {
 		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
 		if !ok && m.overflow(group, why) {
 			continue // handed to peers (overflow.go)
+		}
+		if !ok && j.Origin != nil {
+			// A peer's job that does not fit now is refused (admit.go):
+			// it neither holds the head's reservation nor preempts.
+			m.setWaiting(group, why)
+			continue
 		}
 		if !ok {
 			w := sched.Waiting{Reason: why, Ahead: ahead}
@@ -210,6 +220,14 @@ func (m *Manager) schedule() {
 				continue
 			}
 			active[member.Owner.UID]++
+			m.mu.Lock()
+			hold, held := m.holds[member.ID]
+			delete(m.holds, member.ID)
+			m.mu.Unlock()
+			if held {
+				m.hold(member, hold) // a gang member from a peer: started by its commit
+				continue
+			}
 			m.wg.Add(1)
 			go m.launch(member)
 		}

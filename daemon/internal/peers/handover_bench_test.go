@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -67,7 +68,7 @@ func benchHandover(b *testing.B, dir string) {
 	timed := &timedJobs{Jobs: mgr}
 	peer := start("peer", timed, &fakeHost{cpu: 64000}, origin.GossipAddr())
 	defer peer.Close()
-	mgr.SetOverflow(peer, jobs.OverflowConfig{})
+	mgr.SetOverflow(peer, jobs.OverflowConfig{Users: admission.PeerUsers{AcceptRoot: true}}) // the jobs run as root
 	if err := mgr.Recover(); err != nil {
 		b.Fatal(err)
 	}
@@ -113,9 +114,9 @@ type timedJobs struct {
 	took []time.Duration
 }
 
-func (t *timedJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
+func (t *timedJobs) AcceptHandover(ctx context.Context, o jobs.Offer, spec api.JobSpec) (api.Job, error) {
 	t0 := time.Now()
-	j, err := t.Jobs.AcceptHandover(from, user, spec, hold)
+	j, err := t.Jobs.AcceptHandover(ctx, o, spec)
 	t.mu.Lock()
 	t.took = append(t.took, time.Since(t0))
 	t.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
 )
 
 // Host is the placer's view of this host (hostplacer.Placer).
@@ -24,7 +25,7 @@ type Jobs interface {
 	QueueLoad() (pending int, oldest time.Duration, shares map[string]int, cordoned bool)
 	HeldDevices() map[string]bool
 	Ready() error
-	AcceptHandover(from api.Provenance, userName string, spec api.JobSpec, hold time.Duration) (api.Job, error)
+	AcceptHandover(ctx context.Context, o jobs.Offer, spec api.JobSpec) (api.Job, error)
 	CommitHeld(key string) error
 	ReleaseHeld(key string) bool
 	AcceptedByKey(key string) (api.Job, bool)

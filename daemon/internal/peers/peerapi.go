@@ -2,6 +2,7 @@ package peers
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 )
 
@@ -51,33 +53,51 @@ func fail(w http.ResponseWriter, code int, format string, args ...any) {
 func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 	from, err := peerName(r.TLS)
 	if err != nil {
-		fail(w, http.StatusForbidden, "%v", err)
+		n.refuse(w, r, from, "peer.offer", "", http.StatusForbidden, err.Error())
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if !n.member(from) {
+		n.refuse(w, r, from, "peer.offer", "", http.StatusForbidden, fmt.Sprintf("%s is not a current member of this daemon's peers: offers are taken only from members", from))
+		return
+	}
+	if !n.allowOffer(from) {
+		n.refuse(w, r, from, "peer.offer", "", http.StatusTooManyRequests, fmt.Sprintf("peer %s sends more than %g offers a second (burst %d; peers.limits.offers_per_second)", from, n.cfg.OfferRate, n.cfg.OfferBurst))
+		return
+	}
+	limit := cmp.Or(n.cfg.MaxOfferBytes, maxBody)
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		fail(w, http.StatusBadRequest, "reading the offer: %v", err)
+		n.refuse(w, r, from, "peer.offer", "", http.StatusBadRequest, "reading the offer: "+err.Error())
+		return
+	}
+	if int64(len(body)) > limit {
+		n.refuse(w, r, from, "peer.offer", "", http.StatusRequestEntityTooLarge, fmt.Sprintf("the offer is larger than %d bytes (limits.max_spec_bytes)", limit))
 		return
 	}
 	o, err := decodeOffer(body)
 	if err != nil {
-		fail(w, http.StatusBadRequest, "%v", err)
+		n.refuse(w, r, from, "peer.offer", "", http.StatusBadRequest, err.Error())
 		return
 	}
 	if !strings.HasPrefix(o.Key, from+"/") {
-		fail(w, http.StatusForbidden, "peer %s may offer only keys of its own jobs (%s/...), not %q", from, from, o.Key)
+		n.refuse(w, r, from, "peer.offer", o.Key, http.StatusForbidden, fmt.Sprintf("peer %s may offer only keys of its own jobs (%s/...), not %q", from, from, o.Key))
 		return
 	}
 	if o.Hold < 0 || time.Duration(o.Hold) > maxHold {
-		fail(w, http.StatusBadRequest, "hold: between 0 and %s", maxHold)
+		n.refuse(w, r, from, "peer.offer", o.Key, http.StatusBadRequest, fmt.Sprintf("hold: between 0 and %s", maxHold))
 		return
 	}
-	j, err := n.jobs.AcceptHandover(api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, o.User, o.Spec, time.Duration(o.Hold))
-	var ref *jobs.Refusal
+	// The job manager's admission audits the offer from here on.
+	offer := jobs.Offer{From: api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, User: o.User, Hold: time.Duration(o.Hold)}
+	j, err := n.jobs.AcceptHandover(r.Context(), offer, o.Spec)
+	var ref *admission.Refusal
+	var ae *api.Error
 	switch {
 	case errors.As(err, &ref):
-		n.log.Info("refused a job from a peer", "peer", from, "key", o.Key, "why", ref.Why)
-		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Why})
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Error()})
+		return
+	case errors.As(err, &ae) && ae.HTTPStatus() < 500:
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ae.Error()})
 		return
 	case err != nil:
 		fail(w, http.StatusInternalServerError, "%v", err)
@@ -87,18 +107,26 @@ func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, offerAnswer{Accepted: true, RemoteID: j.ID})
 }
 
+// refuse answers a peer API request with status and why, and audits it.
+func (n *Node) refuse(w http.ResponseWriter, r *http.Request, peer, action, target string, status int, why string) {
+	n.log.Info("refused a peer request", "peer", peer, "action", action, "status", status, "why", why)
+	n.audit(r, peer, action, target, status, why)
+	fail(w, status, "%s", why)
+}
+
 // handedOver finds the job of the request's key, if the caller is its
 // origin.
 func (n *Node) handedOver(w http.ResponseWriter, r *http.Request) (api.Job, bool) {
+	action := "peer." + strings.TrimPrefix(r.URL.Path, "/peer/v1/")
 	from, err := peerName(r.TLS)
 	if err != nil {
-		fail(w, http.StatusForbidden, "%v", err)
+		n.refuse(w, r, from, action, "", http.StatusForbidden, err.Error())
 		return api.Job{}, false
 	}
 	key := r.URL.Query().Get("key")
 	j, ok := n.jobs.AcceptedByKey(key)
 	if !ok || j.Origin.Node != from {
-		fail(w, http.StatusNotFound, "no job handed over by %s under key %q", from, key)
+		n.refuse(w, r, from, action, key, http.StatusNotFound, fmt.Sprintf("no job handed over by %s under key %q", from, key))
 		return api.Job{}, false
 	}
 	return j, true
@@ -133,10 +161,11 @@ func (n *Node) serveCommit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := n.jobs.CommitHeld(j.Origin.Key); err != nil {
-		fail(w, http.StatusConflict, "%v", err)
+		n.refuse(w, r, j.Origin.Node, "peer.commit", j.ID, http.StatusConflict, err.Error())
 		return
 	}
 	n.renew(j.Origin.Key)
+	n.audit(r, j.Origin.Node, "peer.commit", j.ID, http.StatusNoContent, "key "+j.Origin.Key)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -146,6 +175,7 @@ func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if n.jobs.ReleaseHeld(j.Origin.Key) {
+		n.audit(r, j.Origin.Node, "peer.cancel", j.ID, http.StatusNoContent, "key "+j.Origin.Key+": held gang member released")
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
@@ -154,11 +184,13 @@ func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
 		if _, err := n.jobs.Cancel(r.Context(), caller, j.ID); err != nil {
 			var ae *api.Error
 			if !errors.As(err, &ae) || ae.Code != api.CodeConflict {
+				n.audit(r, j.Origin.Node, "peer.cancel", j.ID, http.StatusInternalServerError, err.Error())
 				fail(w, http.StatusInternalServerError, "%v", err)
 				return
 			}
 		}
 	}
+	n.audit(r, j.Origin.Node, "peer.cancel", j.ID, http.StatusNoContent, "key "+j.Origin.Key)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -68,6 +68,14 @@ type Config struct {
 	// Profiles are the placement engine's class profiles peers are
 	// ranked with (nil: the engine's defaults), as the placer's.
 	Profiles sched.Profiles
+	// OfferRate and OfferBurst bound each peer's offers (a token
+	// bucket; 0: no bound); MaxOfferBytes an offer's body (maxBody when
+	// 0).
+	OfferRate     float64
+	OfferBurst    int
+	MaxOfferBytes int64
+	// Audit records the peer API's requests (optional).
+	Audit Auditor
 }
 
 // Node is this daemon as a member.
@@ -99,6 +107,9 @@ type Node struct {
 	// polls after a healed partition say why the job stopped).
 	expired map[string]bool
 	seq     uint64
+
+	// trust gates each calling peer (trust.go).
+	trust trust
 
 	sent    atomic.Int64
 	started time.Time

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/devices"
 )
@@ -140,13 +141,14 @@ func newFakeJobs() *fakeJobs { return &fakeJobs{accepted: map[string]*api.Job{}}
 func (f *fakeJobs) QueueLoad() (int, time.Duration, map[string]int, bool) { return 0, 0, nil, false }
 func (f *fakeJobs) HeldDevices() map[string]bool                          { return f.heldDevices }
 func (f *fakeJobs) Ready() error                                          { return nil }
-func (f *fakeJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
+func (f *fakeJobs) AcceptHandover(_ context.Context, offer jobs.Offer, spec api.JobSpec) (api.Job, error) {
+	from, user, hold := offer.From, offer.User, offer.Hold
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.offers++
 	if hold > 0 {
 		if f.refuse != "" {
-			return api.Job{}, &jobs.Refusal{Why: f.refuse}
+			return api.Job{}, &admission.Refusal{Rule: "test", Why: f.refuse}
 		}
 		o := from
 		j := &api.Job{ID: fmt.Sprint(len(f.accepted) + 1), Spec: spec, State: api.StatePlaced, Origin: &o}
@@ -155,7 +157,7 @@ func (f *fakeJobs) AcceptHandover(from api.Provenance, user string, spec api.Job
 		return *j, nil
 	}
 	if f.refuse != "" {
-		return api.Job{}, &jobs.Refusal{Why: f.refuse}
+		return api.Job{}, &admission.Refusal{Rule: "test", Why: f.refuse}
 	}
 	if j, ok := f.accepted[from.Key]; ok {
 		return *j, nil
@@ -433,7 +435,7 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Peer != "b" || h.RemoteID == "" || h.Key != "a/7#2" || !strings.Contains(h.Why, "c refused (no room after all)") ||
+	if h.Peer != "b" || h.RemoteID == "" || h.Key != "a/7#2" || !strings.Contains(h.Why, "c refused (no room after all (test))") ||
 		!strings.Contains(h.Why, "fragmentation") {
 		t.Fatalf("handover %+v", h)
 	}
@@ -459,7 +461,7 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	}
 	c.jobs[1].refuse = "full"
 	if _, err := a.Offer(context.Background(), "8#2", api.Job{ID: "8", Spec: gpuSpec()}); err == nil ||
-		!strings.Contains(err.Error(), "c refused") || !strings.Contains(err.Error(), "b refused (full)") {
+		!strings.Contains(err.Error(), "c refused") || !strings.Contains(err.Error(), "b refused (full (test))") {
 		t.Fatalf("every peer refusing: %v", err)
 	}
 }
