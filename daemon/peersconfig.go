@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net"
@@ -119,7 +120,7 @@ func DefaultPeersConfig() PeersConfig {
 		},
 		Poll:   Duration(500 * time.Millisecond),
 		Lease:  Duration(10 * time.Second),
-		Limits: PeerLimitsConfig{OffersPerSecond: 50, OfferBurst: 100, Jobs: 256, SpecBytes: 64 << 20},
+		Limits: PeerLimitsConfig{OffersPerSecond: 20, OfferBurst: 40, Jobs: 256, SpecBytes: 64 << 20},
 	}
 }
 
@@ -244,11 +245,8 @@ func peerUsers(cfg Config) (admission.PeerUsers, error) {
 	u := cfg.Peers.Users
 	p := admission.PeerUsers{Allow: u.Allow, AllowGroups: u.AllowGroups, Deny: u.Deny, DenyGroups: u.DenyGroups,
 		AcceptRoot: cfg.Peers.AcceptRootJobs, MinUID: u.MinUID, MaxUID: u.MaxUID}
-	if p.MinUID == 0 && p.MaxUID == 0 {
-		p.MinUID, p.MaxUID = admission.LoginDefsUIDRange("/etc/login.defs")
-	} else if p.MaxUID == 0 {
-		_, p.MaxUID = admission.LoginDefsUIDRange("/etc/login.defs")
-	}
+	minUID, maxUID := admission.LoginDefsUIDRange("/etc/login.defs")
+	p.MinUID, p.MaxUID = cmp.Or(p.MinUID, minUID), cmp.Or(p.MaxUID, maxUID)
 	mode, err := cfg.Mode()
 	if err != nil {
 		return p, fmt.Errorf("socket_mode: %w", err)

@@ -138,7 +138,7 @@ func TestAdmissionStepsEverySource(t *testing.T) {
 				}
 			}},
 		{name: "validate/max_spec_bytes", cfg: jobs.Config{Limits: jobs.Limits{MaxSpecBytes: 512}},
-			spec: func() api.JobSpec { s := small(); s.Env = map[string]string{"X": strings.Repeat("x", 1024)}; return s },
+			spec:  func() api.JobSpec { s := small(); s.Env = map[string]string{"X": strings.Repeat("x", 1024)}; return s },
 			check: limitIs(jobs.LimitMaxSpecBytes)},
 		{name: "validate/never fits", spec: func() api.JobSpec { s := small(); s.Resources.CPU = 64000; return s },
 			check: func(t *testing.T, _ *jobs.Manager, src admission.Source, _ api.Job, err error) {

@@ -263,7 +263,7 @@ func TestHeldGangMembers(t *testing.T) {
 		t.Errorf("a second commit: %v", err)
 	}
 
-	expires, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, User: "nobody", Hold: 100*time.Millisecond}, spec)
+	expires, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, User: "nobody", Hold: 100 * time.Millisecond}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
