@@ -61,6 +61,12 @@ type PeersConfig struct {
 	// (default false: refused, so holding a peer certificate never means
 	// root on this host).
 	AcceptRootJobs bool `json:"accept_root_jobs,omitempty"`
+	// MaxGangHold is the most this host keeps another host's cross-host
+	// gang member placed and not started: the hold before its gang's
+	// commit, and the start barrier after it (default and most: 1m).
+	// Shorter ties up less here for a slow origin, and fails gangs whose
+	// origin needs longer.
+	MaxGangHold Duration `json:"max_gang_hold,omitempty"`
 }
 
 // DefaultPeersConfig is off, with LAN timing and the default ports.
@@ -117,6 +123,8 @@ func (c PeersConfig) validate() (string, error) {
 		return "peers.poll", fmt.Errorf("at least 10ms")
 	case c.Lease < 4*c.Poll:
 		return "peers.lease", fmt.Errorf("at least 4 × peers.poll (%v), got %v", time.Duration(4*c.Poll), time.Duration(c.Lease))
+	case c.MaxGangHold < 0 || c.MaxGangHold > Duration(time.Minute):
+		return "peers.max_gang_hold", fmt.Errorf("between 0 (the default, 1m) and 1m, got %v", time.Duration(c.MaxGangHold))
 	}
 	for class, d := range c.WaitBudget {
 		if !slices.Contains(api.Classes, class) {
@@ -147,7 +155,8 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, log *slog.Logger
 		Profile: p.Profile, KeyringFile: p.KeyringFile,
 		CertFile: p.Cert, KeyFile: p.Key, CAFile: p.CA,
 		Broadcast: time.Duration(p.BroadcastInterval), Lease: time.Duration(p.Lease),
-		Profiles: cfg.Placement.profiles(), // peers are ranked as the placer scores this host
+		MaxGangHold: time.Duration(p.MaxGangHold),
+		Profiles:    cfg.Placement.profiles(), // peers are ranked as the placer scores this host
 	}, mgr, host, log)
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)

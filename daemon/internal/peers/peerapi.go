@@ -23,8 +23,13 @@ import (
 //
 //	POST /peer/v1/offers                     offer a job (offerRequest) → offerAnswer
 //	GET  /peer/v1/handover?key=K&offset=N    the job's state and output from N; renews its lease
-//	POST /peer/v1/handover/cancel?key=K      cancel it (a held gang member: release it)
-//	POST /peer/v1/handover/commit?key=K      start a held gang member
+//	POST /peer/v1/handover/cancel?key=K[&why=W]   cancel it (a held or committed gang member: release it, recording W)
+//	POST /peer/v1/handover/commit?key=K[&barrier=D]  commit a held gang member: 202, kept placed (not started) for
+//	                                          the start barrier D (at most the peer's hold cap); without D: started, 204
+//	POST /peer/v1/handover/start?key=K       start a committed gang member (204; 409 once its barrier ended)
+//
+// Gang members: see gangs.go (hold, commit, start barrier; what older
+// peers do with the parameters they do not know: ignore them).
 //
 // The calling peer is the node its certificate names: an offer's key must
 // start with that name, and only the origin may poll or cancel its jobs.
@@ -35,6 +40,7 @@ func (n *Node) handler() http.Handler {
 	mux.HandleFunc("GET /peer/v1/handover", n.servePoll)
 	mux.HandleFunc("POST /peer/v1/handover/cancel", n.serveCancel)
 	mux.HandleFunc("POST /peer/v1/handover/commit", n.serveCommit)
+	mux.HandleFunc("POST /peer/v1/handover/start", n.serveStart)
 	return mux
 }
 
@@ -72,7 +78,7 @@ func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "hold: between 0 and %s", maxHold)
 		return
 	}
-	j, err := n.jobs.AcceptHandover(api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, o.User, o.Spec, time.Duration(o.Hold))
+	j, err := n.jobs.AcceptHandover(api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, o.User, o.Spec, min(time.Duration(o.Hold), n.holdCap()))
 	var ref *jobs.Refusal
 	switch {
 	case errors.As(err, &ref):
@@ -132,12 +138,35 @@ func (n *Node) serveCommit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := n.jobs.CommitHeld(j.Origin.Key); err != nil {
+	var barrier time.Duration
+	if b := r.URL.Query().Get("barrier"); b != "" {
+		d, err := time.ParseDuration(b)
+		if err != nil || d <= 0 || d > maxHold {
+			fail(w, http.StatusBadRequest, "barrier: a duration above 0 and at most %s, got %q", maxHold, b)
+			return
+		}
+		barrier = min(d, n.holdCap())
+	}
+	started, err := n.jobs.CommitHeld(j.Origin.Key, barrier)
+	if err != nil {
 		fail(w, http.StatusConflict, "%v", err)
 		return
 	}
 	n.renew(j.Origin.Key)
+	if !started {
+		w.WriteHeader(http.StatusAccepted) // committed, waiting for its start
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// holdCap is the most this host holds another host's gang member, before
+// its commit and again until its start.
+func (n *Node) holdCap() time.Duration {
+	if c := n.cfg.MaxGangHold; c > 0 {
+		return min(c, maxHold)
+	}
+	return maxHold
 }
 
 func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
@@ -145,7 +174,14 @@ func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if n.jobs.ReleaseHeld(j.Origin.Key) {
+	why := "its gang was aborted by origin " + j.Origin.Node
+	if w := r.URL.Query().Get("why"); w != "" {
+		if len(w) > 1024 {
+			w = strings.ToValidUTF8(w[:1024], "") + "…"
+		}
+		why = w + " (origin " + j.Origin.Node + ")"
+	}
+	if n.jobs.ReleaseHeld(j.Origin.Key, why) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
@@ -288,8 +324,14 @@ func (n *Node) Poll(ctx context.Context, h api.Handover, offset int64) (jobs.Rem
 }
 
 // Cancel asks the job's peer to cancel it.
-func (n *Node) Cancel(ctx context.Context, h api.Handover) error {
+func (n *Node) Cancel(ctx context.Context, h api.Handover) error { return n.cancel(ctx, h, "") }
+
+// cancel is Cancel recording why (a held gang member's release).
+func (n *Node) cancel(ctx context.Context, h api.Handover, why string) error {
 	q := url.Values{"key": {h.Key}}
+	if why != "" {
+		q.Set("why", why)
+	}
 	resp, _, err := n.call(ctx, h.Peer, h.Address, "POST", "/peer/v1/handover/cancel?"+q.Encode(), nil)
 	if err != nil {
 		return err
