@@ -68,6 +68,12 @@ type PeersConfig struct {
 	Users PeerUsersConfig `json:"users"`
 	// Limits bound what each peer may send and hold here.
 	Limits PeerLimitsConfig `json:"limits"`
+	// MaxGangHold is the most this host keeps another host's cross-host
+	// gang member placed and not started: the hold before its gang's
+	// commit, and the start barrier after it (default and most: 1m).
+	// Shorter ties up less here for a slow origin, and fails gangs whose
+	// origin needs longer.
+	MaxGangHold Duration `json:"max_gang_hold,omitempty"`
 }
 
 // PeerUsersConfig is peers.users: the local users a peer's jobs may run as
@@ -160,6 +166,8 @@ func (c PeersConfig) validate() (string, error) {
 		return "peers.poll", fmt.Errorf("at least 10ms")
 	case c.Lease < 4*c.Poll:
 		return "peers.lease", fmt.Errorf("at least 4 × peers.poll (%v), got %v", time.Duration(4*c.Poll), time.Duration(c.Lease))
+	case c.MaxGangHold < 0 || c.MaxGangHold > Duration(time.Minute):
+		return "peers.max_gang_hold", fmt.Errorf("between 0 (the default, 1m) and 1m, got %v", time.Duration(c.MaxGangHold))
 	}
 	switch l := c.Limits; {
 	case l.OffersPerSecond <= 0:
@@ -207,8 +215,9 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, auditLog *audit.
 		Profile: p.Profile, KeyringFile: p.KeyringFile,
 		CertFile: p.Cert, KeyFile: p.Key, CAFile: p.CA,
 		Broadcast: time.Duration(p.BroadcastInterval), Lease: time.Duration(p.Lease),
-		Profiles:  cfg.Placement.profiles(), // peers are ranked as the placer scores this host
-		OfferRate: p.Limits.OffersPerSecond, OfferBurst: p.Limits.OfferBurst,
+		MaxGangHold: time.Duration(p.MaxGangHold),
+		Profiles:    cfg.Placement.profiles(), // peers are ranked as the placer scores this host
+		OfferRate:   p.Limits.OffersPerSecond, OfferBurst: p.Limits.OfferBurst,
 		MaxOfferBytes: offerBytes(cfg.Limits.MaxSpecBytes),
 		Audit:         auditLog,
 	}, mgr, host, log)

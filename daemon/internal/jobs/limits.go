@@ -98,8 +98,8 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 	}
 	// Gangs within the batch must agree with each other.
 	for i, s := range specs {
-		if s.Gang == nil {
-			continue
+		if s.Gang == nil || e.Offer != nil {
+			continue // a peer's gang member is not a gang here
 		}
 		key := strconv.FormatUint(uint64(c.UID), 10) + "/" + s.Gang.Name
 		if n, ok := r.gangs[key]; ok && n != s.Gang.Size {
@@ -131,7 +131,7 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 			}
 			bytes += m.specBytesOf(j)
 		}
-		if g := j.Spec.Gang; g != nil && !j.State.Terminal() {
+		if g := j.Spec.Gang; g != nil && j.Origin == nil && !j.State.Terminal() {
 			if n, ok := r.gangs[gangKey(j)]; ok && n != g.Size {
 				i := slices.IndexFunc(specs, func(s api.JobSpec) bool { return s.Gang != nil && s.Gang.Name == g.Name })
 				return nil, api.FieldError(prefix(i)+"gang.size", "gang %q already has members of size %d (job %s); got %d", g.Name, g.Size, j.ID, n)

@@ -203,6 +203,20 @@ func (m *Manager) Recover() error {
 		switch j.State {
 		case api.StatePending:
 		case api.StatePlaced:
+			if j.Origin != nil && j.Spec.Gang != nil {
+				// A gang member a peer reserved here (held or committed,
+				// never started): its hold or barrier did not survive the
+				// restart, so it is released rather than queued to run
+				// without its gang.
+				if err := m.transition(j, api.StateCancelled, "fusiond restarted while the member was held for its gang: released, never started", func(j *api.Job) {
+					t := m.now()
+					j.FinishedAt = &t
+					j.Allocation = nil
+				}); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := m.transition(j, api.StatePending, "placement dropped: fusiond restarted before the job started", func(j *api.Job) {
 				j.Allocation = nil
 			}); err != nil {
@@ -502,13 +516,14 @@ func (m *Manager) noteDeviceHealth(device string, healthy bool, why string) {
 
 // annotate records an event on an active job that does not change its
 // state, stores and publishes it; a job that has moved on to pending or a
-// final state meanwhile is left alone. A store failure is logged (the
-// in-memory record is put back).
-func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) {
+// final state meanwhile is left alone (ErrBadTransition). A store failure
+// is logged and returned (the in-memory record is put back).
+func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) error {
 	m.mu.Lock()
 	if !active(j.State) {
+		state := j.State
 		m.mu.Unlock()
-		return
+		return fmt.Errorf("job %s is %s: %w", j.ID, state, ErrBadTransition)
 	}
 	before := cloneJob(j)
 	ev := api.Event{Time: m.now(), From: j.State, To: j.State, Reason: reason}
@@ -524,12 +539,13 @@ func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) {
 			*j = before
 		}
 		m.mu.Unlock()
-		m.log.Warn("could not record a device event on a job", "job", j.ID, "reason", reason, "err", err)
-		return
+		m.log.Warn("could not record an event on a job", "job", j.ID, "reason", reason, "err", err)
+		return err
 	}
 	m.noteStoreOK()
 	m.publish(&snap, ev)
 	m.log.Warn("job event", "job", j.ID, "state", snap.State, "reason", reason)
+	return nil
 }
 
 // active is true of the states in which a job holds its allocation.
@@ -833,6 +849,9 @@ func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, e
 // launcher sees the flag before it starts the process, or the process gets
 // SIGTERM (and SIGKILL after the grace period).
 func (m *Manager) cancelStarted(c api.Caller, id, by string) (api.Job, error) {
+	if m.releaseIfHeld(id, by+" while it was held for its gang: released, never started") {
+		return m.Get(context.Background(), c, id)
+	}
 	m.mu.Lock()
 	j := m.jobs[id]
 	if j.State.Terminal() {

@@ -93,10 +93,14 @@ type overflowState struct {
 	offering map[string]bool
 	retryAt  map[string]time.Time
 	refused  map[string]string
-	// held are accepted gang members waiting for their gang's commit,
-	// each with the timer that releases it.
-	held      map[string]*time.Timer
-	committed map[string]bool
+	// held are accepted gang members that have not started (held for
+	// their gang's commit, then committed and waiting for its start),
+	// each with the timer that releases it. Every entry holds a placement
+	// here, so the map is bounded by what the host can place; an entry
+	// goes when its member starts or is released. Whether a member
+	// started is read from its record (gangs.go), so no set of committed
+	// keys is kept.
+	held map[string]*heldMember
 	// accept serialises hand-overs accepted from peers.
 	accept sync.Mutex
 }

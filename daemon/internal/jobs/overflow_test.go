@@ -255,12 +255,14 @@ func TestHeldGangMembers(t *testing.T) {
 	if j, _ := m.Get(context.Background(), root, held.ID); j.State != api.StatePlaced {
 		t.Fatalf("a held member is %s before its commit", j.State)
 	}
-	if err := m.CommitHeld("o/1#1"); err != nil {
-		t.Fatal(err)
+	// An origin that predates the start barrier commits without one: the
+	// member starts at its commit.
+	if started, err := m.CommitHeld("o/1#1", 0); err != nil || !started {
+		t.Fatalf("commit without a barrier: started %v, %v", started, err)
 	}
 	waitFor(t, m, held.ID, state(api.StateSucceeded))
-	if err := m.CommitHeld("o/1#1"); err != nil {
-		t.Errorf("a second commit: %v", err)
+	if started, err := m.CommitHeld("o/1#1", 0); err != nil || !started {
+		t.Errorf("a second commit: started %v, %v", started, err)
 	}
 
 	expires, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, User: "nobody", Hold: 100 * time.Millisecond}, spec)
@@ -271,7 +273,7 @@ func TestHeldGangMembers(t *testing.T) {
 	if !strings.Contains(j.Reason, "not committed within") {
 		t.Errorf("expired hold: %s", j.Reason)
 	}
-	if err := m.CommitHeld("o/2#1"); !errors.Is(err, jobs.ErrNotHeld) {
+	if _, err := m.CommitHeld("o/2#1", time.Second); !errors.Is(err, jobs.ErrNotHeld) || !strings.Contains(err.Error(), "not committed within") {
 		t.Errorf("commit after the hold ended: %v", err)
 	}
 
@@ -279,10 +281,10 @@ func TestHeldGangMembers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !m.ReleaseHeld("o/3#1") || m.ReleaseHeld("o/3#1") {
+	if !m.ReleaseHeld("o/3#1", "its gang was aborted by the origin") || m.ReleaseHeld("o/3#1", "again") {
 		t.Fatal("ReleaseHeld did not release exactly once")
 	}
-	if j := waitFor(t, m, aborted.ID, state(api.StateCancelled)); !strings.Contains(j.Reason, "aborted by the origin") {
+	if j := waitFor(t, m, aborted.ID, state(api.StateCancelled)); j.Reason != "its gang was aborted by the origin: released, never started" {
 		t.Errorf("aborted: %s", j.Reason)
 	}
 	// Released members gave their CPUs back: four 1-CPU members fit.
@@ -316,10 +318,14 @@ func (f *fakeGangPeers) ReserveGang(_ context.Context, locals []string, members 
 	return hs, nil
 }
 
-func (f *fakeGangPeers) CommitGang(_ context.Context, hs []api.Handover) error {
-	f.committed += len(hs)
-	return nil
+func (f *fakeGangPeers) CommitMember(context.Context, api.Handover) (bool, error) {
+	f.committed++
+	return false, nil
 }
+
+func (f *fakeGangPeers) StartMember(context.Context, api.Handover) error { return nil }
+
+func (f *fakeGangPeers) ReleaseMember(context.Context, api.Handover, string) error { return nil }
 
 // A gang bigger than this host goes to peers whole or stays queued.
 func TestGangHandedOverWhole(t *testing.T) {

@@ -249,7 +249,9 @@ func groupQueue(pending []*api.Job, queuedAt map[string]time.Time) []queued {
 	at := map[string]int{}
 	for _, j := range pending {
 		g := j.Spec.Gang
-		if g == nil {
+		if g == nil || j.Origin != nil {
+			// A peer's member of a cross-host gang is placed alone:
+			// its origin holds the gang together.
 			out = append(out, queued{group: []*api.Job{j}, queuedAt: queuedAt[j.ID]})
 			continue
 		}

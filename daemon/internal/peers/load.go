@@ -26,8 +26,9 @@ type Jobs interface {
 	HeldDevices() map[string]bool
 	Ready() error
 	AcceptHandover(ctx context.Context, o jobs.Offer, spec api.JobSpec) (api.Job, error)
-	CommitHeld(key string) error
-	ReleaseHeld(key string) bool
+	CommitHeld(key string, barrier time.Duration) (started bool, err error)
+	StartCommitted(key string) error
+	ReleaseHeld(key, why string) bool
 	AcceptedByKey(key string) (api.Job, bool)
 	Accepted() []api.Job
 	Cancel(ctx context.Context, c api.Caller, id string) (api.Job, error)

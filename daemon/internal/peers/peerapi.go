@@ -25,8 +25,13 @@ import (
 //
 //	POST /peer/v1/offers                     offer a job (offerRequest) → offerAnswer
 //	GET  /peer/v1/handover?key=K&offset=N    the job's state and output from N; renews its lease
-//	POST /peer/v1/handover/cancel?key=K      cancel it (a held gang member: release it)
-//	POST /peer/v1/handover/commit?key=K      start a held gang member
+//	POST /peer/v1/handover/cancel?key=K[&why=W]   cancel it (a held or committed gang member: release it, recording W)
+//	POST /peer/v1/handover/commit?key=K[&barrier=D]  commit a held gang member: 202, kept placed (not started) for
+//	                                          the start barrier D (at most the peer's hold cap); without D: started, 204
+//	POST /peer/v1/handover/start?key=K       start a committed gang member (204; 409 once its barrier ended)
+//
+// Gang members: see gangs.go (hold, commit, start barrier; what older
+// peers do with the parameters they do not know: ignore them).
 //
 // The calling peer is the node its certificate names: an offer's key must
 // start with that name, and only the origin may poll or cancel its jobs.
@@ -37,6 +42,7 @@ func (n *Node) handler() http.Handler {
 	mux.HandleFunc("GET /peer/v1/handover", n.servePoll)
 	mux.HandleFunc("POST /peer/v1/handover/cancel", n.serveCancel)
 	mux.HandleFunc("POST /peer/v1/handover/commit", n.serveCommit)
+	mux.HandleFunc("POST /peer/v1/handover/start", n.serveStart)
 	return mux
 }
 
@@ -88,7 +94,7 @@ func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The job manager's admission audits the offer from here on.
-	offer := jobs.Offer{From: api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, User: o.User, Hold: time.Duration(o.Hold)}
+	offer := jobs.Offer{From: api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, User: o.User, Hold: min(time.Duration(o.Hold), n.holdCap())}
 	j, err := n.jobs.AcceptHandover(r.Context(), offer, o.Spec)
 	var ref *admission.Refusal
 	var ae *api.Error
@@ -160,13 +166,37 @@ func (n *Node) serveCommit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := n.jobs.CommitHeld(j.Origin.Key); err != nil {
+	var barrier time.Duration
+	if b := r.URL.Query().Get("barrier"); b != "" {
+		d, err := time.ParseDuration(b)
+		if err != nil || d <= 0 || d > maxHold {
+			n.refuse(w, r, j.Origin.Node, "peer.commit", j.ID, http.StatusBadRequest, fmt.Sprintf("barrier: a duration above 0 and at most %s, got %q", maxHold, b))
+			return
+		}
+		barrier = min(d, n.holdCap())
+	}
+	started, err := n.jobs.CommitHeld(j.Origin.Key, barrier)
+	if err != nil {
 		n.refuse(w, r, j.Origin.Node, "peer.commit", j.ID, http.StatusConflict, err.Error())
 		return
 	}
 	n.renew(j.Origin.Key)
+	if !started {
+		n.audit(r, j.Origin.Node, "peer.commit", j.ID, http.StatusAccepted, "key "+j.Origin.Key+": committed, waiting for its start")
+		w.WriteHeader(http.StatusAccepted) // committed, waiting for its start
+		return
+	}
 	n.audit(r, j.Origin.Node, "peer.commit", j.ID, http.StatusNoContent, "key "+j.Origin.Key)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// holdCap is the most this host holds another host's gang member, before
+// its commit and again until its start.
+func (n *Node) holdCap() time.Duration {
+	if c := n.cfg.MaxGangHold; c > 0 {
+		return min(c, maxHold)
+	}
+	return maxHold
 }
 
 func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
@@ -174,7 +204,14 @@ func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if n.jobs.ReleaseHeld(j.Origin.Key) {
+	why := "its gang was aborted by origin " + j.Origin.Node
+	if w := r.URL.Query().Get("why"); w != "" {
+		if len(w) > 1024 {
+			w = strings.ToValidUTF8(w[:1024], "") + "…"
+		}
+		why = w + " (origin " + j.Origin.Node + ")"
+	}
+	if n.jobs.ReleaseHeld(j.Origin.Key, why) {
 		n.audit(r, j.Origin.Node, "peer.cancel", j.ID, http.StatusNoContent, "key "+j.Origin.Key+": held gang member released")
 		w.WriteHeader(http.StatusNoContent)
 		return
@@ -320,8 +357,14 @@ func (n *Node) Poll(ctx context.Context, h api.Handover, offset int64) (jobs.Rem
 }
 
 // Cancel asks the job's peer to cancel it.
-func (n *Node) Cancel(ctx context.Context, h api.Handover) error {
+func (n *Node) Cancel(ctx context.Context, h api.Handover) error { return n.cancel(ctx, h, "") }
+
+// cancel is Cancel recording why (a held gang member's release).
+func (n *Node) cancel(ctx context.Context, h api.Handover, why string) error {
 	q := url.Values{"key": {h.Key}}
+	if why != "" {
+		q.Set("why", why)
+	}
 	resp, _, err := n.call(ctx, h.Peer, h.Address, "POST", "/peer/v1/handover/cancel?"+q.Encode(), nil)
 	if err != nil {
 		return err

@@ -65,6 +65,10 @@ type Config struct {
 	Lease time.Duration
 	// MaxLoadAge: a peer whose load is older is not offered jobs.
 	MaxLoadAge time.Duration
+	// MaxGangHold is the most this host keeps another host's gang member
+	// placed and not started: the hold it grants before the commit, and
+	// the start barrier after it (0: a minute, the most any peer grants).
+	MaxGangHold time.Duration
 	// Profiles are the placement engine's class profiles peers are
 	// ranked with (nil: the engine's defaults), as the placer's.
 	Profiles sched.Profiles

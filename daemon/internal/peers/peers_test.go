@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -108,23 +109,46 @@ type fakeJobs struct {
 	accepted    map[string]*api.Job
 	offers      int
 	cancels     []string
-	// held, committed, released: gang member keys.
-	held, committed, released []string
+	// held, committed, started, released: gang member keys; barriers the
+	// barrier of each commit; whys each release's reason.
+	held, committed, started, released []string
+	barriers                           []time.Duration
+	whys                               []string
+	// noBarrier answers commits as a peer that predates the start
+	// barrier: started at once.
+	noBarrier bool
 }
 
-func (f *fakeJobs) CommitHeld(key string) error {
+func (f *fakeJobs) CommitHeld(key string, barrier time.Duration) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	j, ok := f.accepted[key]
-	if !ok || j.State != api.StatePlaced {
-		return errors.New("not held")
+	if !ok || j.State != api.StatePlaced || slices.Contains(f.committed, key) {
+		return false, errors.New("not held")
+	}
+	f.committed = append(f.committed, key)
+	f.barriers = append(f.barriers, barrier)
+	if barrier == 0 || f.noBarrier {
+		j.State = api.StateRunning
+		f.started = append(f.started, key)
+		return true, nil
+	}
+	return false, nil
+}
+
+func (f *fakeJobs) StartCommitted(key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	j, ok := f.accepted[key]
+	if !ok || j.State != api.StatePlaced || !slices.Contains(f.committed, key) {
+		return errors.New("not committed")
 	}
 	j.State = api.StateRunning
-	f.committed = append(f.committed, key)
+	f.started = append(f.started, key)
 	return nil
 }
 
-func (f *fakeJobs) ReleaseHeld(key string) bool {
+func (f *fakeJobs) ReleaseHeld(key, why string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	j, ok := f.accepted[key]
@@ -133,6 +157,7 @@ func (f *fakeJobs) ReleaseHeld(key string) bool {
 	}
 	j.State = api.StateCancelled
 	f.released = append(f.released, key)
+	f.whys = append(f.whys, why)
 	return true
 }
 
@@ -204,12 +229,13 @@ func (f *fakeJobs) LogPath(api.Caller, string) (string, bool, error) {
 }
 
 type cluster struct {
-	// lease is the nodes' lease (500ms when 0).
-	lease time.Duration
-	t     *testing.T
-	ca    *testCA
-	nodes []*Node
-	jobs  []*fakeJobs
+	// lease is the nodes' lease (500ms when 0); maxGangHold the
+	// MaxGangHold of the nodes started after it is set.
+	lease, maxGangHold time.Duration
+	t                  *testing.T
+	ca                 *testCA
+	nodes              []*Node
+	jobs               []*fakeJobs
 }
 
 func key(b byte) string {
@@ -223,7 +249,7 @@ func (c *cluster) start(name string, host *fakeHost, keys []string, join ...stri
 	cert, k := c.ca.issue(c.t, name)
 	cfg := Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Join: join, Profile: "local",
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"),
-		Broadcast: 50 * time.Millisecond, Lease: cmpOr2(c.lease, 500*time.Millisecond)}
+		Broadcast: 50 * time.Millisecond, Lease: cmpOr2(c.lease, 500*time.Millisecond), MaxGangHold: c.maxGangHold}
 	if keys != nil {
 		cfg.KeyringFile = filepath.Join(c.ca.dir, name+".keyring")
 		os.WriteFile(cfg.KeyringFile, []byte(strings.Join(keys, "\n")+"\n"), 0o600)
@@ -516,11 +542,25 @@ func TestGangReservedAcrossPeersAllOrNothing(t *testing.T) {
 	if len(c.jobs[1].held)+len(c.jobs[2].held) != 2 || len(c.jobs[1].committed)+len(c.jobs[2].committed) != 0 {
 		t.Fatal("members not held, or started before the commit")
 	}
-	if err := a.CommitGang(context.Background(), hs); err != nil {
-		t.Fatal(err)
+	// Commit: each peer keeps its member for the start barrier, unstarted.
+	for _, h := range hs {
+		started, err := a.CommitMember(context.Background(), h)
+		if err != nil || started {
+			t.Fatalf("commit on %s: started %v, %v", h.Peer, started, err)
+		}
 	}
-	if len(c.jobs[1].committed) != 1 || len(c.jobs[2].committed) != 1 {
-		t.Fatalf("committed b %v, c %v", c.jobs[1].committed, c.jobs[2].committed)
+	for _, f := range c.jobs[1:] {
+		if len(f.committed) != 1 || len(f.started) != 0 || f.barriers[0] != gangBarrier {
+			t.Fatalf("after the commits: committed %v, started %v, barriers %v", f.committed, f.started, f.barriers)
+		}
+	}
+	for _, h := range hs {
+		if err := a.StartMember(context.Background(), h); err != nil {
+			t.Fatalf("start on %s: %v", h.Peer, err)
+		}
+	}
+	if len(c.jobs[1].started) != 1 || len(c.jobs[2].started) != 1 {
+		t.Fatalf("started b %v, c %v", c.jobs[1].started, c.jobs[2].started)
 	}
 	// Three members, room for two (by the gossip, which still shows the
 	// fake peers' GPUs free): the third finds no peer, and the two held
@@ -534,6 +574,65 @@ func TestGangReservedAcrossPeersAllOrNothing(t *testing.T) {
 	held := len(c.jobs[1].held) + len(c.jobs[2].held) - 2
 	if held == 0 || released != held {
 		t.Fatalf("held %d members of the failed gang, released %d", held, released)
+	}
+	for _, f := range c.jobs[1:] {
+		for _, why := range f.whys {
+			if !strings.Contains(why, "its gang could not be reserved: no peer holds member ") || !strings.HasSuffix(why, "(origin a)") {
+				t.Errorf("release reason %q", why)
+			}
+		}
+	}
+}
+
+// The wire of the start barrier: a commit carries the barrier (capped by
+// the peer's MaxGangHold) and is answered 202 (committed, not started); a
+// peer that predates the barrier starts the member at its commit (204),
+// which CommitMember reports; a release carries the origin's reason.
+func TestGangCommitStartWire(t *testing.T) {
+	c := newCluster(t)
+	gpu := devices.Device{ID: "b1", Kind: devices.GPU, Model: "NVIDIA H100", Health: devices.Health{Healthy: true}}
+	a := c.start("a", &fakeHost{cpu: 4000}, nil)
+	c.maxGangHold = 3 * time.Second // b's cap: the barrier asked is 10s
+	c.start("b", &fakeHost{cpu: 8000, gpus: []devices.Device{gpu}}, nil, a.GossipAddr())
+	eventually(t, "loads", func() bool { return len(loads(a)) == 2 })
+	fb := c.jobs[1]
+	member := func(id string) api.Job { return api.Job{ID: id, Spec: gpuSpec(), Owner: api.Owner{User: "root"}} }
+	reserve := func(local string) api.Handover {
+		t.Helper()
+		hs, err := a.ReserveGang(context.Background(), []string{local}, []api.Job{member(local)})
+		if err != nil || len(hs) != 1 {
+			t.Fatalf("reserve: %v", err)
+		}
+		return hs[0]
+	}
+	h := reserve("1#1")
+	started, err := a.CommitMember(context.Background(), h)
+	if err != nil || started {
+		t.Fatalf("commit: started %v, %v", started, err)
+	}
+	if fb.barriers[0] != 3*time.Second {
+		t.Fatalf("barrier granted %v, want the peer's cap 3s", fb.barriers[0])
+	}
+	if err := a.ReleaseMember(context.Background(), h, "its gang was aborted by the origin: the commit of member 2 of 2 failed"); err != nil {
+		t.Fatal(err)
+	}
+	if len(fb.whys) != 1 || fb.whys[0] != "its gang was aborted by the origin: the commit of member 2 of 2 failed (origin a)" {
+		t.Fatalf("release reasons %q", fb.whys)
+	}
+	if err := a.StartMember(context.Background(), h); err == nil {
+		t.Fatal("a released member started")
+	}
+
+	fb.mu.Lock()
+	fb.noBarrier = true
+	fb.mu.Unlock()
+	h = reserve("2#1")
+	started, err = a.CommitMember(context.Background(), h)
+	if err != nil || !started {
+		t.Fatalf("commit on a peer without the barrier: started %v, %v", started, err)
+	}
+	if fb.started[len(fb.started)-1] != h.Key {
+		t.Fatalf("started %v", fb.started)
 	}
 }
 
