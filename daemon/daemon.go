@@ -623,6 +623,20 @@ func (s *service) Get(ctx context.Context, c api.Caller, id string) (api.Job, er
 	return j, err
 }
 
+// ListPage adds the running jobs' run-queue latency and SLO state, as Get
+// does, to the manager's page (one snapshot).
+func (s *service) ListPage(ctx context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, string, error) {
+	page, next, err := s.Manager.ListPage(ctx, c, opts)
+	if err == nil && s.qos != nil {
+		for i := range page {
+			if page[i].State == api.StateRunning {
+				page[i].Latency = s.qos.JobLatency(page[i].ID)
+			}
+		}
+	}
+	return page, next, err
+}
+
 // fileDescriptorsOwnUse is what the daemon keeps open besides its API and
 // metrics connections (state database, job logs, cgroup and BPF files,
 // monitors' sockets, peers), with room to spare.

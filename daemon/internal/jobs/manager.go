@@ -730,13 +730,19 @@ func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, erro
 	return out, nil
 }
 
-// ListPage returns the IDs of one page of the jobs c may see that match
-// opts, newest first, and the token for the next page ("" on the last).
-// A page holds opts.Limit jobs (api.DefaultPageSize when 0), at most
-// api.MaxPageSize; the token is the last ID returned, so a page resumes
-// where the previous one stopped even while jobs are added or forgotten.
-// Nothing but the IDs is copied: the server streams the jobs one by one.
-func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions) ([]string, string, error) {
+// ListPage returns one page of the jobs c may see that match opts, newest
+// first, and the token for the next page ("" on the last). A page holds
+// opts.Limit jobs (api.DefaultPageSize when 0), at most api.MaxPageSize;
+// the token is the last ID returned, so a page resumes where the previous
+// one stopped even while jobs are added or forgotten.
+//
+// A page is one snapshot: its jobs are chosen and copied under one
+// acquisition of the lock, so no change lands between two of them (a
+// device that changes hands shows under one job of the page, never two).
+// Only the running jobs' usage is read after the lock is let go (measured
+// now, as Get does). Pages read one after the other are each a snapshot,
+// of different moments.
+func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, string, error) {
 	size := opts.Limit
 	if size <= 0 {
 		size = api.DefaultPageSize
@@ -751,25 +757,91 @@ func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions
 		before = n
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	hits := make([]uint64, 0, min(len(m.jobs), 4*size))
+	hits := make([]listHit, 0, min(len(m.jobs), 4*size))
 	for _, j := range m.jobs {
 		n := idNum(j.ID)
 		if (before == 0 || n < before) && visible(c, j) && matches(j, opts) {
-			hits = append(hits, n)
+			hits = append(hits, listHit{n, j})
 		}
 	}
-	slices.SortFunc(hits, func(a, b uint64) int { return cmp.Compare(b, a) })
-	next := ""
-	if len(hits) > size {
+	// The page's jobs are picked before they are sorted: the lock is held
+	// for a selection of all the matches and a sort of one page, not a
+	// sort of every match.
+	more := len(hits) > size
+	if more {
+		selectNewest(hits, size)
 		hits = hits[:size]
-		next = strconv.FormatUint(hits[size-1], 10)
 	}
-	ids := make([]string, len(hits))
-	for i, n := range hits {
-		ids[i] = strconv.FormatUint(n, 10)
+	slices.SortFunc(hits, func(a, b listHit) int { return cmp.Compare(b.n, a.n) })
+	next := ""
+	if more {
+		next = strconv.FormatUint(hits[size-1].n, 10)
 	}
-	return ids, next, nil
+	out := make([]api.Job, len(hits))
+	var measure map[int]UsageReporter
+	for i, h := range hits {
+		out[i] = cloneJob(h.j)
+		if h.j.State != api.StateRunning {
+			continue
+		}
+		if ur, ok := m.procs[h.j.ID].(UsageReporter); ok {
+			if measure == nil {
+				measure = map[int]UsageReporter{}
+			}
+			measure[i] = ur
+		}
+	}
+	m.mu.Unlock()
+	// A running job's usage is measured now, not stored.
+	for i, ur := range measure {
+		if u, err := ur.Usage(); err == nil {
+			out[i].Usage = &u
+		}
+	}
+	return out, next, nil
+}
+
+// listHit is a job that matches a listing, with its ID as a number.
+type listHit struct {
+	n uint64
+	j *api.Job
+}
+
+// selectNewest reorders h so that its first k entries are the k with the
+// highest IDs, in no particular order (quickselect: linear on average,
+// where sorting every match would be n log n). 0 < k < len(h).
+func selectNewest(h []listHit, k int) {
+	lo, hi := 0, len(h)-1
+	for lo < hi {
+		// Median of three as the pivot; entries above it go left.
+		mid := lo + (hi-lo)/2
+		if h[mid].n > h[lo].n {
+			h[mid], h[lo] = h[lo], h[mid]
+		}
+		if h[hi].n > h[lo].n {
+			h[hi], h[lo] = h[lo], h[hi]
+		}
+		if h[mid].n > h[hi].n {
+			h[mid], h[hi] = h[hi], h[mid]
+		}
+		pivot := h[hi].n // the median, now at hi
+		i := lo
+		for j := lo; j < hi; j++ {
+			if h[j].n > pivot {
+				h[i], h[j] = h[j], h[i]
+				i++
+			}
+		}
+		h[i], h[hi] = h[hi], h[i]
+		switch {
+		case i == k || i == k-1:
+			return
+		case i < k:
+			lo = i + 1
+		default:
+			hi = i - 1
+		}
+	}
 }
 
 // Running returns a copy of every job running on this host, oldest first
