@@ -97,6 +97,10 @@ type Manager struct {
 	// their holds (admit.go).
 	byOrigin map[string]string
 	holds    map[string]time.Duration
+	// releasing are jobs whose end (or return to the queue) is being
+	// recorded before what they held is given back: the queue leaves
+	// them alone until it is.
+	releasing map[string]bool
 	// finished holds, per finished job, a monotonic reading of when it
 	// finished: retention by age measures from it, never from the
 	// recorded (wall-clock) FinishedAt.
@@ -143,6 +147,7 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		settles:    make(chan settle, 64),
 		byOrigin:   map[string]string{},
 		holds:      map[string]time.Duration{},
+		releasing:  map[string]bool{},
 		gcKick:     make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
 		reserved:   map[*reservation]struct{}{},

@@ -84,6 +84,9 @@ func (m *Manager) schedule() {
 	for _, j := range m.jobs {
 		switch j.State {
 		case api.StatePending:
+			if m.releasing[j.ID] {
+				continue // its last placement is being given back
+			}
 			pending = append(pending, j)
 			if _, ok := q.queuedAt[j.ID]; !ok {
 				q.queuedAt[j.ID] = pendingSince(j, now)
