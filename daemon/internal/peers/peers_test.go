@@ -225,6 +225,8 @@ func (c *cluster) start(name string, host *fakeHost, keys []string, join ...stri
 	if keys != nil {
 		cfg.KeyringFile = filepath.Join(c.ca.dir, name+".keyring")
 		os.WriteFile(cfg.KeyringFile, []byte(strings.Join(keys, "\n")+"\n"), 0o600)
+	} else {
+		cfg.InsecureGossip = true
 	}
 	j := newFakeJobs()
 	n, err := New(cfg, j, host, nil)
@@ -542,7 +544,7 @@ func TestDNSSeedJoins(t *testing.T) {
 	a := c.start("a", &fakeHost{cpu: 1000}, nil)
 	_, port, _ := strings.Cut(a.GossipAddr(), ":")
 	cert, k := c.ca.issue(t, "b")
-	b, err := New(Config{NodeName: "b", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", DNSSeed: "localhost:" + port,
+	b, err := New(Config{NodeName: "b", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", DNSSeed: "localhost:" + port, InsecureGossip: true,
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"), Broadcast: 50 * time.Millisecond}, newFakeJobs(), &fakeHost{cpu: 2000}, nil)
 	if err != nil {
 		t.Fatal(err)
