@@ -3,8 +3,8 @@ package peers
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"net"
+	"slices"
 	"time"
 	"unicode/utf8"
 
