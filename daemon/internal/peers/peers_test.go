@@ -218,6 +218,14 @@ func key(b byte) string {
 // encryption) and joining join.
 func (c *cluster) start(name string, host *fakeHost, keys []string, join ...string) *Node {
 	c.t.Helper()
+	n := c.add(name, host, keys, join...)
+	n.Start()
+	return n
+}
+
+// add is start without Start (a test changes the node first).
+func (c *cluster) add(name string, host Host, keys []string, join ...string) *Node {
+	c.t.Helper()
 	cert, k := c.ca.issue(c.t, name)
 	cfg := Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Join: join, Profile: "local",
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"),
@@ -233,7 +241,6 @@ func (c *cluster) start(name string, host *fakeHost, keys []string, join ...stri
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	n.Start()
 	c.t.Cleanup(n.Close)
 	c.nodes = append(c.nodes, n)
 	c.jobs = append(c.jobs, j)
