@@ -301,9 +301,10 @@ func (n *Node) Start() {
 	}()
 	go n.joinLoop()
 	go n.broadcastLoop()
-	go n.leaseLoop()
+	go n.every(max(n.cfg.Lease/4, 50*time.Millisecond), n.checkLeases)
 	go n.keyLoop()
-	go n.pruneLoop()
+	// The maps peers can grow stay bounded.
+	go n.every(max(n.cfg.Broadcast, 50*time.Millisecond), func() { n.prune(time.Now()) })
 }
 
 // Close leaves the peers and stops the peer API.
@@ -684,12 +685,10 @@ func cmpOr(a, b string) string {
 
 var _ jobs.Overflow = (*Node)(nil)
 
-// leaseLoop stops jobs handed over here whose origin stopped polling
-// them for a lease: the origin takes such a job back only after longer
-// than that, so the job never runs here and elsewhere at once.
-func (n *Node) leaseLoop() {
+// every runs f every d until the node stops.
+func (n *Node) every(d time.Duration, f func()) {
 	defer n.wg.Done()
-	t := time.NewTicker(max(n.cfg.Lease/4, 50*time.Millisecond))
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -697,42 +696,49 @@ func (n *Node) leaseLoop() {
 			return
 		case <-t.C:
 		}
-		now := time.Now()
-		live := map[string]bool{}
-		for _, j := range n.jobs.Accepted() {
-			key := j.Origin.Key
-			live[key] = true
-			n.mu.Lock()
-			last, ok := n.leases[key]
-			if !ok {
-				// Accepted before this daemon started: the lease runs
-				// from now.
-				n.leases[key], last = now, now
-			}
-			n.mu.Unlock()
-			n.mu.Lock()
-			_, done := n.expired[key]
-			if now.Sub(last) > n.cfg.Lease && !done {
-				n.expireLocked(key, now)
-			}
-			n.mu.Unlock()
-			if now.Sub(last) <= n.cfg.Lease || done {
-				continue
-			}
-			n.log.Warn("origin stopped polling a handed-over job; stopping it", "job", j.ID, "origin", j.Origin.Node, "lease", n.cfg.Lease)
-			caller := api.Caller{Admin: true, User: "lease: origin " + j.Origin.Node + " silent for " + n.cfg.Lease.String()}
-			if _, err := n.jobs.Cancel(context.Background(), caller, j.ID); err != nil {
-				n.log.Warn("stopping a job whose lease ended", "job", j.ID, "err", err)
-			}
-		}
+		f()
+	}
+}
+
+// checkLeases stops jobs handed over here whose origin stopped polling
+// them for a lease: the origin takes such a job back only after longer
+// than that, so the job never runs here and elsewhere at once.
+func (n *Node) checkLeases() {
+	now := time.Now()
+	live := map[string]bool{}
+	for _, j := range n.jobs.Accepted() {
+		key := j.Origin.Key
+		live[key] = true
 		n.mu.Lock()
-		for k := range n.leases {
-			if !live[k] {
-				delete(n.leases, k) // expired stays: polls report the lease's end
-			}
+		last, ok := n.leases[key]
+		if !ok {
+			// Accepted before this daemon started: the lease runs
+			// from now.
+			n.leases[key], last = now, now
 		}
 		n.mu.Unlock()
+		n.mu.Lock()
+		_, done := n.expired[key]
+		if now.Sub(last) > n.cfg.Lease && !done {
+			n.expireLocked(key, now)
+		}
+		n.mu.Unlock()
+		if now.Sub(last) <= n.cfg.Lease || done {
+			continue
+		}
+		n.log.Warn("origin stopped polling a handed-over job; stopping it", "job", j.ID, "origin", j.Origin.Node, "lease", n.cfg.Lease)
+		caller := api.Caller{Admin: true, User: "lease: origin " + j.Origin.Node + " silent for " + n.cfg.Lease.String()}
+		if _, err := n.jobs.Cancel(context.Background(), caller, j.ID); err != nil {
+			n.log.Warn("stopping a job whose lease ended", "job", j.ID, "err", err)
+		}
 	}
+	n.mu.Lock()
+	for k := range n.leases {
+		if !live[k] {
+			delete(n.leases, k) // expired stays (expiredKeep): polls report the lease's end
+		}
+	}
+	n.mu.Unlock()
 }
 
 // expireLocked records that key's lease ended, forgetting the oldest
@@ -748,21 +754,6 @@ func (n *Node) expireLocked(key string, now time.Time) {
 		delete(n.expired, oldest)
 	}
 	n.expired[key] = now
-}
-
-// pruneLoop keeps the maps peers can grow bounded (prune).
-func (n *Node) pruneLoop() {
-	defer n.wg.Done()
-	t := time.NewTicker(max(n.cfg.Broadcast, 50*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-t.C:
-		}
-		n.prune(time.Now())
-	}
 }
 
 // prune reconciles the members with memberlist's (an event missed or
