@@ -460,10 +460,7 @@ func (n *Node) merge(msg signedLoad) bool {
 	}
 	pub, ok := n.keys[msg.Node]
 	if !ok {
-		if p, ok := n.pending[msg.Node]; !ok || p.Seq < msg.Seq {
-			n.pending[msg.Node] = msg
-		}
-		n.wantKeyLocked(msg.Node)
+		n.pendLocked(msg)
 		n.mu.Unlock()
 		return false
 	}
@@ -472,7 +469,7 @@ func (n *Node) merge(msg signedLoad) bool {
 		n.dropped.unsigned.Add(1)
 		n.log.Debug("dropping a load not signed by its node", "node", msg.Node, "seq", msg.Seq)
 		n.mu.Lock()
-		n.wantKeyLocked(msg.Node) // its certificate may have changed
+		n.pendLocked(msg) // its certificate may have changed: again with a new key
 		n.mu.Unlock()
 		return false
 	}
@@ -486,6 +483,15 @@ func (n *Node) merge(msg signedLoad) bool {
 	}
 	n.view[msg.Node] = &peerView{msg: msg.loadMsg, raw: msg.raw, received: time.Now()}
 	return true
+}
+
+// pendLocked keeps msg, if it is its node's newest, until its node's key
+// is fetched (n.mu held).
+func (n *Node) pendLocked(msg signedLoad) {
+	if p, ok := n.pending[msg.Node]; !ok || p.Seq < msg.Seq {
+		n.pending[msg.Node] = msg
+	}
+	n.wantKeyLocked(msg.Node)
 }
 
 // relay passes a load that was new here on.

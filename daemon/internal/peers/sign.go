@@ -112,9 +112,10 @@ func apiAddr(node *memberlist.Node) string {
 // NotifyJoin is memberlist's EventDelegate (called under memberlist's
 // lock: nothing here calls memberlist). A node seen for the first time,
 // or again after it left or died (a restart, a healed partition), starts
-// afresh: its view and key are dropped, so its next load counts whatever
-// its sequence number (a restarted daemon's may be lower), and its key
-// is fetched again (its certificate may be new).
+// afresh: its view is dropped, so its next load counts whatever its
+// sequence number (a restarted daemon's may be lower), and its key is
+// fetched again (its certificate may be new; the one known verifies
+// meanwhile).
 func (n *Node) NotifyJoin(node *memberlist.Node) {
 	if node.Name == n.cfg.NodeName {
 		return
@@ -127,7 +128,6 @@ func (n *Node) NotifyJoin(node *memberlist.Node) {
 	}
 	n.members[node.Name] = &member{api: apiAddr(node)}
 	delete(n.view, node.Name)
-	delete(n.keys, node.Name)
 	delete(n.tried, node.Name)
 	n.wantKeyLocked(node.Name)
 }
@@ -198,14 +198,23 @@ func (n *Node) keyLoop() {
 			n.mu.Unlock()
 			continue
 		}
+		old, had := n.keys[name]
 		n.keys[name] = pub
 		p, ok := n.pending[name]
 		delete(n.pending, name)
 		n.mu.Unlock()
+		if had && sameKey(old, pub) {
+			ok = false // what waited failed this very key already
+		}
 		if ok && n.merge(p) {
 			n.relay(p)
 		}
 	}
+}
+
+func sameKey(a, b crypto.PublicKey) bool {
+	k, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && k.Equal(b)
 }
 
 // fetchKey is the public key of the certificate node name presents at
