@@ -40,8 +40,12 @@ type PeersConfig struct {
 	// Profile is memberlist's timing preset: lan, wan or local.
 	Profile string `json:"profile"`
 	// KeyringFile holds the gossip encryption keys (base64, one a line,
-	// the primary first). Without it gossip is not encrypted.
+	// the primary first). Required with Enabled, unless InsecureGossip.
 	KeyringFile string `json:"keyring_file,omitempty"`
+	// InsecureGossip runs gossip without encryption (no keyring_file):
+	// anyone who reaches the gossip port may join and read the loads.
+	// Logged as a warning, and fusionctl status says so.
+	InsecureGossip bool `json:"insecure_gossip,omitempty"`
 	// Cert and Key are this daemon's peer certificate and key (PEM); CA
 	// the certificate of the CA that issued every peer's.
 	Cert string `json:"cert,omitempty"`
@@ -160,6 +164,12 @@ func (c PeersConfig) validate() (string, error) {
 		}
 	}
 	switch {
+	case c.KeyringFile == "" && !c.InsecureGossip:
+		return "peers.keyring_file", fmt.Errorf("required with peers.enabled: gossip is encrypted with its keys (make one with (umask 077; fusionctl peers keygen > gossip.keys)); set peers.insecure_gossip: true to gossip unencrypted instead")
+	case c.KeyringFile != "" && c.InsecureGossip:
+		return "peers.insecure_gossip", fmt.Errorf("set together with peers.keyring_file: gossip is encrypted; drop one of them")
+	}
+	switch {
 	case c.BroadcastInterval < Duration(10*time.Millisecond):
 		return "peers.broadcast_interval", fmt.Errorf("at least 10ms")
 	case c.Poll < Duration(10*time.Millisecond):
@@ -212,7 +222,7 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, auditLog *audit.
 	n, err := peers.New(peers.Config{
 		NodeName: name, Gossip: p.Gossip, AdvertiseGossip: p.AdvertiseGossip,
 		API: p.API, AdvertiseAPI: p.AdvertiseAPI, Join: p.Join, DNSSeed: p.DNSSeed,
-		Profile: p.Profile, KeyringFile: p.KeyringFile,
+		Profile: p.Profile, KeyringFile: p.KeyringFile, InsecureGossip: p.InsecureGossip,
 		CertFile: p.Cert, KeyFile: p.Key, CAFile: p.CA,
 		Broadcast: time.Duration(p.BroadcastInterval), Lease: time.Duration(p.Lease),
 		MaxGangHold: time.Duration(p.MaxGangHold),

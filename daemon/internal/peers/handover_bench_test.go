@@ -55,7 +55,7 @@ func benchHandover(b *testing.B, dir string) {
 		jobstest.Runner(b, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(64000, 64<<30), slog.New(slog.DiscardHandler))
 	start := func(name string, j Jobs, h Host, join ...string) *Node {
 		cert, key := ca.issue(b, name)
-		n, err := New(Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", Join: join,
+		n, err := New(Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", Join: join, InsecureGossip: true,
 			CertFile: cert, KeyFile: key, CAFile: filepath.Join(ca.dir, "ca.pem"), Broadcast: 100 * time.Millisecond}, j, h, nil)
 		if err != nil {
 			b.Fatal(err)

@@ -150,7 +150,7 @@ func (n *Node) servePoll(w http.ResponseWriter, r *http.Request) {
 	}
 	n.renew(j.Origin.Key)
 	n.mu.Lock()
-	ended := n.expired[j.Origin.Key]
+	_, ended := n.expired[j.Origin.Key]
 	n.mu.Unlock()
 	st := jobs.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit, LeaseEnded: ended}
 	if path, _, err := n.jobs.LogPath(api.Caller{Admin: true}, j.ID); err == nil {
@@ -253,6 +253,13 @@ func (n *Node) clientFor(peer string) *http.Client {
 	defer n.mu.Unlock()
 	if c, ok := n.clients[peer]; ok {
 		return c
+	}
+	if len(n.clients) >= maxClients {
+		// Full: start again (each is one transport of idle connections).
+		for _, c := range n.clients {
+			c.CloseIdleConnections()
+		}
+		clear(n.clients)
 	}
 	t := n.transport.Clone()
 	t.TLSClientConfig = n.transport.TLSClientConfig.Clone()

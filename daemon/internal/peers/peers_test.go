@@ -246,6 +246,14 @@ func key(b byte) string {
 // encryption) and joining join.
 func (c *cluster) start(name string, host *fakeHost, keys []string, join ...string) *Node {
 	c.t.Helper()
+	n := c.add(name, host, keys, join...)
+	n.Start()
+	return n
+}
+
+// add is start without Start (a test changes the node first).
+func (c *cluster) add(name string, host Host, keys []string, join ...string) *Node {
+	c.t.Helper()
 	cert, k := c.ca.issue(c.t, name)
 	cfg := Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Join: join, Profile: "local",
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"),
@@ -253,13 +261,14 @@ func (c *cluster) start(name string, host *fakeHost, keys []string, join ...stri
 	if keys != nil {
 		cfg.KeyringFile = filepath.Join(c.ca.dir, name+".keyring")
 		os.WriteFile(cfg.KeyringFile, []byte(strings.Join(keys, "\n")+"\n"), 0o600)
+	} else {
+		cfg.InsecureGossip = true
 	}
 	j := newFakeJobs()
 	n, err := New(cfg, j, host, nil)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	n.Start()
 	c.t.Cleanup(n.Close)
 	c.nodes = append(c.nodes, n)
 	c.jobs = append(c.jobs, j)
@@ -643,7 +652,7 @@ func TestDNSSeedJoins(t *testing.T) {
 	a := c.start("a", &fakeHost{cpu: 1000}, nil)
 	_, port, _ := strings.Cut(a.GossipAddr(), ":")
 	cert, k := c.ca.issue(t, "b")
-	b, err := New(Config{NodeName: "b", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", DNSSeed: "localhost:" + port,
+	b, err := New(Config{NodeName: "b", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", DNSSeed: "localhost:" + port, InsecureGossip: true,
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"), Broadcast: 50 * time.Millisecond}, newFakeJobs(), &fakeHost{cpu: 2000}, nil)
 	if err != nil {
 		t.Fatal(err)
