@@ -5,8 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/memberlist"
-
 	"github.com/fusiond/fusiond/daemon/internal/audit"
 )
 
@@ -33,18 +31,14 @@ type offerBucket struct {
 // the full ones (idle peers) are forgotten.
 const maxBuckets = 4096
 
-// member reports whether name is a current member (alive or suspect) of
-// the gossip pool: a certificate from the cluster's CA is not enough.
+// member reports whether name is a current member of the gossip pool (one
+// memberlist has seen join and not leave or die): a certificate from the
+// cluster's CA is not enough to be served.
 func (n *Node) member(name string) bool {
-	if n.ml == nil {
-		return false
-	}
-	for _, m := range n.ml.Members() {
-		if m.Name == name && (m.State == memberlist.StateAlive || m.State == memberlist.StateSuspect) {
-			return true
-		}
-	}
-	return false
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.members[name]
+	return m != nil && m.left.IsZero()
 }
 
 // allowOffer takes one offer from peer's allowance (OfferRate a second,
