@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/audit"
 )
 
@@ -25,6 +26,9 @@ var privileged = map[string]struct{ action, target string }{
 	"POST /v1/fpga/bitstreams":           {"bitstream.add", "?name"},
 	"DELETE /v1/fpga/bitstreams/{ref}":   {"bitstream.remove", "ref"},
 }
+
+// submitSources are the admission sources of the submission routes.
+var submitSources = map[string]string{"POST /v1/jobs": string(admission.Socket), "POST /v1/batches": string(admission.Batch)}
 
 // audited wraps a route's handler: a privileged route's every request,
 // and any request answered with a refusal (4xx), is recorded.
@@ -61,6 +65,9 @@ func (s *Server) audited(pattern string, h http.Handler) http.Handler {
 		}
 		if isPrivileged {
 			rec.Action = p.action
+			// A submission refused before the job manager's admission
+			// (its body does not decode) is named by its source too.
+			rec.Source = submitSources[pattern]
 			switch {
 			case p.target == "":
 			case p.target[0] == '?':
