@@ -98,6 +98,12 @@ func TestImportRules(t *testing.T) {
 			if p == "daemon/internal/admission" && local && dr != "daemon/api" {
 				t.Errorf("daemon/internal/admission imports %s: it may import only daemon/api of this module", dr)
 			}
+			// The hand-over reaches the records through its own
+			// interface (jobs.Manager.Records implements it): no
+			// records, no store, no peers of its own.
+			if p == "daemon/internal/handover" && local && dr != "daemon/api" {
+				t.Errorf("daemon/internal/handover imports %s: it may import only daemon/api of this module", dr)
+			}
 			// The forecasters are pure too (the CLI and the daemon share them).
 			if p == "daemon/forecast" && (local || !slices.Contains(append(pureStd, "math/cmplx"), d)) {
 				t.Errorf("the pure forecasters daemon/forecast import %s: they may import only %s math/cmplx", d, strings.Join(pureStd, " "))

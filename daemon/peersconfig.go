@@ -13,6 +13,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/daemon/internal/audit"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/peers"
 )
@@ -219,6 +220,17 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, auditLog *audit.
 	if err != nil {
 		return nil, err
 	}
+	budgets := map[api.Class]time.Duration{}
+	for c, d := range p.WaitBudget {
+		budgets[c] = time.Duration(d)
+	}
+	// The hand-over is built first: the peers serve its held gang
+	// members, and it hands jobs over through them.
+	ho := handover.New(mgr.Records(), handover.Config{
+		Budget: budgets, Poll: time.Duration(p.Poll),
+		Lost:  2*time.Duration(p.Lease) + time.Duration(cfg.CancelGrace),
+		Retry: 5 * time.Second,
+	}, log.With("part", "handover"))
 	n, err := peers.New(peers.Config{
 		NodeName: name, Gossip: p.Gossip, AdvertiseGossip: p.AdvertiseGossip,
 		API: p.API, AdvertiseAPI: p.AdvertiseAPI, Join: p.Join, DNSSeed: p.DNSSeed,
@@ -230,22 +242,23 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, auditLog *audit.
 		OfferRate:   p.Limits.OffersPerSecond, OfferBurst: p.Limits.OfferBurst,
 		MaxOfferBytes: offerBytes(cfg.Limits.MaxSpecBytes),
 		Audit:         auditLog,
-	}, mgr, host, log)
+	}, peerJobs{mgr, ho}, host, log)
 	if err != nil {
 		return nil, fmt.Errorf("peers: %w", err)
 	}
-	budgets := map[api.Class]time.Duration{}
-	for c, d := range p.WaitBudget {
-		budgets[c] = time.Duration(d)
-	}
-	mgr.SetOverflow(n, jobs.OverflowConfig{
-		Budget: budgets, Poll: time.Duration(p.Poll),
-		Lost:  2*time.Duration(p.Lease) + time.Duration(cfg.CancelGrace),
-		Retry: 5 * time.Second,
-		Users: users, PeerLimits: jobs.PeerLimits{Jobs: p.Limits.Jobs, SpecBytes: int64(p.Limits.SpecBytes)},
+	ho.Connect(n)
+	mgr.SetHandover(ho, jobs.PeerPolicy{
+		Users: users, Limits: jobs.PeerLimits{Jobs: p.Limits.Jobs, SpecBytes: int64(p.Limits.SpecBytes)},
 	})
 	log.Info("peers ready", "node", name, "gossip", n.GossipAddr(), "api", n.APIAddr(), "profile", p.Profile, "encrypted", p.KeyringFile != "")
 	return n, nil
+}
+
+// peerJobs is what the peers use of this host's jobs: the records and
+// the hand-over's held gang members.
+type peerJobs struct {
+	*jobs.Manager
+	*handover.Agent
 }
 
 // peerBackend is the API's view of the peers: nil (no peer routes but the

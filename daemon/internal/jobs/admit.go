@@ -102,7 +102,7 @@ func (m *Manager) Admit(ctx context.Context, e Entry) (out []api.Job, err error)
 		return nil, ErrShuttingDown
 	}
 	if e.Offer != nil {
-		if m.ovf == nil {
+		if m.ho == nil {
 			return nil, &admission.Refusal{Rule: "peers.enabled", Why: "this host runs without peers"}
 		}
 		// Idempotent: a retried offer finds the job it made.
@@ -193,7 +193,7 @@ func (m *Manager) identify(e Entry) (api.Caller, error) {
 		if m.Cordoned() {
 			return api.Caller{}, &admission.Refusal{Rule: "node.cordon", Why: "this host is cordoned"}
 		}
-		o, err := m.ovf.cfg.Users.Resolve(e.Offer.User)
+		o, err := m.peerPolicy.Users.Resolve(e.Offer.User)
 		if err != nil {
 			return api.Caller{}, err
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/audit"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -58,7 +59,7 @@ func admitManager(t *testing.T, cfg jobs.Config) (*jobs.Manager, *records) {
 	rec := &records{}
 	cfg.LogDir, cfg.CancelGrace, cfg.Audit = filepath.Join(dir, "logs"), time.Second, rec
 	m := jobs.New(cfg, st, jobstest.Runner(t, cfg.LogDir, time.Second), jobstest.Placer(2000, 1<<30), slog.New(slog.DiscardHandler))
-	m.SetOverflow(&fakePeers{polls: map[string]int{}}, jobs.OverflowConfig{Lost: time.Hour, Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
+	withPeers(m, handover.Config{Lost: time.Hour}, jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
 	if err := m.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -248,8 +249,8 @@ func TestAdmissionStepsEverySource(t *testing.T) {
 // Jobs a peer holds here are bounded per peer: jobs and spec bytes.
 func TestAdmissionPeerLimits(t *testing.T) {
 	m, _ := admitManager(t, jobs.Config{})
-	m.SetOverflow(&fakePeers{polls: map[string]int{}}, jobs.OverflowConfig{Lost: time.Hour,
-		Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}, PeerLimits: jobs.PeerLimits{Jobs: 1, SpecBytes: 4096}})
+	withPeers(m, handover.Config{Lost: time.Hour},
+		jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}, Limits: jobs.PeerLimits{Jobs: 1, SpecBytes: 4096}})
 	tiny := small()
 	tiny.Resources.CPU = 100
 	if _, err := enter(m, admission.Peer, tiny); err != nil {

@@ -165,7 +165,7 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 			api.Bytes(m.logTotal).Human(), api.Bytes(b).Human())
 	}
 	if e.Offer != nil {
-		pl, peer := m.ovf.cfg.PeerLimits, e.Offer.From.Node
+		pl, peer := m.peerPolicy.Limits, e.Offer.From.Node
 		if n := pl.Jobs; n > 0 && peerJobs+len(specs) > n {
 			return nil, api.QuotaError(LimitPeerJobs, "peer %s holds %d unfinished jobs here, the most allowed (%d)", peer, peerJobs, n)
 		}

@@ -108,8 +108,11 @@ type Manager struct {
 
 	// queue is the queue's and preemption's memory (queue.go).
 	queue queueState
-	// ovf hands jobs that do not fit to peers (nil: no peers).
-	ovf *overflowState
+	// ho hands jobs that do not fit to peers and holds peers' gang
+	// members (nil: no peers); peerPolicy is what admission applies to
+	// peers' jobs (handover.go).
+	ho         Handover
+	peerPolicy PeerPolicy
 
 	kick chan struct{}
 	// settles are peers' jobs waiting for the next pass's verdict.

@@ -170,7 +170,7 @@ func (m *Manager) schedule() {
 		}
 		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
 		if !ok && m.overflow(group, why) {
-			continue // handed to peers (overflow.go)
+			continue // handed to peers (daemon/internal/handover)
 		}
 		if !ok && j.Origin != nil {
 			// A peer's job that does not fit now is refused (admit.go):
@@ -182,7 +182,7 @@ func (m *Manager) schedule() {
 			w := sched.Waiting{Reason: why, Ahead: ahead}
 			if head == nil && backfill != nil {
 				switch ever, now := backfill.FitsEmpty(group); {
-				case !ever && e.gang != nil && m.ovf == nil:
+				case !ever && e.gang != nil && m.ho == nil:
 					m.failPending(group, fmt.Sprintf("gang %q of %d can never fit on this host together: %s", e.gang.Name, len(group), why))
 					continue
 				case !ever:
@@ -228,7 +228,7 @@ func (m *Manager) schedule() {
 			delete(m.holds, member.ID)
 			m.mu.Unlock()
 			if held {
-				m.hold(member, hold) // a gang member from a peer: started by its commit
+				m.ho.Hold(member.ID, hold) // a gang member from a peer: started by its commit
 				continue
 			}
 			m.wg.Add(1)

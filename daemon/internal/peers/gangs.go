@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
-// Cross-host gangs (jobs.GangOverflow; the origin drives the steps, see
-// jobs.Manager.commitGang): every member is offered with a hold (the
+// Cross-host gangs (handover.GangOverflow; the origin drives the steps, see
+// handover.Agent.commitGang): every member is offered with a hold (the
 // peer places it and keeps it without starting it) to the best-ranked
 // peer with room left by the gang's members placed before it. When all
 // are held, each is committed (POST handover/commit with barrier=D: the
@@ -40,7 +40,7 @@ const (
 	maxHold     = time.Minute
 )
 
-var _ jobs.GangOverflow = (*Node)(nil)
+var _ handover.GangOverflow = (*Node)(nil)
 
 // ReserveGang holds every member of a gang on peers, or none.
 func (n *Node) ReserveGang(ctx context.Context, locals []string, members []api.Job) ([]api.Handover, error) {

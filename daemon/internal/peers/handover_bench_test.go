@@ -13,6 +13,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -65,10 +66,15 @@ func benchHandover(b *testing.B, dir string) {
 	}
 	origin := start("origin", newFakeJobs(), &fakeHost{cpu: 1000})
 	defer origin.Close()
-	timed := &timedJobs{Jobs: mgr}
+	ho := handover.New(mgr.Records(), handover.Config{}, slog.New(slog.DiscardHandler))
+	timed := &timedJobs{Jobs: struct {
+		*jobs.Manager
+		*handover.Agent
+	}{mgr, ho}}
 	peer := start("peer", timed, &fakeHost{cpu: 64000}, origin.GossipAddr())
 	defer peer.Close()
-	mgr.SetOverflow(peer, jobs.OverflowConfig{Users: admission.PeerUsers{AcceptRoot: true}}) // the jobs run as root
+	ho.Connect(peer)
+	mgr.SetHandover(ho, jobs.PeerPolicy{Users: admission.PeerUsers{AcceptRoot: true}}) // the jobs run as root
 	if err := mgr.Recover(); err != nil {
 		b.Fatal(err)
 	}

@@ -19,7 +19,8 @@ type Host interface {
 	LiveLoad() (host float64, gpus map[string]float64)
 }
 
-// Jobs is the job manager as peers use it (jobs.Manager): the queue's
+// Jobs is the job manager and its hand-over as peers use them (jobs.Manager,
+// handover.Agent for the held gang members): the queue's
 // load, and the jobs peers hand over here.
 type Jobs interface {
 	QueueLoad() (pending int, oldest time.Duration, shares map[string]int, cordoned bool)

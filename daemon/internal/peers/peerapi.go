@@ -18,6 +18,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 )
 
@@ -152,7 +153,7 @@ func (n *Node) servePoll(w http.ResponseWriter, r *http.Request) {
 	n.mu.Lock()
 	_, ended := n.expired[j.Origin.Key]
 	n.mu.Unlock()
-	st := jobs.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit, LeaseEnded: ended}
+	st := handover.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit, LeaseEnded: ended}
 	if path, _, err := n.jobs.LogPath(api.Caller{Admin: true}, j.ID); err == nil {
 		if st.Log, err = readChunk(path, offset); err != nil {
 			n.log.Warn("reading a handed-over job's output", "job", j.ID, "err", err)
@@ -346,19 +347,19 @@ func (n *Node) offerTo(ctx context.Context, c candidate, body []byte) (offerAnsw
 }
 
 // Poll reads the job's state and output on its peer (renewing its lease).
-func (n *Node) Poll(ctx context.Context, h api.Handover, offset int64) (jobs.RemoteStatus, error) {
+func (n *Node) Poll(ctx context.Context, h api.Handover, offset int64) (handover.RemoteStatus, error) {
 	q := url.Values{"key": {h.Key}, "offset": {strconv.FormatInt(offset, 10)}}
 	resp, _, err := n.call(ctx, h.Peer, h.Address, "GET", "/peer/v1/handover?"+q.Encode(), nil)
 	if err != nil {
-		return jobs.RemoteStatus{}, err
+		return handover.RemoteStatus{}, err
 	}
 	if resp.StatusCode == http.StatusNotFound {
 		resp.Body.Close()
-		return jobs.RemoteStatus{}, jobs.ErrRemoteGone
+		return handover.RemoteStatus{}, handover.ErrRemoteGone
 	}
 	b, err := readAnswer(resp)
 	if err != nil {
-		return jobs.RemoteStatus{}, err
+		return handover.RemoteStatus{}, err
 	}
 	return decodeStatus(b)
 }

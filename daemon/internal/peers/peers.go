@@ -3,7 +3,7 @@
 // encrypted gossip keyring), the load each daemon gossips (free resources
 // per device class, queue, health) with the age of every peer's view, the
 // peer API over mutual TLS, and the hand-over of jobs that do not fit here
-// (it implements jobs.Overflow for the origin and serves offers, polls and
+// (it implements handover.Overflow for the origin and serves offers, polls and
 // cancels for the peers' jobs). It is the only importer of memberlist.
 package peers
 
@@ -28,7 +28,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
@@ -704,7 +704,7 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-var _ jobs.Overflow = (*Node)(nil)
+var _ handover.Overflow = (*Node)(nil)
 
 // every runs f every d until the node stops.
 func (n *Node) every(d time.Duration, f func()) {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/devices"
@@ -491,7 +492,7 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	if st, _ := a.Poll(context.Background(), h, 0); st.State != api.StateCancelled {
 		t.Fatalf("after cancel the peer reports %s", st.State)
 	}
-	if _, err := a.Poll(context.Background(), api.Handover{Key: "a/9#1", Peer: "b", Address: h.Address}, 0); !errors.Is(err, jobs.ErrRemoteGone) {
+	if _, err := a.Poll(context.Background(), api.Handover{Key: "a/9#1", Peer: "b", Address: h.Address}, 0); !errors.Is(err, handover.ErrRemoteGone) {
 		t.Fatalf("poll of a key the peer never had: %v", err)
 	}
 	c.jobs[1].refuse = "full"

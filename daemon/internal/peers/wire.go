@@ -8,7 +8,7 @@ import (
 	"fmt"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 )
 
 // The messages peers exchange. Gossip messages (memberlist user messages
@@ -268,8 +268,8 @@ func decodeAnswer(b []byte) (offerAnswer, error) {
 	return a, nil
 }
 
-func decodeStatus(b []byte) (jobs.RemoteStatus, error) {
-	var s jobs.RemoteStatus
+func decodeStatus(b []byte) (handover.RemoteStatus, error) {
+	var s handover.RemoteStatus
 	if err := strict(b, &s); err != nil {
 		return s, fmt.Errorf("job status: %w", err)
 	}

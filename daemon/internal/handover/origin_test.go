@@ -1,4 +1,4 @@
-package jobs_test
+package handover_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -32,7 +33,7 @@ type fakePeers struct {
 }
 
 type pollAnswer struct {
-	st  jobs.RemoteStatus
+	st  handover.RemoteStatus
 	err error
 }
 
@@ -48,7 +49,7 @@ func (f *fakePeers) Offer(_ context.Context, local string, job api.Job) (api.Han
 	return api.Handover{Key: "me/" + local, Peer: p, Address: p + ":1", RemoteID: "r" + job.ID, Why: "ranked first"}, nil
 }
 
-func (f *fakePeers) Poll(_ context.Context, h api.Handover, _ int64) (jobs.RemoteStatus, error) {
+func (f *fakePeers) Poll(_ context.Context, h api.Handover, _ int64) (handover.RemoteStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.scripts[h.Peer]
@@ -73,7 +74,7 @@ var unreachable = pollAnswer{err: errors.New("connection refused")}
 
 // newOverflowManager is newManager with peers: every class is offered
 // after budget; a peer unreachable for 300ms is lost.
-func newOverflowManager(t *testing.T, capacity api.NodeResources, o jobs.Overflow, budget time.Duration) (*jobs.Manager, string) {
+func newOverflowManager(t *testing.T, capacity api.NodeResources, o handover.Overflow, budget time.Duration) (*node, string) {
 	t.Helper()
 	dir := t.TempDir()
 	runner := jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second)
@@ -82,7 +83,7 @@ func newOverflowManager(t *testing.T, capacity api.NodeResources, o jobs.Overflo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
+	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
 		runner, jobstest.Placer(capacity.CPU, capacity.Memory), slog.New(slog.DiscardHandler))
 	b := map[api.Class]time.Duration{}
 	for _, c := range api.Classes {
@@ -90,8 +91,8 @@ func newOverflowManager(t *testing.T, capacity api.NodeResources, o jobs.Overflo
 	}
 	// nobody (uid 65534) stands for a regular user of the host here;
 	// the policy's own rules are admission's tests.
-	m.SetOverflow(o, jobs.OverflowConfig{Budget: b, Poll: 20 * time.Millisecond, Lost: 300 * time.Millisecond, Retry: 50 * time.Millisecond,
-		Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
+	m := withPeers(mgr, o, handover.Config{Budget: b, Poll: 20 * time.Millisecond, Lost: 300 * time.Millisecond, Retry: 50 * time.Millisecond},
+		jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
 	if err := m.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func newOverflowManager(t *testing.T, capacity api.NodeResources, o jobs.Overflo
 }
 
 func remote(s api.State, log string) pollAnswer {
-	a := pollAnswer{st: jobs.RemoteStatus{State: s, Attempt: 1, PID: 7, Log: []byte(log)}}
+	a := pollAnswer{st: handover.RemoteStatus{State: s, Attempt: 1, PID: 7, Log: []byte(log)}}
 	if s.Terminal() {
 		a.st.Exit = &api.ExitStatus{}
 		a.st.Reason = "exit code 0"
@@ -273,7 +274,7 @@ func TestHeldGangMembers(t *testing.T) {
 	if !strings.Contains(j.Reason, "not committed within") {
 		t.Errorf("expired hold: %s", j.Reason)
 	}
-	if _, err := m.CommitHeld("o/2#1", time.Second); !errors.Is(err, jobs.ErrNotHeld) || !strings.Contains(err.Error(), "not committed within") {
+	if _, err := m.CommitHeld("o/2#1", time.Second); !errors.Is(err, handover.ErrNotHeld) || !strings.Contains(err.Error(), "not committed within") {
 		t.Errorf("commit after the hold ended: %v", err)
 	}
 
@@ -361,11 +362,12 @@ func TestHandoverSurvivesOriginRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	open := func(o jobs.Overflow) *jobs.Manager {
-		m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, LeaveJobsRunning: true}, st,
+	open := func(o handover.Overflow) *node {
+		mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, LeaveJobsRunning: true}, st,
 			jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(1000, 1<<30), slog.New(slog.DiscardHandler))
+		m := &node{Manager: mgr}
 		if o != nil {
-			m.SetOverflow(o, jobs.OverflowConfig{Budget: map[api.Class]time.Duration{api.ClassBatch: 0}, Poll: 20 * time.Millisecond, Lost: time.Hour})
+			m = withPeers(mgr, o, handover.Config{Budget: map[api.Class]time.Duration{api.ClassBatch: 0}, Poll: 20 * time.Millisecond, Lost: time.Hour}, jobs.PeerPolicy{})
 		}
 		if err := m.Recover(); err != nil {
 			t.Fatal(err)
@@ -373,7 +375,7 @@ func TestHandoverSurvivesOriginRestart(t *testing.T) {
 		m.Start()
 		return m
 	}
-	stop := func(m *jobs.Manager) {
+	stop := func(m *node) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		m.Stop(ctx)

@@ -1,4 +1,4 @@
-package jobs_test
+package handover_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -22,7 +23,7 @@ import (
 // (fakeRunner) records every start.
 type holder struct {
 	name string
-	m    *jobs.Manager
+	m    *node
 	r    *fakeRunner
 }
 
@@ -40,9 +41,9 @@ func newHolder(t *testing.T, name string, cpu api.MilliCPU) *holder {
 }
 
 // open starts a manager over st that takes hand-overs (and offers none).
-func (h *holder) open(t *testing.T, st *store.Store, logs string, cpu api.MilliCPU) *jobs.Manager {
-	m := jobs.New(jobs.Config{LogDir: logs, CancelGrace: time.Second}, st, h.r, jobstest.Placer(cpu, 1<<30), slog.New(slog.DiscardHandler))
-	m.SetOverflow(&fakePeers{polls: map[string]int{}}, jobs.OverflowConfig{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
+func (h *holder) open(t *testing.T, st *store.Store, logs string, cpu api.MilliCPU) *node {
+	m := withPeers(jobs.New(jobs.Config{LogDir: logs, CancelGrace: time.Second}, st, h.r, jobstest.Placer(cpu, 1<<30), slog.New(slog.DiscardHandler)),
+		&fakePeers{polls: map[string]int{}}, handover.Config{}, jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
 	if err := m.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -125,12 +126,12 @@ func (w *holders) Offer(context.Context, string, api.Job) (api.Handover, error) 
 	return api.Handover{}, errors.New("gangs only")
 }
 
-func (w *holders) Poll(_ context.Context, h api.Handover, _ int64) (jobs.RemoteStatus, error) {
+func (w *holders) Poll(_ context.Context, h api.Handover, _ int64) (handover.RemoteStatus, error) {
 	j, ok := w.of(h).m.AcceptedByKey(h.Key)
 	if !ok {
-		return jobs.RemoteStatus{}, jobs.ErrRemoteGone
+		return handover.RemoteStatus{}, handover.ErrRemoteGone
 	}
-	return jobs.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit}, nil
+	return handover.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit}, nil
 }
 
 func (w *holders) Cancel(ctx context.Context, h api.Handover) error {
@@ -198,7 +199,7 @@ func (w *holders) ReleaseMember(ctx context.Context, h api.Handover, why string)
 }
 
 // submitGang submits a gang of n members of cpu each to the origin.
-func submitGang(t *testing.T, m *jobs.Manager, name string, n int, cpu api.MilliCPU) []api.Job {
+func submitGang(t *testing.T, m *node, name string, n int, cpu api.MilliCPU) []api.Job {
 	var out []api.Job
 	for i := range n {
 		out = append(out, submit(t, m, api.JobSpec{Name: fmt.Sprintf("%s%d", name, i), Class: api.ClassTraining, Command: []string{"true"},
@@ -332,7 +333,7 @@ func TestCommittedGangMemberReleasedAtBarrier(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.m.StartCommitted("o/1#1"); !errors.Is(err, jobs.ErrNotCommitted) {
+	if err := h.m.StartCommitted("o/1#1"); !errors.Is(err, handover.ErrNotCommitted) {
 		t.Errorf("a start before the commit: %v", err)
 	}
 	for range 2 {
@@ -347,7 +348,7 @@ func TestCommittedGangMemberReleasedAtBarrier(t *testing.T) {
 	if !strings.Contains(j.Reason, "the origin's start did not come within its 300ms start barrier: released, never started") {
 		t.Errorf("released at the barrier: %s", j.Reason)
 	}
-	if err := h.m.StartCommitted("o/1#1"); !errors.Is(err, jobs.ErrNotHeld) || !strings.Contains(err.Error(), "start barrier") {
+	if err := h.m.StartCommitted("o/1#1"); !errors.Is(err, handover.ErrNotHeld) || !strings.Contains(err.Error(), "start barrier") {
 		t.Errorf("a start after the barrier: %v", err)
 	}
 	if n := h.starts(); n != 0 || j.Attempt != 0 {
@@ -372,8 +373,8 @@ func TestHeldGangMemberReleasedOnRestart(t *testing.T) {
 	t.Cleanup(func() { st.Close() })
 	h := &holder{name: "h", r: &fakeRunner{started: map[string]*fakeProc{}}}
 	logs := filepath.Join(dir, "logs")
-	m := jobs.New(jobs.Config{LogDir: logs, CancelGrace: time.Second, LeaveJobsRunning: true}, st, h.r, jobstest.Placer(4000, 1<<30), slog.New(slog.DiscardHandler))
-	m.SetOverflow(&fakePeers{polls: map[string]int{}}, jobs.OverflowConfig{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
+	m := withPeers(jobs.New(jobs.Config{LogDir: logs, CancelGrace: time.Second, LeaveJobsRunning: true}, st, h.r, jobstest.Placer(4000, 1<<30), slog.New(slog.DiscardHandler)),
+		&fakePeers{polls: map[string]int{}}, handover.Config{}, jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
 	if err := m.Recover(); err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +406,7 @@ func TestHeldGangMemberReleasedOnRestart(t *testing.T) {
 	if n := h.starts(); n != 0 {
 		t.Errorf("the runner started %d jobs", n)
 	}
-	if err := m.StartCommitted("o/2#1"); !errors.Is(err, jobs.ErrNotHeld) {
+	if err := m.StartCommitted("o/2#1"); !errors.Is(err, handover.ErrNotHeld) {
 		t.Errorf("a start after the restart: %v", err)
 	}
 }
