@@ -44,15 +44,7 @@ func newHolder(t *testing.T, name string, cpu api.MilliCPU) *holder {
 func (h *holder) open(t *testing.T, st *store.Store, logs string, cpu api.MilliCPU) *node {
 	m := withPeers(jobs.New(jobs.Config{LogDir: logs, CancelGrace: time.Second}, st, h.r, jobstest.Placer(cpu, 1<<30), slog.New(slog.DiscardHandler)),
 		&fakePeers{polls: map[string]int{}}, handover.Config{}, jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	t.Cleanup(h.exitAll) // before the Stop: it waits for them
 	return m
 }

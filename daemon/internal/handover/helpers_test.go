@@ -7,7 +7,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/handover"
@@ -54,20 +53,7 @@ func submit(t *testing.T, m *node, spec api.JobSpec) api.Job {
 
 func waitFor(t *testing.T, m *node, id string, cond func(api.Job) bool) api.Job {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		j, err := m.Get(context.Background(), root, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cond(j) {
-			return j
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s: condition not met; state %s (%s)", id, j.State, j.Reason)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return jobstest.WaitFor(t, m, id, cond)
 }
 
 func state(s api.State) func(api.Job) bool { return func(j api.Job) bool { return j.State == s } }

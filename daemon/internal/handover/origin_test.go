@@ -93,15 +93,7 @@ func newOverflowManager(t *testing.T, capacity api.NodeResources, o handover.Ove
 	// the policy's own rules are admission's tests.
 	m := withPeers(mgr, o, handover.Config{Budget: b, Poll: 20 * time.Millisecond, Lost: 300 * time.Millisecond, Retry: 50 * time.Millisecond},
 		jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	return m, filepath.Join(dir, "logs")
 }
 

@@ -60,15 +60,7 @@ func admitManager(t *testing.T, cfg jobs.Config) (*jobs.Manager, *records) {
 	cfg.LogDir, cfg.CancelGrace, cfg.Audit = filepath.Join(dir, "logs"), time.Second, rec
 	m := jobs.New(cfg, st, jobstest.Runner(t, cfg.LogDir, time.Second), jobstest.Placer(2000, 1<<30), slog.New(slog.DiscardHandler))
 	withPeers(m, handover.Config{Lost: time.Hour}, jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	return m, rec
 }
 

@@ -88,15 +88,7 @@ func TestBestEffortOnReclaimedCapacityEvicted(t *testing.T) {
 	p := jobstest.Placer(2000, 1<<30)
 	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
 		jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), p, slog.New(slog.DiscardHandler))
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	h := &reclaimHost{m: m, p: p, usage: map[string]reclaim.Usage{}}
 	now := time.Unix(1_000_000, 0)
 	loop, err := reclaim.New(reclaim.Config{EvictAfter: 2 * time.Second, Params: reclaim.Params{Margin: 0.1, Lead: 1},
