@@ -104,6 +104,10 @@ func TestImportRules(t *testing.T) {
 			if p == "daemon/internal/handover" && local && dr != "daemon/api" {
 				t.Errorf("daemon/internal/handover imports %s: it may import only daemon/api of this module", dr)
 			}
+			// The lifecycle orders parts it knows only by name.
+			if p == "daemon/internal/lifecycle" && local {
+				t.Errorf("daemon/internal/lifecycle imports %s: it may import no package of this module", dr)
+			}
 			// The forecasters are pure too (the CLI and the daemon share them).
 			if p == "daemon/forecast" && (local || !slices.Contains(append(pureStd, "math/cmplx"), d)) {
 				t.Errorf("the pure forecasters daemon/forecast import %s: they may import only %s math/cmplx", d, strings.Join(pureStd, " "))
