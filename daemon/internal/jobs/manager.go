@@ -101,6 +101,9 @@ type Manager struct {
 	// recorded before what they held is given back: the queue leaves
 	// them alone until it is.
 	releasing map[string]bool
+	// running is how many jobs the last Running found (its next
+	// slice's capacity).
+	running int
 	// finished holds, per finished job, a monotonic reading of when it
 	// finished: retention by age measures from it, never from the
 	// recorded (wall-clock) FinishedAt.
@@ -852,19 +855,37 @@ func selectNewest(h []listHit, k int) {
 	}
 }
 
-// Running returns a copy of every job running on this host, oldest first
-// (the QoS loop's view of what to protect and what to squeeze); jobs
-// handed over to peers run there.
-func (m *Manager) Running() []api.Job {
+// RunningJob is what the loops that follow running jobs read of one (QoS,
+// reclaim, the elastic resizer, telemetry): no events, no allocation.
+// Spec is shared with the record (a spec never changes once admitted):
+// read it, never change it.
+type RunningJob struct {
+	ID        string
+	Tier      api.Tier
+	Spec      api.JobSpec
+	StartedAt time.Time
+}
+
+// Running lists the jobs running on this host, oldest first (the QoS
+// loop's view of what to protect and what to squeeze); jobs handed over
+// to peers run there. It copies only what RunningJob holds, so a poller
+// holds the manager's lock for a fraction of what a copy of each record
+// costs.
+func (m *Manager) Running() []RunningJob {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []api.Job
+	out := make([]RunningJob, 0, m.running)
 	for _, j := range m.jobs {
 		if j.State == api.StateRunning && j.Handover == nil {
-			out = append(out, cloneJob(j))
+			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
+			if j.StartedAt != nil {
+				r.StartedAt = *j.StartedAt
+			}
+			out = append(out, r)
 		}
 	}
-	slices.SortFunc(out, func(a, b api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
+	m.running = len(out)
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b RunningJob) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
 	return out
 }
 

@@ -48,9 +48,7 @@ func (h *reclaimHost) Running() []reclaim.Job {
 	var out []reclaim.Job
 	for _, j := range h.m.Running() {
 		rj := reclaim.Job{ID: j.ID, Tier: j.Tier, Request: reclaim.Usage{CPU: float64(j.Spec.Resources.CPU), Memory: float64(j.Spec.Resources.Memory)}}
-		if j.StartedAt != nil {
-			rj.Started = *j.StartedAt
-		}
+		rj.Started = j.StartedAt
 		if u, ok := h.usage[j.ID]; ok {
 			rj.Recent = []reclaim.Usage{u, u, u}
 		}
