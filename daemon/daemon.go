@@ -472,13 +472,24 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		Start: func(context.Context) error { d.mgr.Start(); return nil },
 		Stop:  func(ctx context.Context) error { d.mgr.Stop(ctx); return nil },
 	}, {
-		// The peers are closed with the daemon (Close), after the
-		// manager's Stop, which cancels the jobs handed over to them.
+		// The peer API stops serving before the manager stops (no offer,
+		// commit or start reaches a stopping manager); gossip and the
+		// client side are closed with the daemon (Close), after the
+		// manager's Stop, which cancels the jobs handed over to peers.
 		Name:  "peering",
 		Needs: []string{"scheduling"},
 		Start: func(context.Context) error {
 			if d.peers != nil {
 				d.peers.Start()
+			}
+			return nil
+		},
+		Stop: func(ctx context.Context) error {
+			if d.peers == nil {
+				return nil
+			}
+			if err := d.peers.StopServing(ctx); err != nil {
+				log.Warn("peer API requests did not finish in time", "err", err)
 			}
 			return nil
 		},

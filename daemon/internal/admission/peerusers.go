@@ -18,7 +18,8 @@ import (
 // members, whatever peers.users allows.
 var RootEquivalentGroups = []string{
 	"root", "sudo", "wheel", "admin", "adm", "docker", "podman", "disk",
-	"lxd", "incus-admin", "libvirt", "kvm", "shadow", "systemd-journal",
+	"kmem", "staff", "lxd", "incus-admin", "libvirt", "kvm", "shadow",
+	"systemd-journal",
 }
 
 // Rule names, as the configuration spells them.

@@ -123,6 +123,14 @@ func (m *Manager) Admit(ctx context.Context, e Entry) (out []api.Job, err error)
 	}
 	// Step 3: limits (reserved until the records are stored).
 	res, err := m.admit(owner, e, sizes)
+	var again errAccepted
+	if errors.As(err, &again) {
+		if j, ok := m.AcceptedByKey(e.Offer.From.Key); ok {
+			repeat = true
+			return []api.Job{j}, nil
+		}
+		return nil, &admission.Refusal{Rule: "queue", Why: "the job of this key ended before the answer"}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -288,6 +296,12 @@ func (m *Manager) settleOffer(ctx context.Context, j api.Job, o *Offer) ([]api.J
 		if err != nil {
 			return nil, err
 		}
+	case <-m.stopping:
+		// The loop may be gone: nothing places it now (a pass under way
+		// may have; then it goes back to the queue when its start sees
+		// the shutdown, and the next daemon forgets it, see Recover).
+		m.refuseOffer(j.ID, "fusiond is shutting down")
+		return nil, ErrShuttingDown
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for the queue: %w", ctx.Err())
 	}
@@ -325,10 +339,15 @@ func (m *Manager) settleAll(batch []settle) {
 }
 
 // refuseOffer forgets a peer's job the queue did not place.
-func (m *Manager) refuseOffer(id, why string) {
+func (m *Manager) refuseOffer(id, why string) { m.forgetUnstarted(id, api.StatePending, why) }
+
+// forgetUnstarted forgets a peer's job that never started here (in state
+// from): its record is removed, so its origin, which polls it, hears that
+// this host does not have it and places it again.
+func (m *Manager) forgetUnstarted(id string, from api.State, why string) {
 	m.mu.Lock()
 	j := m.jobs[id]
-	if j == nil || j.State != api.StatePending {
+	if j == nil || j.Origin == nil || j.State != from {
 		m.mu.Unlock()
 		return
 	}
@@ -340,9 +359,9 @@ func (m *Manager) refuseOffer(id, why string) {
 	delete(m.holds, id)
 	m.mu.Unlock()
 	if err := m.store.DeleteJobs(id); err != nil {
-		m.log.Warn("removing a refused hand-over", "job", id, "err", err)
+		m.log.Warn("removing a peer's job that did not start here", "job", id, "err", err)
 	}
-	m.log.Info("refused a job from a peer", "job", id, "why", why)
+	m.log.Info("forgot a peer's job that did not start here", "job", id, "peer", j.Origin.Node, "why", why)
 }
 
 // auditAdmission is the audit step: one record per admission, accepted
@@ -398,4 +417,18 @@ func (m *Manager) auditAdmission(ctx context.Context, e Entry, jobs []api.Job, e
 	}
 	m.cfg.Audit.Record(rec)
 	audit.Mark(ctx)
+}
+
+// refuseSettles answers the peers' jobs still waiting for a verdict when
+// the loop stops: refused and forgotten, since no pass will place them.
+func (m *Manager) refuseSettles() {
+	for {
+		select {
+		case s := <-m.settles:
+			m.refuseOffer(s.id, "fusiond is shutting down")
+			s.done <- ErrShuttingDown
+		default:
+			return
+		}
+	}
 }

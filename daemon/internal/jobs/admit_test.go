@@ -257,3 +257,103 @@ func TestAdmissionPeerLimits(t *testing.T) {
 		t.Fatalf("local submission: %v", err)
 	}
 }
+
+// One hand-over key makes one job, however many offers of it arrive at
+// once: each answer is that job (a retried offer never runs twice).
+func TestAdmissionOneJobPerKey(t *testing.T) {
+	m, _ := admitManager(t, jobs.Config{})
+	tiny := small()
+	tiny.Resources.CPU = 20
+	o := jobs.Offer{From: api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, User: "nobody"}
+	var wg sync.WaitGroup
+	ids := make([]string, 8)
+	for i := range ids {
+		wg.Go(func() {
+			if j, err := m.AcceptHandover(context.Background(), o, tiny); err == nil {
+				ids[i] = j.ID
+			}
+		})
+	}
+	wg.Wait()
+	live := 0
+	for _, j := range m.Accepted() {
+		if j.Origin.Key == o.From.Key {
+			live++
+		}
+	}
+	if live != 1 {
+		t.Errorf("one hand-over key made %d jobs (answers %v)", live, ids)
+	}
+	for _, id := range ids {
+		if id != "" && id != m.Accepted()[0].ID {
+			t.Errorf("answers %v: not all the one job", ids)
+		}
+	}
+}
+
+// Offers in flight count against their peer's limits: 40 at once from a
+// peer allowed 2 jobs leave it holding 2.
+func TestAdmissionPeerLimitsConcurrent(t *testing.T) {
+	m, _ := admitManager(t, jobs.Config{})
+	withPeers(m, handover.Config{Lost: time.Hour},
+		jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}, Limits: jobs.PeerLimits{Jobs: 2}})
+	tiny := small()
+	tiny.Resources.CPU, tiny.Resources.Memory = 20, 1<<20
+	var ok, limited atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range 40 {
+		wg.Go(func() {
+			<-start
+			o := jobs.Offer{From: api.Provenance{Node: "evil", JobID: fmt.Sprint(i), Key: fmt.Sprintf("evil/%d#1", i)}, User: "nobody"}
+			_, err := m.AcceptHandover(context.Background(), o, tiny)
+			var ae *api.Error
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.As(err, &ae) && ae.Limit == jobs.LimitPeerJobs:
+				limited.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if ok.Load() != 2 || limited.Load() != 38 {
+		t.Errorf("accepted %d, refused by %s %d; want 2 and 38", ok.Load(), jobs.LimitPeerJobs, limited.Load())
+	}
+}
+
+// A peer's job left pending by a stop or a crash (stored, no verdict yet)
+// is forgotten when fusiond starts again, never queued here: a gang
+// member among them never starts without its gang's commit.
+func TestAdmissionPendingPeerJobForgottenAtRestart(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	now := time.Now()
+	spec := small()
+	spec.Gang = &api.Gang{Name: "g", Size: 2}
+	spec.ApplyDefaults()
+	js, err := st.CreateJobs(1, func(_ int, id string) api.Job {
+		return api.Job{ID: id, Spec: spec, Owner: api.Owner{UID: nobody.UID, GID: nobody.GID, User: nobody.User},
+			Origin: &api.Provenance{Node: "o", JobID: "7", Key: "o/7#1g1"}, Tier: api.TierBurstable, State: api.StatePending,
+			Events: []api.Event{{Time: now, To: api.StatePending, Reason: "handed over by peer o"}}, CreatedAt: now, Version: 1}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}
+	m := jobs.New(cfg, st, jobstest.Runner(t, cfg.LogDir, time.Second), jobstest.Placer(2000, 1<<30), slog.New(slog.DiscardHandler))
+	withPeers(m, handover.Config{Lost: time.Hour}, jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
+	jobstest.Run(t, m)
+	time.Sleep(1500 * time.Millisecond) // a pass or two
+	if j, ok := m.Records().Job(js[0].ID); ok {
+		t.Errorf("a peer's pending job after a restart: %s (%s), attempt %d; want it forgotten", j.State, j.Reason, j.Attempt)
+	}
+	if _, ok := m.AcceptedByKey("o/7#1g1"); ok {
+		t.Error("its key still names a job")
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 )
 
 // Limits bound what one user (and all jobs together) may hold. Zero
@@ -78,7 +79,16 @@ type reservation struct {
 	pending int
 	bytes   int64
 	gangs   map[string]int
+	// peer and key are a peer's offer's: counted against the peer's
+	// limits, and its key claimed, until it is stored.
+	peer, key string
 }
+
+// errAccepted is the limits step's answer for an offer whose key is
+// already a job here (a retried offer): Admit answers with that job.
+type errAccepted struct{ id string }
+
+func (e errAccepted) Error() string { return "the key is job " + e.id + " here already" }
 
 // admit is the limits step: a batch of one user's specs (of sizes, from
 // the validate step) checked against the per-user limits, the node's
@@ -87,6 +97,9 @@ type reservation struct {
 func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, error) {
 	specs := e.Specs
 	r := &reservation{uid: c.UID, pending: len(specs), gangs: map[string]int{}}
+	if e.Offer != nil {
+		r.peer, r.key = e.Offer.From.Node, e.Offer.From.Key
+	}
 	prefix := func(i int) string {
 		if len(specs) == 1 {
 			return ""
@@ -110,6 +123,19 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if r.key != "" {
+		// One job a key: a retried offer gets the job its first made,
+		// and two at once do not both pass (the key is claimed here,
+		// under the lock, until the job is stored under it).
+		if id, ok := m.byOrigin[r.key]; ok {
+			return nil, errAccepted{id}
+		}
+		for o := range m.reserved {
+			if o.key == r.key {
+				return nil, &admission.Refusal{Rule: "queue", Why: "an offer of key " + r.key + " is being admitted now"}
+			}
+		}
+	}
 	pending, bytes := 0, int64(0)
 	// The jobs and spec bytes the offering peer holds here.
 	peerJobs, peerBytes := 0, int64(0)
@@ -144,6 +170,10 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 		if o.uid == c.UID {
 			pending += o.pending
 			bytes += o.bytes
+		}
+		if r.peer != "" && o.peer == r.peer {
+			peerJobs += o.pending
+			peerBytes += o.bytes
 		}
 		for k, n := range o.gangs {
 			if want, ok := r.gangs[k]; ok && want != n {

@@ -213,7 +213,19 @@ func (m *Manager) Recover() error {
 		}
 		switch j.State {
 		case api.StatePending:
+			if j.Origin != nil {
+				// A peer's job is placed at once or refused, never
+				// queued here: one left pending (the daemon stopped
+				// before its verdict, or before it started) is
+				// forgotten, and its origin places it again. A gang
+				// member among them never starts without its gang.
+				m.forgetUnstarted(j.ID, api.StatePending, "fusiond restarted before it started")
+			}
 		case api.StatePlaced:
+			if j.Origin != nil && j.Spec.Gang == nil {
+				m.forgetUnstarted(j.ID, api.StatePlaced, "fusiond restarted before it started")
+				continue
+			}
 			if j.Origin != nil && j.Spec.Gang != nil {
 				// A gang member a peer reserved here (held or committed,
 				// never started): its hold or barrier did not survive the
@@ -426,6 +438,7 @@ func (m *Manager) loop() {
 	for {
 		select {
 		case <-m.stopping:
+			m.refuseSettles()
 			return
 		case <-m.kick:
 		case <-tick.C:

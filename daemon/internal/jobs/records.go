@@ -97,10 +97,11 @@ func (r *Records) SetWaiting(ids []string, reason string) {
 // CanRun is the placer's Admit.
 func (r *Records) CanRun(spec api.JobSpec) error { return r.m.placer.Admit(spec) }
 
-// Launch starts placed job id.
+// Launch starts placed job id (not once the manager stops: the next
+// daemon settles it).
 func (r *Records) Launch(id string) {
 	j, err := r.get(id)
-	if err != nil {
+	if err != nil || r.m.isStopping() {
 		return
 	}
 	r.m.wg.Add(1)
@@ -147,8 +148,12 @@ func (r *Records) Poke() { r.m.poke() }
 // Now is the manager's clock.
 func (r *Records) Now() time.Time { return r.m.now() }
 
-// Go runs f as one of the manager's goroutines.
+// Go runs f as one of the manager's goroutines (not once the manager
+// stops).
 func (r *Records) Go(f func()) {
+	if r.m.isStopping() {
+		return
+	}
 	r.m.wg.Add(1)
 	go func() {
 		defer r.m.wg.Done()

@@ -206,15 +206,16 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		m.releasing[j.ID] = true
 	}
 	m.mu.Unlock()
-	if releasable {
-		defer func() {
-			m.release(&held)
-			m.mu.Lock()
-			delete(m.unreserved, j.ID)
-			delete(m.releasing, j.ID)
-			m.mu.Unlock()
-			m.poke()
-		}()
+	giveBack := func() {
+		if !releasable {
+			return
+		}
+		m.release(&held)
+		m.mu.Lock()
+		delete(m.unreserved, j.ID)
+		delete(m.releasing, j.ID)
+		m.mu.Unlock()
+		m.poke()
 	}
 	preemptedBy := m.preemptedBy(j.ID)
 	// The end is recorded now or, if the store cannot take it (a full
@@ -232,11 +233,21 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		return m.finish(j, exit, usage, werr, cancelled, preemptedBy, attempt)
 	}
 	if err := record(); errors.Is(err, errStore) {
-		m.log.Warn("job ended but its end could not be stored; retrying", "job", j.ID, "err", err)
+		// Its placement is kept until its end is stored: until then its
+		// record says it runs, and what it held goes to nobody else.
+		m.log.Warn("job ended but its end could not be stored; retrying, its placement kept meanwhile", "job", j.ID, "err", err)
 		m.mu.Lock()
-		m.unrecorded[j.ID] = record
+		m.unrecorded[j.ID] = func() error {
+			err := record()
+			if !errors.Is(err, errStore) {
+				giveBack()
+			}
+			return err
+		}
 		m.mu.Unlock()
+		return
 	}
+	giveBack()
 }
 
 // reapOrphan kills what is left of a job whose monitor is gone without a

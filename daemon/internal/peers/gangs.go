@@ -151,10 +151,11 @@ func (n *Node) serveStart(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := n.jobs.StartCommitted(j.Origin.Key); err != nil {
-		fail(w, http.StatusConflict, "%v", err)
+		n.refuse(w, r, j.Origin.Node, "peer.start", j.ID, http.StatusConflict, err.Error())
 		return
 	}
 	n.renew(j.Origin.Key)
+	n.audit(r, j.Origin.Node, "peer.start", j.ID, http.StatusNoContent, "key "+j.Origin.Key)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -146,7 +146,7 @@ func (n *Node) servePoll(w http.ResponseWriter, r *http.Request) {
 	}
 	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
 	if err != nil || offset < 0 {
-		fail(w, http.StatusBadRequest, "offset: want a byte offset, got %q", r.URL.Query().Get("offset"))
+		n.refuse(w, r, j.Origin.Node, "peer.handover", j.ID, http.StatusBadRequest, fmt.Sprintf("offset: want a byte offset, got %q", r.URL.Query().Get("offset")))
 		return
 	}
 	n.renew(j.Origin.Key)

@@ -323,6 +323,18 @@ func (n *Node) Start() {
 }
 
 // Close leaves the peers and stops the peer API.
+// StopServing stops taking peer API requests (offers, polls, commits,
+// starts, cancels), waiting up to ctx for those in flight, so nothing a
+// peer asks reaches a job manager that is stopping. Gossip and the client
+// side (this daemon's polls and cancels of its jobs on peers) go on until
+// Close.
+func (n *Node) StopServing(ctx context.Context) error {
+	if n.srvTLS == nil {
+		return nil
+	}
+	return n.srvTLS.Shutdown(ctx)
+}
+
 func (n *Node) Close() {
 	select {
 	case <-n.stop:
