@@ -239,31 +239,13 @@ func countJobs(t *testing.T, c *api.Client) int {
 // for two, so nothing of it starts: the members held are released.
 func TestPeersCrossHostGang(t *testing.T) {
 	root := publicTempDir(t)
-	pki := filepath.Join(root, "pki")
 	names := []string{"o", "dgx1", "dgx2"}
-	keyring := peerPKI(t, pki, names...)
-	var ds []*daemon
-	var cs []*api.Client
-	seed := ""
-	for i, n := range names {
-		dir := filepath.Join(root, n)
-		os.MkdirAll(dir, 0o755)
-		extra := ""
+	ds, cs := peerDaemons(t, root, names, func(i int, _ string) (string, string) {
 		if i > 0 {
-			extra = "simulate: dgxh200\n"
+			return "simulate: dgxh200\n", acceptRootJobs
 		}
-		var join []string
-		if seed != "" {
-			join = []string{seed}
-		}
-		d := newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...)+acceptRootJobs)
-		d.start()
-		ds, cs = append(ds, d), append(cs, d.client())
-		if i == 0 {
-			seed = selfGossip(t, cs[0])
-		}
-	}
-	converged(t, cs, names...)
+		return "", acceptRootJobs
+	})
 	member := func(gang string, size int) string {
 		return fmt.Sprintf(`{"name":%q,"class":"training","command":["sh","-c","echo member on $CUDA_VISIBLE_DEVICES"],
 		  "resources":{"cpu":"1","memory":"64Mi","gpu":{"count":8}},"gang":{"name":%q,"size":%d}}`, gang, gang, size)
@@ -343,34 +325,16 @@ func TestPeersCrossHostGang(t *testing.T) {
 // failed commit as its reason, and the gang waits on the origin.
 func TestPeersCrossHostGangLastCommitFails(t *testing.T) {
 	root := publicTempDir(t)
-	pki := filepath.Join(root, "pki")
 	names := []string{"o", "dgx1", "dgxa"}
-	keyring := peerPKI(t, pki, names...)
-	var ds []*daemon
-	var cs []*api.Client
-	seed := ""
-	for i, n := range names {
-		dir := filepath.Join(root, n)
-		os.MkdirAll(dir, 0o755)
-		extra, tail := "", acceptRootJobs
+	ds, cs := peerDaemons(t, root, names, func(_ int, n string) (string, string) {
 		switch n {
 		case "dgx1":
-			extra = "simulate: dgxh200\n"
+			return "simulate: dgxh200\n", acceptRootJobs
 		case "dgxa":
-			extra, tail = "simulate: dgxa100\n", acceptRootJobs+"  max_gang_hold: 1ns\n"
+			return "simulate: dgxa100\n", acceptRootJobs + "  max_gang_hold: 1ns\n"
 		}
-		var join []string
-		if seed != "" {
-			join = []string{seed}
-		}
-		d := newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...)+tail)
-		d.start()
-		ds, cs = append(ds, d), append(cs, d.client())
-		if i == 0 {
-			seed = selfGossip(t, cs[0])
-		}
-	}
-	converged(t, cs, names...)
+		return "", acceptRootJobs
+	})
 	marks := filepath.Join(root, "marks")
 	os.MkdirAll(marks, 0o777)
 	var ids []string
@@ -441,4 +405,33 @@ func TestPeersCrossHostGangLastCommitFails(t *testing.T) {
 	if copies["dgx1"] == 0 || copies["dgxa"] == 0 {
 		t.Fatalf("copies per peer %v: each should have held its member", copies)
 	}
+}
+
+// peerDaemons starts a daemon per name under root, each a member joining
+// the first, with the config lines extra(i, name) gives before and after
+// its peers section, and waits until every one sees all.
+func peerDaemons(t *testing.T, root string, names []string, extra func(i int, name string) (head, tail string)) ([]*daemon, []*api.Client) {
+	t.Helper()
+	pki := filepath.Join(root, "pki")
+	keyring := peerPKI(t, pki, names...)
+	var ds []*daemon
+	var cs []*api.Client
+	seed := ""
+	for i, n := range names {
+		dir := filepath.Join(root, n)
+		os.MkdirAll(dir, 0o755)
+		head, tail := extra(i, n)
+		var join []string
+		if seed != "" {
+			join = []string{seed}
+		}
+		d := newDaemon(t, dir, head+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...)+tail)
+		d.start()
+		ds, cs = append(ds, d), append(cs, d.client())
+		if i == 0 {
+			seed = selfGossip(t, cs[0])
+		}
+	}
+	converged(t, cs, names...)
+	return ds, cs
 }
