@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,8 +12,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,6 +24,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/lifecycle"
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
 	"github.com/fusiond/fusiond/daemon/internal/peers"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
@@ -74,22 +72,12 @@ type Daemon struct {
 	audit    *audit.Log
 	metrics  *metrics.Metrics
 	peers    *peers.Node
+	// qos is the QoS loop, nil when it does not run.
+	qos *qos.Loop
 
-	unsubscribeMetrics func()
-
-	// disconnect stops the device updates reaching the placer.
-	disconnect func()
-	// stopQoS stops the QoS loop and detaches the latency probes.
-	stopQoS func()
-	// stopTelemetry stops the telemetry bus's sampler, stopElastic the
-	// elastic-job controller.
-	stopTelemetry func()
-	stopElastic   func()
-	// stopReclaim stops the reclaimed-capacity loop.
-	stopReclaim func()
-	stopPower   context.CancelFunc
-	powerDone   chan struct{}
-	closeOnce   sync.Once
+	// parts are what New starts, in the order of their needs; Close
+	// stops them.
+	parts *lifecycle.Group
 }
 
 // New builds the daemon: it opens the store and the host's hardware,
@@ -97,6 +85,9 @@ type Daemon struct {
 // earlier daemon left, applies the GPU configuration and starts the
 // hardware's background loops. Jobs are not placed until Serve. Close
 // undoes New; Serve closes the daemon itself when it returns.
+//
+// Each of those is a part of a lifecycle.Group with the parts it needs:
+// the group derives the start order from the needs and stops in reverse.
 func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 	cfg, log := o.Config, o.Logger
 	if log == nil {
@@ -118,207 +109,308 @@ func New(ctx context.Context, o Options) (_ *Daemon, err error) {
 		}
 		cfg.Metrics.Listen = "unix:" + abs
 	}
-	d := &Daemon{cfg: cfg, log: log, version: o.Version, o: o}
-	defer func() {
-		if err != nil {
-			d.Close()
-		}
-	}()
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	if d.store, err = store.Open(filepath.Join(cfg.StateDir, "fusiond.db"), store.Options{Logger: log}); err != nil {
-		return nil, err
-	}
-	if d.hw, err = hardware.Open(ctx, cfg.GPU.hostConfig(hardware.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}), log); err != nil {
-		return nil, err
-	}
-	if d.capacity, err = hostCapacity(); err != nil {
-		return nil, err
-	}
-	// Guaranteed jobs get exclusive cores where cgroups can pin them: the
-	// placer chooses them (with the engine, from the topology's cores) and
-	// rewrites the shared pool's cpusets after every change.
-	cg, cgErr := jobCgroups(cfg, log)
-	var cores func() []cgroups.Core
-	popts := placementOptions(d.hw)
-	popts.Logger = log
-	if cg != nil {
-		if cores, err = hostCores(ctx, d.hw); err != nil {
-			return nil, err
-		}
-		popts.KeepSharedCores, popts.OnShared = 1, cg.SetSharedCPUs
-	}
-	inventory := func() hostplacer.Hardware {
-		hw := hardwareOf(context.WithoutCancel(ctx), d.hw, d.capacity, log)
-		if cores != nil {
-			hw.Cores = cores()
-		}
-		return hw
-	}
-	// The telemetry bus is built before the placer, which scores with the
-	// configured profiles and the live load the bus reads (GPU
-	// utilisation and power, CPU busy per NUMA node); it samples from when
-	// the job manager is there.
-	bus, err := newTelemetry(ctx, cfg.Telemetry, d.hw, func() *jobs.Manager { return d.mgr }, cg, log)
-	if err != nil {
-		return nil, err
-	}
-	popts.Profiles = cfg.Placement.profiles()
-	popts.Live = busLive{r: bus, over: liveOver}
-	engine := hostplacer.New(inventory(), popts)
-	runner, err := newExecutor(cfg, cg, cgErr, engine.SharedCPUs, log)
-	if err != nil {
-		return nil, err
-	}
-	if cg != nil {
-		log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(engine.Hardware().Cores))
-	}
-	// The QoS loop starts after the job manager, which needs the metrics:
-	// the scrape reads it through qosLoopRef once it is there.
-	var qosLoopRef atomic.Pointer[qos.Loop]
-	d.metrics = metrics.New(metrics.Options{Version: o.Version.Version, Logger: log, Sources: metrics.Sources{
-		Jobs:      func() jobs.Stats { return d.mgr.Stats() },
-		Capacity:  engine.Capacity,
-		Allocated: engine.Allocated,
-		Devices:   func(ctx context.Context) []devices.Device { return inventories(ctx, d.hw, log) },
-		Tiers:     tierStats(cg),
-		QoS:       qosMetrics(&qosLoopRef),
-	}})
-	d.unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
-	prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
-	d.mgr = jobs.New(jobs.Config{
-		LogDir:           filepath.Join(cfg.StateDir, "jobs"),
-		DefaultTiers:     cfg.Tiers,
-		CancelGrace:      time.Duration(cfg.CancelGrace),
-		MaxFinished:      cfg.Retention.MaxFinishedJobs,
-		MaxAge:           time.Duration(cfg.Retention.MaxAge),
-		DaemonUID:        uint32(os.Geteuid()),
-		LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
-		Preparer:         prep,
-		Limits: jobs.Limits{
-			MaxSpecBytes: int64(cfg.Limits.MaxSpecBytes),
-			PendingJobs:  cfg.Limits.PerUser.PendingJobs,
-			RunningJobs:  cfg.Limits.PerUser.RunningJobs,
-			SpecBytes:    int64(cfg.Limits.PerUser.SpecBytes),
-			SpecBudget:   int64(cfg.Limits.SpecBudget),
-			LogBytes:     int64(cfg.Limits.PerUser.LogBytes),
-			LogBudget:    int64(cfg.Limits.LogBudget),
-			ExemptRoot:   cfg.Limits.ExemptRoot,
-		},
-		Observer: d.metrics,
-		Queue:    cfg.Scheduling.queue(),
-	}, d.store, runner, engine, log)
-	prep.holders = d.mgr
-	if cfg.Peers.Enabled {
-		if d.peers, err = startPeers(cfg, d.mgr, engine, log); err != nil {
+	d := &Daemon{cfg: cfg, log: log, version: o.Version, o: o, parts: lifecycle.New(log.With("lifecycle", "daemon"))}
+	for _, p := range d.newParts(ctx) {
+		if err := d.parts.Add(p); err != nil {
 			return nil, err
 		}
 	}
-	if err := d.mgr.Recover(); err != nil {
+	// A failed start has stopped the parts that started.
+	if err := d.parts.Start(ctx); err != nil {
 		return nil, err
 	}
-	if err := applyGPUConfig(d.hw, cfg.GPU, log); err != nil {
-		return nil, err
-	}
-	d.stopTelemetry = startTelemetry(ctx, bus)
-	if d.stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, cg, filepath.Join(cfg.StateDir, "jobs"), log); err != nil {
-		return nil, err
-	}
-	var knobs *beKnobs
-	if cg != nil {
-		knobs = &beKnobs{cg: cg, jobs: mgrJobCPU{mgr: d.mgr, cg: cg}}
-	}
-	reclaimLoop, reclaimOff, stopReclaim, err := startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
-	if err != nil {
-		return nil, err
-	}
-	d.stopReclaim = stopReclaim
-	qosLoop, qosOff, stopQoS := startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, bus, log)
-	d.stopQoS = stopQoS
-	qosLoopRef.Store(qosLoop)
-	d.disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
-	powerCtx, stopPower := context.WithCancel(context.WithoutCancel(ctx))
-	d.stopPower, d.powerDone = stopPower, make(chan struct{})
-	go func() {
-		defer close(d.powerDone)
-		powerCaps(powerCtx, d.hw.GPUs(), cfg.GPU.Power, engine, log)
-	}()
-
-	var adminGID *uint32
-	if cfg.AdminGroup != "" {
-		gid, err := lookupGroup(cfg.AdminGroup)
-		if err != nil {
-			return nil, fmt.Errorf("admin_group: %w", err)
-		}
-		adminGID = &gid
-	}
-	if d.audit, err = audit.Open(filepath.Join(cfg.StateDir, "audit.log"),
-		audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep, MaxAge: time.Duration(cfg.Audit.MaxAge),
-			RefusedRate: cfg.Audit.RefusedRate, RefusedBurst: cfg.Audit.RefusedBurst}, log); err != nil {
-		return nil, err
-	}
-	svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: qosLoop, qosOff: qosOff, telemetry: bus,
-		reclaim: reclaimLoop, reclaimOff: reclaimOff, fileLimit: fileLimitNote(cfg, log)}
-	d.srv = apiserver.New(svc, apiserver.Config{
-		MaxBodyBytes:      int64(cfg.MaxRequestBytes),
-		AdminGID:          adminGID,
-		Version:           o.Version,
-		Logger:            log,
-		Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
-		MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
-		Audit:             d.audit,
-		MaxStreamsPerUser: cfg.Limits.PerUser.Streams,
-		StreamsExemptRoot: cfg.Limits.ExemptRoot,
-		StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
-		Observer:          d.metrics,
-		Peers:             peerBackend(d.peers),
-	})
 	return d, nil
 }
 
-// Close stops what New started — the power loop, the hardware's
-// background work — and closes the store. It does not stop jobs (Serve's
+// newParts are New's parts. What one part builds and a later one uses
+// lives in the variables below (or in d); a part's Needs name every part
+// whose results it uses, so those are there when it starts.
+func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
+	cfg, log, o := d.cfg, d.log, d.o
+	var (
+		cg        *cgroups.Manager // nil: jobs run without cgroups (cgErr says why)
+		cgErr     error
+		bus       *telemetry.Bus
+		engine    *hostplacer.Placer
+		inventory func() hostplacer.Hardware
+		runner    *executor.MonitorRunner
+		knobs     *beKnobs // the best-effort tier's limits, shared by reclaim and QoS; nil without cgroups
+
+		unsubscribeMetrics, disconnect                   func()
+		stopTelemetry, stopElastic, stopReclaim, stopQoS func()
+		qosOff                                           api.QoSStatus
+		reclaimLoop                                      *reclaim.Loop
+		reclaimOff                                       api.ReclaimStatus
+		stopPower                                        context.CancelFunc
+		powerDone                                        chan struct{}
+	)
+	noErr := func(stop func()) func(context.Context) error {
+		return func(context.Context) error { stop(); return nil }
+	}
+	return []lifecycle.Part{{
+		Name: "store",
+		Start: func(context.Context) (err error) {
+			d.store, err = store.Open(filepath.Join(cfg.StateDir, "fusiond.db"), store.Options{Logger: log})
+			return err
+		},
+		Stop: func(context.Context) error { return d.store.Close() },
+	}, {
+		// The audit log records every admission (the job manager's) and
+		// every privileged or refused request (the API's).
+		Name: "audit",
+		Start: func(context.Context) (err error) {
+			d.audit, err = audit.Open(filepath.Join(cfg.StateDir, "audit.log"),
+				audit.Options{MaxBytes: int64(cfg.Audit.MaxBytes), Keep: cfg.Audit.Keep, MaxAge: time.Duration(cfg.Audit.MaxAge),
+					RefusedRate: cfg.Audit.RefusedRate, RefusedBurst: cfg.Audit.RefusedBurst}, log)
+			return err
+		},
+		Stop: func(context.Context) error { return d.audit.Close() },
+	}, {
+		Name: "hardware",
+		Start: func(ctx context.Context) (err error) {
+			if d.hw, err = hardware.Open(ctx, cfg.GPU.hostConfig(hardware.Config{StateDir: cfg.StateDir, Simulate: cfg.Simulate}), log); err != nil {
+				return err
+			}
+			d.capacity, err = hostCapacity()
+			return err
+		},
+		Stop: func(context.Context) error { return d.hw.Close() },
+	}, {
+		Name: "cgroups",
+		Start: func(context.Context) error {
+			cg, cgErr = jobCgroups(cfg, log)
+			return nil
+		},
+	}, {
+		// The bus reads the running jobs from the job manager, which is
+		// built after it (the manager places with the placer, which
+		// scores with the bus's live load): the bus holds a function that
+		// reads d.mgr, and samples only once the telemetry part starts,
+		// which needs the manager. Values that hold each other must be
+		// built one after the other; the needs order when they run.
+		Name:  "telemetry-bus",
+		Needs: []string{"hardware", "cgroups"},
+		Start: func(ctx context.Context) (err error) {
+			bus, err = newTelemetry(ctx, cfg.Telemetry, d.hw, func() *jobs.Manager { return d.mgr }, cg, log)
+			return err
+		},
+	}, {
+		// Guaranteed jobs get exclusive cores where cgroups can pin them:
+		// the placer chooses them (with the engine, from the topology's
+		// cores) and rewrites the shared pool's cpusets after every change.
+		// It scores with the configured profiles and the live load the bus
+		// reads (GPU utilisation and power, CPU busy per NUMA node).
+		Name:  "placer",
+		Needs: []string{"hardware", "cgroups", "telemetry-bus"},
+		Start: func(ctx context.Context) (err error) {
+			var cores func() []cgroups.Core
+			popts := placementOptions(d.hw)
+			popts.Logger = log
+			if cg != nil {
+				if cores, err = hostCores(ctx, d.hw); err != nil {
+					return err
+				}
+				popts.KeepSharedCores, popts.OnShared = 1, cg.SetSharedCPUs
+			}
+			inventory = func() hostplacer.Hardware {
+				hw := hardwareOf(context.WithoutCancel(ctx), d.hw, d.capacity, log)
+				if cores != nil {
+					hw.Cores = cores()
+				}
+				return hw
+			}
+			popts.Profiles = cfg.Placement.profiles()
+			popts.Live = busLive{r: bus, over: liveOver}
+			engine = hostplacer.New(inventory(), popts)
+			if runner, err = newExecutor(cfg, cg, cgErr, engine.SharedCPUs, log); err != nil {
+				return err
+			}
+			if cg != nil {
+				log.Info("job cgroups ready", "mode", cg.Mode(), "parent", cfg.CgroupParent, "cores", len(engine.Hardware().Cores))
+			}
+			return nil
+		},
+	}, {
+		// The metrics' sources are read at a scrape, and the only scrapes
+		// are the metrics server's, which Serve starts after New: the job
+		// manager and the QoS loop, built after the metrics (the manager
+		// reports to them), are in d by then.
+		Name:  "metrics",
+		Needs: []string{"hardware", "cgroups", "placer"},
+		Start: func(context.Context) error {
+			d.metrics = metrics.New(metrics.Options{Version: o.Version.Version, Logger: log, Sources: metrics.Sources{
+				Jobs:      func() jobs.Stats { return d.mgr.Stats() },
+				Capacity:  engine.Capacity,
+				Allocated: engine.Allocated,
+				Devices:   func(ctx context.Context) []devices.Device { return inventories(ctx, d.hw, log) },
+				Tiers:     tierStats(cg),
+				QoS:       func() metrics.QoS { return qosMetrics(d.qos) },
+			}})
+			unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
+			return nil
+		},
+		Stop: noErr(func() { unsubscribeMetrics() }),
+	}, {
+		// The job manager; its loops start in Serve.
+		Name:  "jobs",
+		Needs: []string{"store", "audit", "hardware", "placer", "metrics"},
+		Start: func(context.Context) error {
+			prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
+			d.mgr = jobs.New(jobs.Config{
+				LogDir:           filepath.Join(cfg.StateDir, "jobs"),
+				DefaultTiers:     cfg.Tiers,
+				CancelGrace:      time.Duration(cfg.CancelGrace),
+				MaxFinished:      cfg.Retention.MaxFinishedJobs,
+				MaxAge:           time.Duration(cfg.Retention.MaxAge),
+				DaemonUID:        uint32(os.Geteuid()),
+				LeaveJobsRunning: cfg.LeaveJobsOnShutdown,
+				Preparer:         prep,
+				Limits: jobs.Limits{
+					MaxSpecBytes: int64(cfg.Limits.MaxSpecBytes),
+					PendingJobs:  cfg.Limits.PerUser.PendingJobs,
+					RunningJobs:  cfg.Limits.PerUser.RunningJobs,
+					SpecBytes:    int64(cfg.Limits.PerUser.SpecBytes),
+					SpecBudget:   int64(cfg.Limits.SpecBudget),
+					LogBytes:     int64(cfg.Limits.PerUser.LogBytes),
+					LogBudget:    int64(cfg.Limits.LogBudget),
+					ExemptRoot:   cfg.Limits.ExemptRoot,
+				},
+				Observer: d.metrics,
+				Queue:    cfg.Scheduling.queue(),
+				Audit:    d.audit,
+			}, d.store, runner, engine, log)
+			prep.holders = d.mgr
+			if cg != nil {
+				knobs = &beKnobs{cg: cg, jobs: mgrJobCPU{mgr: d.mgr, cg: cg}}
+			}
+			return nil
+		},
+	}, {
+		// With peers on, the manager may hand jobs over (SetOverflow).
+		Name:  "peers",
+		Needs: []string{"jobs", "placer", "audit"},
+		Start: func(context.Context) (err error) {
+			if cfg.Peers.Enabled {
+				d.peers, err = startPeers(cfg, d.mgr, engine, d.audit, log)
+			}
+			return err
+		},
+		Stop: func(context.Context) error {
+			if d.peers != nil {
+				d.peers.Close()
+			}
+			return nil
+		},
+	}, {
+		// Recovery resumes following earlier hand-overs: it needs the
+		// peers.
+		Name:  "recovery",
+		Needs: []string{"jobs", "peers"},
+		Start: func(context.Context) error { return d.mgr.Recover() },
+	}, {
+		// The GPU sharing configuration is applied once the recovered jobs
+		// hold their devices again.
+		Name:  "gpu-config",
+		Needs: []string{"hardware", "recovery"},
+		Start: func(context.Context) error { return applyGPUConfig(d.hw, cfg.GPU, log) },
+	}, {
+		Name:  "telemetry",
+		Needs: []string{"telemetry-bus", "jobs"},
+		Start: func(ctx context.Context) error {
+			stopTelemetry = startTelemetry(ctx, bus)
+			return nil
+		},
+		Stop: noErr(func() { stopTelemetry() }),
+	}, {
+		Name:  "elastic",
+		Needs: []string{"jobs", "telemetry", "cgroups"},
+		Start: func(ctx context.Context) (err error) {
+			stopElastic, err = startElastic(ctx, cfg.Elastic, d.mgr, bus, cg, filepath.Join(cfg.StateDir, "jobs"), log)
+			return err
+		},
+		Stop: noErr(func() { stopElastic() }),
+	}, {
+		Name:  "reclaim",
+		Needs: []string{"jobs", "placer", "telemetry", "cgroups"},
+		Start: func(ctx context.Context) (err error) {
+			reclaimLoop, reclaimOff, stopReclaim, err = startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
+			return err
+		},
+		Stop: noErr(func() { stopReclaim() }),
+	}, {
+		Name:  "qos",
+		Needs: []string{"jobs", "telemetry", "cgroups"},
+		Start: func(ctx context.Context) error {
+			d.qos, qosOff, stopQoS = startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, bus, log)
+			return nil
+		},
+		Stop: noErr(func() { stopQoS() }),
+	}, {
+		// Device updates reach the placer and the event stream.
+		Name:  "devices",
+		Needs: []string{"hardware", "placer", "jobs"},
+		Start: func(context.Context) error {
+			disconnect = connectDevices(d.hw, engine, d.mgr, inventory)
+			return nil
+		},
+		Stop: noErr(func() { disconnect() }),
+	}, {
+		Name:  "power",
+		Needs: []string{"hardware", "placer"},
+		Start: func(ctx context.Context) error {
+			var powerCtx context.Context
+			powerCtx, stopPower = context.WithCancel(context.WithoutCancel(ctx))
+			powerDone = make(chan struct{})
+			go func() {
+				defer close(powerDone)
+				powerCaps(powerCtx, d.hw.GPUs(), cfg.GPU.Power, engine, log)
+			}()
+			return nil
+		},
+		Stop: noErr(func() { stopPower(); <-powerDone }),
+	}, {
+		// The API's handler; Serve serves it.
+		Name:  "api",
+		Needs: []string{"jobs", "placer", "hardware", "audit", "metrics", "peers", "telemetry-bus", "qos", "reclaim"},
+		Start: func(context.Context) error {
+			var adminGID *uint32
+			if cfg.AdminGroup != "" {
+				gid, err := lookupGroup(cfg.AdminGroup)
+				if err != nil {
+					return fmt.Errorf("admin_group: %w", err)
+				}
+				adminGID = &gid
+			}
+			svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: d.qos, qosOff: qosOff, telemetry: bus,
+				reclaim: reclaimLoop, reclaimOff: reclaimOff, fileLimit: fileLimitNote(cfg, log)}
+			d.srv = apiserver.New(svc, apiserver.Config{
+				MaxBodyBytes:      int64(cfg.MaxRequestBytes),
+				AdminGID:          adminGID,
+				Version:           o.Version,
+				Logger:            log,
+				Devices:           hardware.NewBackend(d.hw, d.mgr), // MIG apply and FPGA programming spare what jobs hold
+				MaxBitstreamBytes: int64(cfg.MaxBitstreamBytes),
+				Audit:             d.audit,
+				MaxStreamsPerUser: cfg.Limits.PerUser.Streams,
+				StreamsExemptRoot: cfg.Limits.ExemptRoot,
+				StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
+				Observer:          d.metrics,
+				Peers:             peerBackend(d.peers),
+			})
+			return nil
+		},
+	}}
+}
+
+// Close stops what New started, in the reverse of its start order — the
+// background loops, the peers, the hardware's background work — and
+// closes the store and the audit log. It does not stop jobs (Serve's
 // shutdown does). It is safe to call more than once.
 func (d *Daemon) Close() error {
-	var err error
-	d.closeOnce.Do(func() {
-		if d.peers != nil {
-			d.peers.Close()
-		}
-		if d.disconnect != nil {
-			d.disconnect()
-		}
-		if d.unsubscribeMetrics != nil {
-			d.unsubscribeMetrics()
-		}
-		if d.stopQoS != nil {
-			d.stopQoS()
-		}
-		if d.stopElastic != nil {
-			d.stopElastic()
-		}
-		if d.stopReclaim != nil {
-			d.stopReclaim()
-		}
-		if d.stopTelemetry != nil {
-			d.stopTelemetry()
-		}
-		if d.stopPower != nil {
-			d.stopPower()
-			<-d.powerDone
-		}
-		if d.hw != nil {
-			d.hw.Close()
-		}
-		if d.store != nil {
-			err = d.store.Close()
-		}
-		if d.audit != nil {
-			err = errors.Join(err, d.audit.Close())
-		}
-	})
-	return err
+	return d.parts.Stop(context.Background())
 }
 
 // Run builds the daemon, opens its socket (or takes Options.Listener) and
@@ -344,6 +436,10 @@ func Run(ctx context.Context, o Options) error {
 // finishes in-flight requests and store writes and stops (or, with
 // leave_jobs_on_shutdown, leaves) running jobs. It closes the daemon when
 // it returns.
+//
+// What it starts is a lifecycle.Group too: the servers need the job
+// manager's loops, so they stop (finishing their requests) before the
+// manager stops the jobs.
 func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	defer d.Close()
 	cfg, log, o := d.cfg, d.log, d.o
@@ -360,38 +456,105 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 			defer os.Remove(addr)
 		}
 	}
-	d.mgr.Start()
-	if d.peers != nil {
-		d.peers.Start()
-	}
-	// Every connection counts against the limits from its accept on (an
-	// idle one too), and the servers close idle and slow ones, so no user
-	// can hold the daemon's descriptors or keep another user out.
-	hs := &http.Server{
-		Handler:           d.srv,
-		ConnContext:       d.srv.ConnContext,
-		ReadHeaderTimeout: time.Duration(cfg.Limits.HeaderTimeout),
-		IdleTimeout:       time.Duration(cfg.Limits.IdleTimeout),
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	conns := apiserver.LimitListener(ln, apiserver.ConnLimits{Total: cfg.Limits.Connections, Reserve: cfg.Limits.AdminConnections,
-		PerUser: cfg.Limits.PerUser.Connections, TotalLimit: apiserver.LimitConnections}, d.srv.Identify, log.With("listener", "api"))
 	serveErr := make(chan error, 2) // the API and metrics servers
-	go func() { serveErr <- hs.Serve(conns) }()
-	var ms *http.Server
-	if mln != nil {
-		ms = &http.Server{
-			Handler:           d.metrics.Handler(),
-			ReadHeaderTimeout: time.Duration(cfg.Limits.HeaderTimeout),
-			ReadTimeout:       time.Duration(cfg.Limits.HeaderTimeout),
-			WriteTimeout:      30 * time.Second,
-			IdleTimeout:       time.Duration(cfg.Limits.IdleTimeout),
-			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	var hs, ms *http.Server
+	defer func() {
+		switch {
+		case ms != nil:
+			ms.Close() // after Shutdown below; at once on an early return
+		case mln != nil:
+			mln.Close() // its server did not start
 		}
-		defer ms.Close() // after Shutdown below; at once on an early return
-		mlim := apiserver.LimitListener(mln, apiserver.ConnLimits{Total: cfg.Metrics.MaxConnections, TotalLimit: apiserver.LimitMetricsConnections}, nil, log.With("listener", "metrics"))
-		go func() { serveErr <- ms.Serve(mlim) }()
-		log.Info("metrics listening", "network", network, "address", mln.Addr().String())
+	}()
+	serving := lifecycle.New(log.With("lifecycle", "serve"))
+	for _, p := range []lifecycle.Part{{
+		Name:  "scheduling",
+		Start: func(context.Context) error { d.mgr.Start(); return nil },
+		Stop:  func(ctx context.Context) error { d.mgr.Stop(ctx); return nil },
+	}, {
+		// The peer API stops serving before the manager stops (no offer,
+		// commit or start reaches a stopping manager); gossip and the
+		// client side are closed with the daemon (Close), after the
+		// manager's Stop, which cancels the jobs handed over to peers.
+		Name:  "peering",
+		Needs: []string{"scheduling"},
+		Start: func(context.Context) error {
+			if d.peers != nil {
+				d.peers.Start()
+			}
+			return nil
+		},
+		Stop: func(ctx context.Context) error {
+			if d.peers == nil {
+				return nil
+			}
+			if err := d.peers.StopServing(ctx); err != nil {
+				log.Warn("peer API requests did not finish in time", "err", err)
+			}
+			return nil
+		},
+	}, {
+		Name:  "metrics-server",
+		Needs: []string{"scheduling"},
+		Start: func(context.Context) error {
+			if mln == nil {
+				return nil
+			}
+			ms = &http.Server{
+				Handler:           d.metrics.Handler(),
+				ReadHeaderTimeout: time.Duration(cfg.Limits.HeaderTimeout),
+				ReadTimeout:       time.Duration(cfg.Limits.HeaderTimeout),
+				WriteTimeout:      30 * time.Second,
+				IdleTimeout:       time.Duration(cfg.Limits.IdleTimeout),
+				ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			}
+			mlim := apiserver.LimitListener(mln, apiserver.ConnLimits{Total: cfg.Metrics.MaxConnections, TotalLimit: apiserver.LimitMetricsConnections}, nil, log.With("listener", "metrics"))
+			go func() { serveErr <- ms.Serve(mlim) }()
+			log.Info("metrics listening", "network", network, "address", mln.Addr().String())
+			return nil
+		},
+		Stop: func(ctx context.Context) error {
+			if ms != nil {
+				if err := ms.Shutdown(ctx); err != nil {
+					log.Warn("metrics server did not finish in time", "err", err)
+				}
+			}
+			return nil
+		},
+	}, {
+		// Every connection counts against the limits from its accept on
+		// (an idle one too), and the servers close idle and slow ones, so
+		// no user can hold the daemon's descriptors or keep another user
+		// out.
+		Name:  "api-server",
+		Needs: []string{"scheduling"},
+		Start: func(context.Context) error {
+			hs = &http.Server{
+				Handler:           d.srv,
+				ConnContext:       d.srv.ConnContext,
+				ReadHeaderTimeout: time.Duration(cfg.Limits.HeaderTimeout),
+				IdleTimeout:       time.Duration(cfg.Limits.IdleTimeout),
+				ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+			}
+			conns := apiserver.LimitListener(ln, apiserver.ConnLimits{Total: cfg.Limits.Connections, Reserve: cfg.Limits.AdminConnections,
+				PerUser: cfg.Limits.PerUser.Connections, TotalLimit: apiserver.LimitConnections}, d.srv.Identify, log.With("listener", "api"))
+			go func() { serveErr <- hs.Serve(conns) }()
+			return nil
+		},
+		Stop: func(ctx context.Context) error {
+			d.srv.CloseStreams()
+			if err := hs.Shutdown(ctx); err != nil {
+				log.Warn("API server did not finish in time", "err", err)
+			}
+			return nil
+		},
+	}} {
+		if err := serving.Add(p); err != nil {
+			return err
+		}
+	}
+	if err := serving.Start(ctx); err != nil {
+		return err
 	}
 	log.Info("fusiond ready", "socket", cfg.Socket, "state_dir", cfg.StateDir,
 		"cpu", d.capacity.CPU.String(), "memory", d.capacity.Memory.String(), "version", d.version.Version)
@@ -410,6 +573,8 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 		case <-ctx.Done():
 			running = false
 		case err := <-serveErr:
+			// As before, a failed server ends Serve at once, without the
+			// graceful stop of the servers and jobs below.
 			return fmt.Errorf("API or metrics server: %w", err)
 		case <-tick:
 			if err := selfCheck(ctx, cfg.Socket, o.WatchdogInterval); err != nil {
@@ -425,18 +590,9 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 	log.Info("shutting down: no new requests; finishing in-flight work")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.ShutdownTimeout))
 	defer cancel()
-	d.srv.CloseStreams()
-	if err := hs.Shutdown(shutdownCtx); err != nil {
-		log.Warn("API server did not finish in time", "err", err)
-	}
-	if ms != nil {
-		if err := ms.Shutdown(shutdownCtx); err != nil {
-			log.Warn("metrics server did not finish in time", "err", err)
-		}
-	}
-	d.mgr.Stop(shutdownCtx)
+	err := serving.Stop(shutdownCtx)
 	log.Info("fusiond stopped")
-	return nil
+	return err
 }
 
 // selfCheck asks the daemon's own socket for the node status, which goes
@@ -618,6 +774,20 @@ func (s *service) Get(ctx context.Context, c api.Caller, id string) (api.Job, er
 		j.Latency = s.qos.JobLatency(id)
 	}
 	return j, err
+}
+
+// ListPage adds the running jobs' run-queue latency and SLO state, as Get
+// does, to the manager's page (one snapshot).
+func (s *service) ListPage(ctx context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, string, error) {
+	page, next, err := s.Manager.ListPage(ctx, c, opts)
+	if err == nil && s.qos != nil {
+		for i := range page {
+			if page[i].State == api.StateRunning {
+				page[i].Latency = s.qos.JobLatency(page[i].ID)
+			}
+		}
+	}
+	return page, next, err
 }
 
 // fileDescriptorsOwnUse is what the daemon keeps open besides its API and

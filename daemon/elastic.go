@@ -15,6 +15,7 @@ import (
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/elastic"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/telemetry"
@@ -260,7 +261,9 @@ func (h *elasticHost) addReplicas(leader api.Job, g elastic.Group, count int) er
 		spec.Labels[api.LabelReplicaOf] = leader.ID
 		spec.Labels[api.LabelReplica] = strconv.Itoa(num)
 		spec.Name = replicaName(leader.Spec.Name, num)
-		if _, err := h.mgr.Submit(context.Background(), owner, spec); err != nil {
+		// A replica is admitted like any job of its owner's (limits,
+		// audit, the queue).
+		if _, err := h.mgr.Admit(context.Background(), jobs.Entry{Source: admission.Replica, Caller: owner, Specs: []api.JobSpec{spec}}); err != nil {
 			return fmt.Errorf("submitting replica %d of %s: %w", num, leader.ID, err)
 		}
 	}

@@ -93,6 +93,21 @@ func TestImportRules(t *testing.T) {
 			if p == "daemon/sched" && (local || !slices.Contains(pureStd, d)) {
 				t.Errorf("the pure engine daemon/sched imports %s: it may import only %s", d, strings.Join(pureStd, " "))
 			}
+			// Admission's rules need no records: of this module they
+			// use the API types alone (the job manager runs them).
+			if p == "daemon/internal/admission" && local && dr != "daemon/api" {
+				t.Errorf("daemon/internal/admission imports %s: it may import only daemon/api of this module", dr)
+			}
+			// The hand-over reaches the records through its own
+			// interface (jobs.Manager.Records implements it): no
+			// records, no store, no peers of its own.
+			if p == "daemon/internal/handover" && local && dr != "daemon/api" {
+				t.Errorf("daemon/internal/handover imports %s: it may import only daemon/api of this module", dr)
+			}
+			// The lifecycle orders parts it knows only by name.
+			if p == "daemon/internal/lifecycle" && local {
+				t.Errorf("daemon/internal/lifecycle imports %s: it may import no package of this module", dr)
+			}
 			// The forecasters are pure too (the CLI and the daemon share them).
 			if p == "daemon/forecast" && (local || !slices.Contains(append(pureStd, "math/cmplx"), d)) {
 				t.Errorf("the pure forecasters daemon/forecast import %s: they may import only %s math/cmplx", d, strings.Join(pureStd, " "))

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync/atomic"
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
@@ -49,27 +48,24 @@ func tierStats(cg *cgroups.Manager) func() (map[api.Tier]cgroups.Stats, error) {
 	}
 }
 
-// qosMetrics reads the QoS loop that loop holds at scrape time (nil until
-// the loop starts, and when it does not run: reported as off).
-func qosMetrics(loop *atomic.Pointer[qos.Loop]) func() metrics.QoS {
-	return func() metrics.QoS {
-		l := loop.Load()
-		if l == nil {
-			return metrics.QoS{}
-		}
-		st, c := l.Status(), l.Counters()
-		out := metrics.QoS{Enabled: st.Enabled, BestEffortCPUMilli: int64(st.BestEffortQuota), BestEffortMemoryHigh: int64(st.BestEffortMemoryHigh),
-			Protected: st.Protected, Breaching: st.Breaching,
-			ProbeStats: c.ProbeStats, ProbeRuns: c.ProbeRuns, ProbeRunNs: c.ProbeRunNs,
-			Latency: make(map[api.Class]metrics.Log2Histogram, len(c.Latency))}
-		for k, n := range c.Actions {
-			out.Actions = append(out.Actions, metrics.QoSAction{Op: k.Op, Resource: k.Resource, Result: k.Result, Count: n})
-		}
-		for class, h := range c.Latency {
-			out.Latency[class] = metrics.Log2Histogram{Buckets: h.Buckets[:], SumNs: h.SumNs}
-		}
-		return out
+// qosMetrics reads the QoS loop l at a scrape (nil when it does not run:
+// reported as off).
+func qosMetrics(l *qos.Loop) metrics.QoS {
+	if l == nil {
+		return metrics.QoS{}
 	}
+	st, c := l.Status(), l.Counters()
+	out := metrics.QoS{Enabled: st.Enabled, BestEffortCPUMilli: int64(st.BestEffortQuota), BestEffortMemoryHigh: int64(st.BestEffortMemoryHigh),
+		Protected: st.Protected, Breaching: st.Breaching,
+		ProbeStats: c.ProbeStats, ProbeRuns: c.ProbeRuns, ProbeRunNs: c.ProbeRunNs,
+		Latency: make(map[api.Class]metrics.Log2Histogram, len(c.Latency))}
+	for k, n := range c.Actions {
+		out.Actions = append(out.Actions, metrics.QoSAction{Op: k.Op, Resource: k.Resource, Result: k.Result, Count: n})
+	}
+	for class, h := range c.Latency {
+		out.Latency[class] = metrics.Log2Histogram{Buckets: h.Buckets[:], SumNs: h.SumNs}
+	}
+	return out
 }
 
 // listenMetrics opens the metrics listener: a TCP address, or a Unix

@@ -8,9 +8,12 @@ import (
 )
 
 func TestPeersConfigValidation(t *testing.T) {
-	base := "peers:\n  enabled: true\n  cert: /c.pem\n  key: /k.pem\n  ca: /ca.pem\n"
+	tls := "peers:\n  enabled: true\n  cert: /c.pem\n  key: /k.pem\n  ca: /ca.pem\n"
+	base := tls + "  keyring_file: /gossip.keys\n"
 	for _, tc := range []struct{ yaml, field string }{
 		{"peers:\n  enabled: true\n", "peers.cert"},
+		{tls, "peers.keyring_file"},
+		{base + "  insecure_gossip: true\n", "peers.insecure_gossip"},
 		{base + "  join: [nohost]\n", "peers.join[0]"},
 		{base + "  gossip: \"7946\"\n", "peers.gossip"},
 		{base + "  profile: moon\n", "peers.profile"},
@@ -33,6 +36,10 @@ func TestPeersConfigValidation(t *testing.T) {
 	}
 	if !cfg.Peers.Enabled || len(cfg.Peers.WaitBudget) != 4 || cfg.Peers.WaitBudget[api.ClassBatch] != 0 {
 		t.Errorf("parsed %+v", cfg.Peers)
+	}
+	cfg = DefaultConfig()
+	if err := ParseConfig([]byte(tls+"  insecure_gossip: true\n"), &cfg); err != nil || !cfg.Peers.InsecureGossip {
+		t.Fatalf("peers without a keyring, with insecure_gossip: %v (%+v)", err, cfg.Peers)
 	}
 	if d := DefaultConfig(); d.Peers.Enabled {
 		t.Error("peers are on by default")

@@ -249,9 +249,7 @@ func (h *reclaimHost) Running() []reclaim.Job {
 		if p, ok := placed[j.ID]; ok {
 			rj.Placed = reclaim.Usage{CPU: float64(p.CPU), Memory: float64(p.Memory)}
 		}
-		if j.StartedAt != nil {
-			rj.Started = *j.StartedAt
-		}
+		rj.Started = j.StartedAt
 		for _, u := range h.bus.JobWindow(j.ID, h.lookback) {
 			rj.Recent = append(rj.Recent, reclaim.Usage{CPU: u.CPUMilli, Memory: float64(u.Memory)})
 		}

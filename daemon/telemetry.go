@@ -54,8 +54,10 @@ func (c TelemetryConfig) validate() (string, error) {
 }
 
 // telemetryJobs is the bus's view of the running jobs and their cgroups.
-// The bus is built before the job manager (placement may read it), so it
-// finds the manager through mgr, nil until there is one.
+// The bus is built before the job manager (the placer the manager is built
+// with reads it), so it finds the manager through mgr. The bus reads jobs
+// only while it runs, and its "telemetry" part needs the "jobs" part
+// (daemon.New), so mgr is set by then; nil is still read as no jobs.
 type telemetryJobs struct {
 	mgr func() *jobs.Manager
 	cg  *cgroups.Manager

@@ -100,6 +100,15 @@ type PeerList struct {
 	// Keys are the fingerprints (first 8 hex digits of the SHA-256) of
 	// the gossip keyring's keys, the primary first; never the keys.
 	Keys []string `json:"keys,omitempty"`
+	// InsecureGossip is true when gossip is not encrypted: the daemon
+	// runs without a keyring because its configuration says
+	// peers.insecure_gossip: true. Loads are signed either way.
+	InsecureGossip bool `json:"insecure_gossip,omitempty"`
+	// GossipDropped counts, by why, the gossiped loads this daemon
+	// dropped since it started: "invalid" (undecodable, or a number out
+	// of its bounds), "not a member", "not signed by its node", and
+	// "key fetch failed" (a member's signing key could not be fetched).
+	GossipDropped map[string]uint64 `json:"gossip_dropped,omitempty"`
 }
 
 // KeyringRequest is the body of POST /v1/peers/keyring: Op is install

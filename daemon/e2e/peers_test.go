@@ -41,7 +41,10 @@ func peerPKI(t *testing.T, dir string, nodes ...string) (keyring string) {
 }
 
 // peerConfig is the peers section of a daemon named name, gossiping on
-// addr (host:0 takes a port from the kernel) and joining join.
+// addr (host:0 takes a port from the kernel) and joining join. The tests'
+// jobs run as nobody (uid 65534), which peers.users.max_uid lets peers
+// name here (above UID_MAX it is a system account, refused by default:
+// TestPeerAttacks).
 // acceptRootJobs, appended to peerConfig's section, lets peers run the
 // jobs of root that a test submits as root (refused by default).
 const acceptRootJobs = "  accept_root_jobs: true\n"
@@ -66,6 +69,7 @@ func peerConfig(pki, keyring, name, addr string, join ...string) string {
   poll: 100ms
   lease: 4s
   wait_budget: {training: 0s, batch: 0s, inference: 0s, service: 0s}
+  users: {max_uid: 65534}
 %s`, name, addr, host, keyring, pki, name, pki, name, pki, j)
 }
 
@@ -235,31 +239,13 @@ func countJobs(t *testing.T, c *api.Client) int {
 // for two, so nothing of it starts: the members held are released.
 func TestPeersCrossHostGang(t *testing.T) {
 	root := publicTempDir(t)
-	pki := filepath.Join(root, "pki")
 	names := []string{"o", "dgx1", "dgx2"}
-	keyring := peerPKI(t, pki, names...)
-	var ds []*daemon
-	var cs []*api.Client
-	seed := ""
-	for i, n := range names {
-		dir := filepath.Join(root, n)
-		os.MkdirAll(dir, 0o755)
-		extra := ""
+	ds, cs := peerDaemons(t, root, names, func(i int, _ string) (string, string) {
 		if i > 0 {
-			extra = "simulate: dgxh200\n"
+			return "simulate: dgxh200\n", acceptRootJobs
 		}
-		var join []string
-		if seed != "" {
-			join = []string{seed}
-		}
-		d := newDaemon(t, dir, extra+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...)+acceptRootJobs)
-		d.start()
-		ds, cs = append(ds, d), append(cs, d.client())
-		if i == 0 {
-			seed = selfGossip(t, cs[0])
-		}
-	}
-	converged(t, cs, names...)
+		return "", acceptRootJobs
+	})
 	member := func(gang string, size int) string {
 		return fmt.Sprintf(`{"name":%q,"class":"training","command":["sh","-c","echo member on $CUDA_VISIBLE_DEVICES"],
 		  "resources":{"cpu":"1","memory":"64Mi","gpu":{"count":8}},"gang":{"name":%q,"size":%d}}`, gang, gang, size)
@@ -325,4 +311,127 @@ func TestPeersCrossHostGang(t *testing.T) {
 	for _, id := range three {
 		ds[0].ctl(nil, "", "cancel", id)
 	}
+}
+
+// TestPeersCrossHostGangLastCommitFails: a gang of two 8-GPU members from
+// a host without GPUs, one member pinned to an H200 peer and one to an
+// A100 peer. The A100 peer grants gang holds of at most 1ns
+// (peers.max_gang_hold), so its hold has always ended by the time the
+// commit reaches it: the gang's last commit fails, after the first
+// member's commit succeeded, the way it does for a holder on a slow link
+// or under a slow origin. Nothing of the gang ever runs: no member's
+// command (which leaves a marker file) started on any host, no copy was
+// ever starting or running, the committed member was released with the
+// failed commit as its reason, and the gang waits on the origin.
+func TestPeersCrossHostGangLastCommitFails(t *testing.T) {
+	root := publicTempDir(t)
+	names := []string{"o", "dgx1", "dgxa"}
+	ds, cs := peerDaemons(t, root, names, func(_ int, n string) (string, string) {
+		switch n {
+		case "dgx1":
+			return "simulate: dgxh200\n", acceptRootJobs
+		case "dgxa":
+			return "simulate: dgxa100\n", acceptRootJobs + "  max_gang_hold: 1ns\n"
+		}
+		return "", acceptRootJobs
+	})
+	marks := filepath.Join(root, "marks")
+	os.MkdirAll(marks, 0o777)
+	var ids []string
+	for _, model := range []string{"H200", "A100"} {
+		spec := fmt.Sprintf(`{"name":"g-%s","class":"training","command":["sh","-c","touch %s/started-%s-$$"],
+		  "resources":{"cpu":"1","memory":"64Mi","gpu":{"count":8,"model":%q}},"gang":{"name":"g","size":2}}`, model, marks, model, model)
+		r := ds[0].ctl(nil, spec, "submit", "-q", "-")
+		if r.code != 0 {
+			t.Fatalf("submit: %s%s", r.stdout, r.stderr)
+		}
+		ids = append(ids, strings.TrimSpace(r.stdout))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	var reason string
+	for {
+		j, err := cs[0].Get(context.Background(), ids[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State != api.StatePending {
+			t.Fatalf("a member of a gang whose commit fails is %s (%s)", j.State, j.Reason)
+		}
+		if strings.Contains(j.Reason, "could not be committed across peers") {
+			reason = j.Reason
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reason: %s", j.Reason)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, want := range []string{"the commit of member 2 of 2 on peer dgxa failed", "not committed within 1ns", "no member started, every member was released"} {
+		if !strings.Contains(reason, want) {
+			t.Errorf("the origin's reason lacks %q: %s", want, reason)
+		}
+	}
+	for _, id := range ids {
+		ds[0].ctl(nil, "", "cancel", id) // no further attempts
+	}
+	time.Sleep(time.Second) // a member that were to start, would have by now
+
+	if m, _ := filepath.Glob(filepath.Join(marks, "started-*")); len(m) != 0 {
+		t.Errorf("member commands ran: %v", m)
+	}
+	copies := map[string]int{}
+	for i, c := range cs[1:] {
+		host := names[i+1]
+		for _, j := range listAll(t, c) {
+			copies[host]++
+			evs := reasons(j)
+			if j.State != api.StateCancelled || j.StartedAt != nil || j.Attempt != 0 ||
+				strings.Contains(evs, "starting:") || strings.Contains(evs, "running:") {
+				t.Errorf("%s's copy of %s is %s (attempt %d, started %v):\n%s", host, j.Spec.Name, j.State, j.Attempt, j.StartedAt, evs)
+			}
+			switch host {
+			case "dgx1":
+				if !strings.Contains(evs, "placed: committed with its gang by origin o") ||
+					!strings.Contains(j.Reason, "its gang was aborted by the origin: the commit of member 2 of 2 on peer dgxa failed") {
+					t.Errorf("dgx1's member was not committed, then released for the failed commit:\n%s", evs)
+				}
+			case "dgxa":
+				if !strings.Contains(j.Reason, "not committed within 1ns") && !strings.Contains(j.Reason, "the commit of member 2 of 2 on peer dgxa failed") {
+					t.Errorf("dgxa's member: %s", j.Reason)
+				}
+			}
+		}
+	}
+	if copies["dgx1"] == 0 || copies["dgxa"] == 0 {
+		t.Fatalf("copies per peer %v: each should have held its member", copies)
+	}
+}
+
+// peerDaemons starts a daemon per name under root, each a member joining
+// the first, with the config lines extra(i, name) gives before and after
+// its peers section, and waits until every one sees all.
+func peerDaemons(t *testing.T, root string, names []string, extra func(i int, name string) (head, tail string)) ([]*daemon, []*api.Client) {
+	t.Helper()
+	pki := filepath.Join(root, "pki")
+	keyring := peerPKI(t, pki, names...)
+	var ds []*daemon
+	var cs []*api.Client
+	seed := ""
+	for i, n := range names {
+		dir := filepath.Join(root, n)
+		os.MkdirAll(dir, 0o755)
+		head, tail := extra(i, n)
+		var join []string
+		if seed != "" {
+			join = []string{seed}
+		}
+		d := newDaemon(t, dir, head+peerConfig(pki, copyKeyring(t, keyring, dir), n, "127.0.0.1:0", join...)+tail)
+		d.start()
+		ds, cs = append(ds, d), append(cs, d.client())
+		if i == 0 {
+			seed = selfGossip(t, cs[0])
+		}
+	}
+	converged(t, cs, names...)
+	return ds, cs
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 	"github.com/fusiond/fusiond/daemon/internal/audit"
 )
 
@@ -14,6 +15,8 @@ import (
 // the action's target.
 var privileged = map[string]struct{ action, target string }{
 	"POST /v1/jobs":                      {"job.submit", ""},
+	"POST /v1/batches":                   {"job.submit", ""},
+	"POST /v1/peers/keyring":             {"peers.keyring", ""},
 	"POST /v1/jobs/{id}/cancel":          {"job.cancel", "id"},
 	"POST /v1/node/cordon":               {"node.cordon", ""},
 	"POST /v1/node/uncordon":             {"node.uncordon", ""},
@@ -23,6 +26,9 @@ var privileged = map[string]struct{ action, target string }{
 	"POST /v1/fpga/bitstreams":           {"bitstream.add", "?name"},
 	"DELETE /v1/fpga/bitstreams/{ref}":   {"bitstream.remove", "ref"},
 }
+
+// submitSources are the admission sources of the submission routes.
+var submitSources = map[string]string{"POST /v1/jobs": string(admission.Socket), "POST /v1/batches": string(admission.Batch)}
 
 // audited wraps a route's handler: a privileged route's every request,
 // and any request answered with a refusal (4xx), is recorded.
@@ -34,7 +40,14 @@ func (s *Server) audited(pattern string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now().UTC()
 		aw := &auditWriter{ResponseWriter: w}
-		h.ServeHTTP(aw, r)
+		// A submission is audited by the job manager's admission (with
+		// its source and the jobs it made); the request is recorded here
+		// only when it never got there (a body that does not decode).
+		ctx, recorded := audit.WithMark(r.Context())
+		h.ServeHTTP(aw, r.WithContext(ctx))
+		if recorded.Load() {
+			return
+		}
 		status := aw.status
 		if status == 0 {
 			status = http.StatusOK
@@ -52,6 +65,9 @@ func (s *Server) audited(pattern string, h http.Handler) http.Handler {
 		}
 		if isPrivileged {
 			rec.Action = p.action
+			// A submission refused before the job manager's admission
+			// (its body does not decode) is named by its source too.
+			rec.Source = submitSources[pattern]
 			switch {
 			case p.target == "":
 			case p.target[0] == '?':

@@ -42,6 +42,8 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+const gangJob = `{"name":"g","command":["true"],"resources":{"cpu":"100m","memory":"16Mi"},"gang":{"name":"g","size":2}}`
+
 // TestAudit: privileged requests are recorded whatever their outcome,
 // refusals on any route are recorded, with who (uid, user, pid), what and
 // the outcome; ordinary successful reads are not.
@@ -61,7 +63,9 @@ func TestAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "jobs"), CancelGrace: time.Second}, st,
+	// As in the daemon, the job manager audits every admission and the
+	// server every other privileged or refused request.
+	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "jobs"), CancelGrace: time.Second, Audit: al}, st,
 		runner, jobstest.Placer(4000, 8<<30), slog.New(slog.DiscardHandler))
 	if err := mgr.Recover(); err != nil {
 		t.Fatal(err)
@@ -110,6 +114,9 @@ func TestAudit(t *testing.T) {
 		{root, "POST", "/v1/node/cordon", "", 200},
 		{root, "POST", "/v1/node/uncordon", "", 200},
 		{root, "POST", "/v1/mig/apply", `{}`, 503}, // this server has no devices
+		// A batch (a gang): one record naming both jobs.
+		{root, "POST", "/v1/batches", `{"jobs":[` + gangJob + `,` + gangJob + `]}`, 201},
+		{root, "POST", "/v1/peers/keyring", `{"install":"x"}`, 409}, // this server has no peers
 	}
 	for _, s := range steps {
 		if code, body := do(t, s.hc, s.method, s.path, s.body); code != s.status {
@@ -126,6 +133,8 @@ func TestAudit(t *testing.T) {
 		{UID: 0, Action: "node.cordon", Outcome: audit.OK, Status: 200},
 		{UID: 0, Action: "node.uncordon", Outcome: audit.OK, Status: 200},
 		{UID: 0, Action: "mig.apply", Outcome: audit.Failed, Status: 503, Code: api.CodeUnavailable},
+		{UID: 0, Action: "job.submit", Target: "2,3", Outcome: audit.OK, Status: 201},
+		{UID: 0, Action: "peers.keyring", Outcome: audit.Refused, Status: 409, Code: api.CodeConflict},
 	}
 	// root's records are in the admins' file, mallory's refusals in the
 	// refusals' file; in time order they are the steps'.
@@ -151,6 +160,11 @@ func TestAudit(t *testing.T) {
 	slices.SortStableFunc(got, func(a, b audit.Record) int { return a.Time.Compare(b.Time) })
 	if len(got) != len(want) {
 		t.Fatalf("%d records, want %d:\n%+v", len(got), len(want), got)
+	}
+	for i, src := range map[int]string{0: "socket", 4: "socket", 9: "batch"} {
+		if got[i].Source != src {
+			t.Errorf("record %d's source %q, want %s", i, got[i].Source, src)
+		}
 	}
 	for i, w := range want {
 		g := got[i]

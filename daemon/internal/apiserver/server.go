@@ -36,9 +36,10 @@ type Backend interface {
 	Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (api.Job, error)
 	// SubmitAll queues every spec or none (one store transaction).
 	SubmitAll(ctx context.Context, c api.Caller, specs []api.JobSpec) ([]api.Job, error)
-	// ListPage is one page of a listing: the job IDs, newest first, and
-	// the next page's token ("" on the last page).
-	ListPage(ctx context.Context, c api.Caller, opts api.ListOptions) ([]string, string, error)
+	// ListPage is one page of a listing: the jobs, newest first, copied
+	// in one snapshot (no device shows under two of them), and the next
+	// page's token ("" on the last page).
+	ListPage(ctx context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, string, error)
 	Get(ctx context.Context, c api.Caller, id string) (api.Job, error)
 	Cancel(ctx context.Context, c api.Caller, id string) (api.Job, error)
 	// LogPath is the job's log file and whether the job has finished.
@@ -410,9 +411,10 @@ func parseBool(r *http.Request, name string) (bool, error) {
 	return b, nil
 }
 
-// list streams one page of jobs: the IDs are chosen first, then each job is
-// copied and written on its own, so a listing of large specs is never held
-// in memory whole.
+// list writes one page of jobs, one snapshot the backend copied at once
+// (the copies share the records' immutable specs, so a page of large specs
+// costs little memory); the JSON is encoded job by job outside the
+// backend's lock and streamed, never held whole.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	if err := checkQuery(r, "state", "user", "class", "limit", "continue"); err != nil {
 		writeError(w, err)
@@ -424,7 +426,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := caller(r)
-	ids, next, err := s.b.ListPage(r.Context(), c, opts)
+	jobs, next, err := s.b.ListPage(r.Context(), c, opts)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -438,19 +440,13 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(bw)
 	enc.SetIndent("", "  ")
 	bw.WriteString("[")
-	n := 0
-	for _, id := range ids {
-		job, err := s.b.Get(r.Context(), c, id)
-		if err != nil {
-			continue // forgotten since the page was chosen
-		}
-		if n > 0 {
+	for i := range jobs {
+		if i > 0 {
 			bw.WriteString(",")
 		}
-		if err := enc.Encode(job); err != nil {
+		if err := enc.Encode(&jobs[i]); err != nil {
 			return
 		}
-		n++
 	}
 	bw.WriteString("]\n")
 	_ = bw.Flush()

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -47,6 +48,13 @@ type Record struct {
 	User  string `json:"user,omitempty"`
 	PID   int32  `json:"pid"`
 	Admin bool   `json:"admin,omitempty"`
+	// Peer is the calling peer's certificate identity (its node name),
+	// for a request over the peer API; User is then the user the peer
+	// asked a job to run as.
+	Peer string `json:"peer,omitempty"`
+	// Source is how a submitted job entered (socket, batch, peer, gang,
+	// replica: daemon/internal/admission).
+	Source string `json:"source,omitempty"`
 	// What: the action ("job.submit", "node.cordon", …; "request" for a
 	// refusal of an unprivileged request), the route and its target (a
 	// job id, GPU index, region, bitstream).
@@ -123,7 +131,7 @@ type Log struct {
 
 	mu      sync.Mutex
 	streams map[string]*stream
-	buckets map[int64]*bucket // per uid, for Refusals
+	buckets map[string]*bucket // per uid (per peer, for peers), for Refusals
 	now     func() time.Time
 	stop    chan struct{}
 	done    chan struct{}
@@ -146,6 +154,8 @@ type bucket struct {
 	suppressed  int
 	first, last time.Time
 	user        string
+	uid         int64
+	peer        string
 }
 
 // Open opens (creating, mode 0600) the audit files: the admins' at path,
@@ -167,7 +177,7 @@ func Open(path string, opts Options, log *slog.Logger) (*Log, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Log{log: log, opts: opts, streams: map[string]*stream{}, buckets: map[int64]*bucket{}, now: time.Now,
+	l := &Log{log: log, opts: opts, streams: map[string]*stream{}, buckets: map[string]*bucket{}, now: time.Now,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	for name, p := range StreamPaths(path) {
 		st := &stream{path: p}
@@ -241,7 +251,7 @@ func (l *Log) Record(r Record) {
 		}
 		b.tokens--
 		if b.suppressed > 0 {
-			l.write(Refusals, l.summary(r.UID, b))
+			l.write(Refusals, l.summary(b))
 		}
 	}
 	l.write(name, r)
@@ -250,13 +260,17 @@ func (l *Log) Record(r Record) {
 // bucketOf refills and returns r's caller's bucket. l.mu held.
 func (l *Log) bucketOf(r Record) *bucket {
 	now := l.now()
-	b, ok := l.buckets[r.UID]
+	key := strconv.FormatInt(r.UID, 10)
+	if r.Peer != "" {
+		key = "peer " + r.Peer
+	}
+	b, ok := l.buckets[key]
 	if !ok {
 		if len(l.buckets) >= 4096 {
 			l.flushLocked(true) // forget idle users' buckets
 		}
-		b = &bucket{tokens: float64(l.opts.RefusedBurst), at: now}
-		l.buckets[r.UID] = b
+		b = &bucket{tokens: float64(l.opts.RefusedBurst), at: now, uid: r.UID, peer: r.Peer}
+		l.buckets[key] = b
 	}
 	b.tokens = min(float64(l.opts.RefusedBurst), b.tokens+now.Sub(b.at).Seconds()*l.opts.RefusedRate)
 	b.at = now
@@ -265,11 +279,15 @@ func (l *Log) bucketOf(r Record) *bucket {
 }
 
 // summary is the record of what b kept out, which it then forgets.
-func (l *Log) summary(uid int64, b *bucket) Record {
-	rec := Record{Time: b.last.UTC(), UID: uid, GID: -1, User: b.user, Action: SummaryAction, Outcome: Refused, Status: 429,
+func (l *Log) summary(b *bucket) Record {
+	who := "uid " + strconv.FormatInt(b.uid, 10)
+	if b.peer != "" {
+		who = "peer " + b.peer
+	}
+	rec := Record{Time: b.last.UTC(), UID: b.uid, GID: -1, User: b.user, Peer: b.peer, Action: SummaryAction, Outcome: Refused, Status: 429,
 		Target: strconv.Itoa(b.suppressed),
-		Message: fmt.Sprintf("%d refused requests of uid %d between %s and %s not recorded: more than %g a second (burst %d)",
-			b.suppressed, uid, b.first.UTC().Format(time.RFC3339Nano), b.last.UTC().Format(time.RFC3339Nano), l.opts.RefusedRate, l.opts.RefusedBurst)}
+		Message: fmt.Sprintf("%d refused requests of %s between %s and %s not recorded: more than %g a second (burst %d)",
+			b.suppressed, who, b.first.UTC().Format(time.RFC3339Nano), b.last.UTC().Format(time.RFC3339Nano), l.opts.RefusedRate, l.opts.RefusedBurst)}
 	b.suppressed = 0
 	return rec
 }
@@ -295,12 +313,12 @@ func (l *Log) flusher() {
 // flushLocked writes every pending summary and, with forget, drops the
 // buckets that are full again. l.mu held.
 func (l *Log) flushLocked(forget bool) {
-	for uid, b := range l.buckets {
+	for key, b := range l.buckets {
 		if b.suppressed > 0 {
-			l.write(Refusals, l.summary(uid, b))
+			l.write(Refusals, l.summary(b))
 		}
 		if forget && b.tokens+l.now().Sub(b.at).Seconds()*l.opts.RefusedRate >= float64(l.opts.RefusedBurst) {
-			delete(l.buckets, uid)
+			delete(l.buckets, key)
 		}
 	}
 }
@@ -318,7 +336,7 @@ func bound(r *Record) {
 	}
 	cut(&r.Path, maxPath)
 	cut(&r.Message, maxMessage)
-	for _, f := range []*string{&r.User, &r.Action, &r.Method, &r.Target, &r.Code, &r.Field} {
+	for _, f := range []*string{&r.User, &r.Peer, &r.Source, &r.Action, &r.Method, &r.Target, &r.Code, &r.Field} {
 		cut(f, maxShort)
 	}
 }
@@ -337,7 +355,7 @@ func (l *Log) write(name string, r Record) {
 	if r.Admin {
 		attrs = append(attrs, slog.Bool("admin", true))
 	}
-	for _, kv := range [][2]string{{"target", r.Target}, {"code", r.Code}, {"field", r.Field}, {"message", r.Message}} {
+	for _, kv := range [][2]string{{"peer", r.Peer}, {"source", r.Source}, {"target", r.Target}, {"code", r.Code}, {"field", r.Field}, {"message", r.Message}} {
 		if kv[1] != "" {
 			attrs = append(attrs, slog.String(kv[0], kv[1]))
 		}
@@ -438,4 +456,21 @@ func (l *Log) Close() error {
 		}
 	}
 	return err
+}
+
+type markKey struct{}
+
+// WithMark returns a context for a request whose handler may record it
+// itself (the job manager audits every admission): Mark on that context
+// sets the returned flag, and the API's own record is then left out.
+func WithMark(ctx context.Context) (context.Context, *atomic.Bool) {
+	var b atomic.Bool
+	return context.WithValue(ctx, markKey{}, &b), &b
+}
+
+// Mark notes on ctx (from WithMark) that its request has been recorded.
+func Mark(ctx context.Context) {
+	if b, ok := ctx.Value(markKey{}).(*atomic.Bool); ok {
+		b.Store(true)
+	}
 }

@@ -61,15 +61,7 @@ func newManager(t *testing.T, capacity api.NodeResources) *jobs.Manager {
 	log := slog.New(slog.DiscardHandler)
 	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
 		runner, jobstest.Placer(capacity.CPU, capacity.Memory), log)
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	return m
 }
 
@@ -90,20 +82,7 @@ func submit(t *testing.T, m *jobs.Manager, spec api.JobSpec) api.Job {
 
 func waitFor(t *testing.T, m *jobs.Manager, id string, cond func(api.Job) bool) api.Job {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		j, err := m.Get(context.Background(), root, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cond(j) {
-			return j
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s: condition not met; state %s (%s)", id, j.State, j.Reason)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return jobstest.WaitFor(t, m, id, cond)
 }
 
 func state(s api.State) func(api.Job) bool { return func(j api.Job) bool { return j.State == s } }

@@ -10,9 +10,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
 )
 
 // Limits bound what one user (and all jobs together) may hold. Zero
@@ -79,32 +79,40 @@ type reservation struct {
 	pending int
 	bytes   int64
 	gangs   map[string]int
-	sizes   []int64
+	// peer and key are a peer's offer's: counted against the peer's
+	// limits, and its key claimed, until it is stored.
+	peer, key string
 }
 
-// admit checks a batch of one caller's specs against the limits and the
-// gangs already queued, and reserves it. The caller must call m.unreserve.
-func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error) {
+// errAccepted is the limits step's answer for an offer whose key is
+// already a job here (a retried offer): Admit answers with that job.
+type errAccepted struct{ id string }
+
+func (e errAccepted) Error() string { return "the key is job " + e.id + " here already" }
+
+// admit is the limits step: a batch of one user's specs (of sizes, from
+// the validate step) checked against the per-user limits, the node's
+// budgets, the per-peer limits for a peer's job, and the gangs already
+// queued; it reserves the batch. The caller must call m.unreserve.
+func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, error) {
+	specs := e.Specs
 	r := &reservation{uid: c.UID, pending: len(specs), gangs: map[string]int{}}
-	sizes := make([]int64, len(specs))
+	if e.Offer != nil {
+		r.peer, r.key = e.Offer.From.Node, e.Offer.From.Key
+	}
 	prefix := func(i int) string {
 		if len(specs) == 1 {
 			return ""
 		}
 		return "jobs[" + strconv.Itoa(i) + "]."
 	}
-	for i, s := range specs {
-		sizes[i] = specSize(s)
+	for i := range specs {
 		r.bytes += sizes[i]
-		if n := m.cfg.Limits.MaxSpecBytes; n > 0 && sizes[i] > n {
-			return nil, &api.Error{Code: api.CodeTooLarge, Field: strings.TrimSuffix(prefix(i), "."), Limit: LimitMaxSpecBytes,
-				Message: fmt.Sprintf("the job spec takes %s, more than the limit of %s (limit %s)", api.Bytes(sizes[i]).Human(), api.Bytes(n).Human(), LimitMaxSpecBytes)}
-		}
 	}
 	// Gangs within the batch must agree with each other.
 	for i, s := range specs {
-		if s.Gang == nil {
-			continue
+		if s.Gang == nil || e.Offer != nil {
+			continue // a peer's gang member is not a gang here
 		}
 		key := strconv.FormatUint(uint64(c.UID), 10) + "/" + s.Gang.Name
 		if n, ok := r.gangs[key]; ok && n != s.Gang.Size {
@@ -115,7 +123,22 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if r.key != "" {
+		// One job a key: a retried offer gets the job its first made,
+		// and two at once do not both pass (the key is claimed here,
+		// under the lock, until the job is stored under it).
+		if id, ok := m.byOrigin[r.key]; ok {
+			return nil, errAccepted{id}
+		}
+		for o := range m.reserved {
+			if o.key == r.key {
+				return nil, &admission.Refusal{Rule: "queue", Why: "an offer of key " + r.key + " is being admitted now"}
+			}
+		}
+	}
 	pending, bytes := 0, int64(0)
+	// The jobs and spec bytes the offering peer holds here.
+	peerJobs, peerBytes := 0, int64(0)
 	// Every user's live specs, and every remembered job's, for the
 	// node's budget.
 	live, held := int64(0), int64(0)
@@ -124,13 +147,17 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		if !j.State.Terminal() {
 			live += m.specBytesOf(j)
 		}
+		if e.Offer != nil && j.Origin != nil && j.Origin.Node == e.Offer.From.Node && !j.State.Terminal() {
+			peerJobs++
+			peerBytes += m.specBytesOf(j)
+		}
 		if j.Owner.UID == c.UID && !j.State.Terminal() {
 			if j.State == api.StatePending {
 				pending++
 			}
 			bytes += m.specBytesOf(j)
 		}
-		if g := j.Spec.Gang; g != nil && !j.State.Terminal() {
+		if g := j.Spec.Gang; g != nil && j.Origin == nil && !j.State.Terminal() {
 			if n, ok := r.gangs[gangKey(j)]; ok && n != g.Size {
 				i := slices.IndexFunc(specs, func(s api.JobSpec) bool { return s.Gang != nil && s.Gang.Name == g.Name })
 				return nil, api.FieldError(prefix(i)+"gang.size", "gang %q already has members of size %d (job %s); got %d", g.Name, g.Size, j.ID, n)
@@ -143,6 +170,10 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		if o.uid == c.UID {
 			pending += o.pending
 			bytes += o.bytes
+		}
+		if r.peer != "" && o.peer == r.peer {
+			peerJobs += o.pending
+			peerBytes += o.bytes
 		}
 		for k, n := range o.gangs {
 			if want, ok := r.gangs[k]; ok && want != n {
@@ -163,6 +194,16 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		return nil, api.QuotaError(LimitLogBudget, "the jobs' logs hold %s, over the node's log budget of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",
 			api.Bytes(m.logTotal).Human(), api.Bytes(b).Human())
 	}
+	if e.Offer != nil {
+		pl, peer := m.peerPolicy.Limits, e.Offer.From.Node
+		if n := pl.Jobs; n > 0 && peerJobs+len(specs) > n {
+			return nil, api.QuotaError(LimitPeerJobs, "peer %s holds %d unfinished jobs here, the most allowed (%d)", peer, peerJobs, n)
+		}
+		if n := pl.SpecBytes; n > 0 && peerBytes+r.bytes > n {
+			return nil, api.QuotaError(LimitPeerSpecBytes, "the specs of peer %s's jobs here take %s; %s more would pass the limit of %s",
+				peer, api.Bytes(peerBytes).Human(), api.Bytes(r.bytes).Human(), api.Bytes(n).Human())
+		}
+	}
 	if !m.exempt(c.UID) {
 		who := cmp.Or(c.User, "uid "+strconv.FormatUint(uint64(c.UID), 10))
 		if n := l.PendingJobs; n > 0 && pending+len(specs) > n {
@@ -178,7 +219,6 @@ func (m *Manager) admit(c api.Caller, specs []api.JobSpec) (*reservation, error)
 		}
 	}
 	m.reserved[r] = struct{}{}
-	r.sizes = sizes
 	return r, nil
 }
 

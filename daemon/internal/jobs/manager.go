@@ -55,6 +55,8 @@ type Config struct {
 	Observer Observer
 	// Queue tunes the queue's aging, gangs and preemption.
 	Queue QueueConfig
+	// Audit records every admission, from every source (optional).
+	Audit Auditor
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -90,6 +92,18 @@ type Manager struct {
 	specBytes map[string]int64
 	logByUser map[uint32]int64
 	logTotal  int64
+	// byOrigin indexes the jobs peers handed over by hand-over key;
+	// holds are the gang members waiting for the queue's verdict, with
+	// their holds (admit.go).
+	byOrigin map[string]string
+	holds    map[string]time.Duration
+	// releasing are jobs whose end (or return to the queue) is being
+	// recorded before what they held is given back: the queue leaves
+	// them alone until it is.
+	releasing map[string]bool
+	// running is how many jobs the last Running found (its next
+	// slice's capacity).
+	running int
 	// finished holds, per finished job, a monotonic reading of when it
 	// finished: retention by age measures from it, never from the
 	// recorded (wall-clock) FinishedAt.
@@ -97,10 +111,15 @@ type Manager struct {
 
 	// queue is the queue's and preemption's memory (queue.go).
 	queue queueState
-	// ovf hands jobs that do not fit to peers (nil: no peers).
-	ovf *overflowState
+	// ho hands jobs that do not fit to peers and holds peers' gang
+	// members (nil: no peers); peerPolicy is what admission applies to
+	// peers' jobs (handover.go).
+	ho         Handover
+	peerPolicy PeerPolicy
 
 	kick chan struct{}
+	// settles are peers' jobs waiting for the next pass's verdict.
+	settles chan settle
 	// gcKick asks the loop to collect garbage now (the spec budget is
 	// passed).
 	gcKick   chan struct{}
@@ -131,6 +150,10 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		unrecorded: map[string]func() error{},
 		unreserved: map[string]string{},
 		kick:       make(chan struct{}, 1),
+		settles:    make(chan settle, 64),
+		byOrigin:   map[string]string{},
+		holds:      map[string]time.Duration{},
+		releasing:  map[string]bool{},
 		gcKick:     make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
 		reserved:   map[*reservation]struct{}{},
@@ -157,6 +180,9 @@ func (m *Manager) Recover() error {
 	loadedMono, loadedWall := time.Now(), m.cfg.Now()
 	err := m.store.Jobs(func(j api.Job) error {
 		m.jobs[j.ID] = &j
+		if j.Origin != nil {
+			m.byOrigin[j.Origin.Key] = j.ID
+		}
 		if j.State.Terminal() {
 			var age time.Duration
 			if j.FinishedAt != nil {
@@ -187,7 +213,33 @@ func (m *Manager) Recover() error {
 		}
 		switch j.State {
 		case api.StatePending:
+			if j.Origin != nil {
+				// A peer's job is placed at once or refused, never
+				// queued here: one left pending (the daemon stopped
+				// before its verdict, or before it started) is
+				// forgotten, and its origin places it again. A gang
+				// member among them never starts without its gang.
+				m.forgetUnstarted(j.ID, api.StatePending, "fusiond restarted before it started")
+			}
 		case api.StatePlaced:
+			if j.Origin != nil && j.Spec.Gang == nil {
+				m.forgetUnstarted(j.ID, api.StatePlaced, "fusiond restarted before it started")
+				continue
+			}
+			if j.Origin != nil && j.Spec.Gang != nil {
+				// A gang member a peer reserved here (held or committed,
+				// never started): its hold or barrier did not survive the
+				// restart, so it is released rather than queued to run
+				// without its gang.
+				if err := m.transition(j, api.StateCancelled, "fusiond restarted while the member was held for its gang: released, never started", func(j *api.Job) {
+					t := m.now()
+					j.FinishedAt = &t
+					j.Allocation = nil
+				}); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := m.transition(j, api.StatePending, "placement dropped: fusiond restarted before the job started", func(j *api.Job) {
 				j.Allocation = nil
 			}); err != nil {
@@ -386,9 +438,27 @@ func (m *Manager) loop() {
 	for {
 		select {
 		case <-m.stopping:
+			m.refuseSettles()
 			return
 		case <-m.kick:
 		case <-tick.C:
+		case s := <-m.settles:
+			// A peer's job: placed by this pass or refused, with every
+			// other one waiting.
+			batch := []settle{s}
+			for len(batch) < cap(m.settles) {
+				select {
+				case s := <-m.settles:
+					batch = append(batch, s)
+					continue
+				default:
+				}
+				break
+			}
+			m.retryUnrecorded()
+			m.schedule()
+			m.settleAll(batch)
+			continue
 		case <-gc.C:
 			m.collectGarbage()
 			continue
@@ -414,99 +484,6 @@ func (m *Manager) isStopping() bool {
 	default:
 		return false
 	}
-}
-
-// Submit validates spec, stores the job durably and queues it. It returns
-// only after the record is on disk.
-func (m *Manager) Submit(ctx context.Context, c api.Caller, spec api.JobSpec) (api.Job, error) {
-	jobs, err := m.SubmitAll(ctx, c, []api.JobSpec{spec})
-	if err != nil {
-		return api.Job{}, err
-	}
-	return jobs[0], nil
-}
-
-// SubmitAll validates every spec, checks them together against the
-// caller's limits and queued gangs, and stores them in one transaction:
-// all are queued or none is. Errors about one spec of several name it
-// ("jobs[2].gang.size"). It returns only after the records are on disk.
-func (m *Manager) SubmitAll(_ context.Context, c api.Caller, specs []api.JobSpec) ([]api.Job, error) {
-	if m.isStopping() {
-		return nil, ErrShuttingDown
-	}
-	if len(specs) == 0 {
-		return nil, api.FieldError("jobs", "no job specs")
-	}
-	name := func(i int, err error) error {
-		var e *api.Error
-		if len(specs) == 1 || !errors.As(err, &e) {
-			return err
-		}
-		out := *e
-		out.Field = "jobs[" + strconv.Itoa(i) + "]"
-		if e.Field != "" {
-			out.Field += "." + e.Field
-		}
-		return &out
-	}
-	if m.cfg.DaemonUID != 0 && c.UID != m.cfg.DaemonUID {
-		return nil, api.Errorf(api.CodeForbidden,
-			"fusiond is not running as root, so it can run jobs only for uid %d (you are uid %d)", m.cfg.DaemonUID, c.UID)
-	}
-	tiers := make([]api.Tier, len(specs))
-	for i := range specs {
-		spec := &specs[i]
-		spec.ApplyDefaults()
-		if err := spec.Validate(); err != nil {
-			return nil, name(i, err)
-		}
-		if err := m.admit1(*spec); err != nil {
-			return nil, name(i, err)
-		}
-		tiers[i] = cmp.Or(spec.Tier, m.cfg.DefaultTiers[spec.Class], api.TierBurstable)
-	}
-	res, err := m.admit(c, specs)
-	if err != nil {
-		return nil, err
-	}
-	defer m.unreserve(res)
-	now := m.now()
-	jobs, err := m.store.CreateJobs(len(specs), func(i int, id string) api.Job {
-		return api.Job{
-			ID:    id,
-			Spec:  specs[i],
-			Owner: api.Owner{UID: c.UID, GID: c.GID, Groups: c.Groups, User: c.User},
-			Tier:  tiers[i],
-			State: api.StatePending,
-			Events: []api.Event{{
-				Time: now, To: api.StatePending,
-				Reason: fmt.Sprintf("submitted by %s (uid %d)", cmp.Or(c.User, "?"), c.UID),
-			}},
-			CreatedAt: now,
-			Version:   1,
-		}
-	})
-	if err != nil {
-		m.noteStoreError(err)
-		return nil, api.Errorf(api.CodeInternal, "could not store the job: %v", err)
-	}
-	m.noteStoreOK()
-	m.mu.Lock()
-	for i, job := range jobs {
-		stored := job
-		m.jobs[job.ID] = &stored
-		m.specBytes[job.ID] = res.sizes[i]
-	}
-	m.mu.Unlock()
-	for _, job := range jobs {
-		ev := job.Events[0]
-		ev.JobID = job.ID
-		m.publish(&job, ev)
-		m.cfg.Observer.Submitted(job.Spec.Class, job.Tier)
-		m.log.Info("job submitted", "job", job.ID, "name", job.Spec.Name, "class", job.Spec.Class, "tier", job.Tier, "uid", c.UID)
-	}
-	m.poke()
-	return jobs, nil
 }
 
 func (m *Manager) publish(j *api.Job, ev api.Event) {
@@ -563,13 +540,14 @@ func (m *Manager) noteDeviceHealth(device string, healthy bool, why string) {
 
 // annotate records an event on an active job that does not change its
 // state, stores and publishes it; a job that has moved on to pending or a
-// final state meanwhile is left alone. A store failure is logged (the
-// in-memory record is put back).
-func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) {
+// final state meanwhile is left alone (ErrBadTransition). A store failure
+// is logged and returned (the in-memory record is put back).
+func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) error {
 	m.mu.Lock()
 	if !active(j.State) {
+		state := j.State
 		m.mu.Unlock()
-		return
+		return fmt.Errorf("job %s is %s: %w", j.ID, state, ErrBadTransition)
 	}
 	before := cloneJob(j)
 	ev := api.Event{Time: m.now(), From: j.State, To: j.State, Reason: reason}
@@ -585,12 +563,13 @@ func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) {
 			*j = before
 		}
 		m.mu.Unlock()
-		m.log.Warn("could not record a device event on a job", "job", j.ID, "reason", reason, "err", err)
-		return
+		m.log.Warn("could not record an event on a job", "job", j.ID, "reason", reason, "err", err)
+		return err
 	}
 	m.noteStoreOK()
 	m.publish(&snap, ev)
 	m.log.Warn("job event", "job", j.ID, "state", snap.State, "reason", reason)
+	return nil
 }
 
 // active is true of the states in which a job holds its allocation.
@@ -775,13 +754,19 @@ func (m *Manager) Get(_ context.Context, c api.Caller, id string) (api.Job, erro
 	return out, nil
 }
 
-// ListPage returns the IDs of one page of the jobs c may see that match
-// opts, newest first, and the token for the next page ("" on the last).
-// A page holds opts.Limit jobs (api.DefaultPageSize when 0), at most
-// api.MaxPageSize; the token is the last ID returned, so a page resumes
-// where the previous one stopped even while jobs are added or forgotten.
-// Nothing but the IDs is copied: the server streams the jobs one by one.
-func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions) ([]string, string, error) {
+// ListPage returns one page of the jobs c may see that match opts, newest
+// first, and the token for the next page ("" on the last). A page holds
+// opts.Limit jobs (api.DefaultPageSize when 0), at most api.MaxPageSize;
+// the token is the last ID returned, so a page resumes where the previous
+// one stopped even while jobs are added or forgotten.
+//
+// A page is one snapshot: its jobs are chosen and copied under one
+// acquisition of the lock, so no change lands between two of them (a
+// device that changes hands shows under one job of the page, never two).
+// Only the running jobs' usage is read after the lock is let go (measured
+// now, as Get does). Pages read one after the other are each a snapshot,
+// of different moments.
+func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions) ([]api.Job, string, error) {
 	size := opts.Limit
 	if size <= 0 {
 		size = api.DefaultPageSize
@@ -796,40 +781,124 @@ func (m *Manager) ListPage(_ context.Context, c api.Caller, opts api.ListOptions
 		before = n
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	hits := make([]uint64, 0, min(len(m.jobs), 4*size))
+	hits := make([]listHit, 0, min(len(m.jobs), 4*size))
 	for _, j := range m.jobs {
 		n := idNum(j.ID)
 		if (before == 0 || n < before) && visible(c, j) && matches(j, opts) {
-			hits = append(hits, n)
+			hits = append(hits, listHit{n, j})
 		}
 	}
-	slices.SortFunc(hits, func(a, b uint64) int { return cmp.Compare(b, a) })
-	next := ""
-	if len(hits) > size {
+	// The page's jobs are picked before they are sorted: the lock is held
+	// for a selection of all the matches and a sort of one page, not a
+	// sort of every match.
+	more := len(hits) > size
+	if more {
+		selectNewest(hits, size)
 		hits = hits[:size]
-		next = strconv.FormatUint(hits[size-1], 10)
 	}
-	ids := make([]string, len(hits))
-	for i, n := range hits {
-		ids[i] = strconv.FormatUint(n, 10)
+	slices.SortFunc(hits, func(a, b listHit) int { return cmp.Compare(b.n, a.n) })
+	next := ""
+	if more {
+		next = strconv.FormatUint(hits[size-1].n, 10)
 	}
-	return ids, next, nil
+	out := make([]api.Job, len(hits))
+	var measure map[int]UsageReporter
+	for i, h := range hits {
+		out[i] = cloneJob(h.j)
+		if h.j.State != api.StateRunning {
+			continue
+		}
+		if ur, ok := m.procs[h.j.ID].(UsageReporter); ok {
+			if measure == nil {
+				measure = map[int]UsageReporter{}
+			}
+			measure[i] = ur
+		}
+	}
+	m.mu.Unlock()
+	// A running job's usage is measured now, not stored.
+	for i, ur := range measure {
+		if u, err := ur.Usage(); err == nil {
+			out[i].Usage = &u
+		}
+	}
+	return out, next, nil
 }
 
-// Running returns a copy of every job running on this host, oldest first
-// (the QoS loop's view of what to protect and what to squeeze); jobs
-// handed over to peers run there.
-func (m *Manager) Running() []api.Job {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []api.Job
-	for _, j := range m.jobs {
-		if j.State == api.StateRunning && j.Handover == nil {
-			out = append(out, cloneJob(j))
+// listHit is a job that matches a listing, with its ID as a number.
+type listHit struct {
+	n uint64
+	j *api.Job
+}
+
+// selectNewest reorders h so that its first k entries are the k with the
+// highest IDs, in no particular order (quickselect: linear on average,
+// where sorting every match would be n log n). 0 < k < len(h).
+func selectNewest(h []listHit, k int) {
+	lo, hi := 0, len(h)-1
+	for lo < hi {
+		// Median of three as the pivot; entries above it go left.
+		mid := lo + (hi-lo)/2
+		if h[mid].n > h[lo].n {
+			h[mid], h[lo] = h[lo], h[mid]
+		}
+		if h[hi].n > h[lo].n {
+			h[hi], h[lo] = h[lo], h[hi]
+		}
+		if h[mid].n > h[hi].n {
+			h[mid], h[hi] = h[hi], h[mid]
+		}
+		pivot := h[hi].n // the median, now at hi
+		i := lo
+		for j := lo; j < hi; j++ {
+			if h[j].n > pivot {
+				h[i], h[j] = h[j], h[i]
+				i++
+			}
+		}
+		h[i], h[hi] = h[hi], h[i]
+		switch {
+		case i == k || i == k-1:
+			return
+		case i < k:
+			lo = i + 1
+		default:
+			hi = i - 1
 		}
 	}
-	slices.SortFunc(out, func(a, b api.Job) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
+}
+
+// RunningJob is what the loops that follow running jobs read of one (QoS,
+// reclaim, the elastic resizer, telemetry): no events, no allocation.
+// Spec is shared with the record (a spec never changes once admitted):
+// read it, never change it.
+type RunningJob struct {
+	ID        string
+	Tier      api.Tier
+	Spec      api.JobSpec
+	StartedAt time.Time
+}
+
+// Running lists the jobs running on this host, oldest first (the QoS
+// loop's view of what to protect and what to squeeze); jobs handed over
+// to peers run there. It copies only what RunningJob holds, so a poller
+// holds the manager's lock for a fraction of what a copy of each record
+// costs.
+func (m *Manager) Running() []RunningJob {
+	m.mu.Lock()
+	out := make([]RunningJob, 0, m.running)
+	for _, j := range m.jobs {
+		if j.State == api.StateRunning && j.Handover == nil {
+			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
+			if j.StartedAt != nil {
+				r.StartedAt = *j.StartedAt
+			}
+			out = append(out, r)
+		}
+	}
+	m.running = len(out)
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b RunningJob) int { return cmp.Compare(idNum(a.ID), idNum(b.ID)) })
 	return out
 }
 
@@ -894,6 +963,9 @@ func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, e
 // launcher sees the flag before it starts the process, or the process gets
 // SIGTERM (and SIGKILL after the grace period).
 func (m *Manager) cancelStarted(c api.Caller, id, by string) (api.Job, error) {
+	if m.releaseIfHeld(id, by+" while it was held for its gang: released, never started") {
+		return m.Get(context.Background(), c, id)
+	}
 	m.mu.Lock()
 	j := m.jobs[id]
 	if j.State.Terminal() {
@@ -978,6 +1050,13 @@ func (m *Manager) SetCordoned(c api.Caller, on bool) error {
 	m.log.Info("node cordon changed", "cordoned", on, "uid", c.UID)
 	m.poke()
 	return nil
+}
+
+// Cordoned reports whether the node is cordoned.
+func (m *Manager) Cordoned() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cordoned
 }
 
 // Counts returns the number of jobs in each state and whether the node is
@@ -1109,6 +1188,9 @@ func (m *Manager) collectGarbage() {
 	}
 	m.mu.Lock()
 	for _, id := range drop {
+		if j := m.jobs[id]; j != nil && j.Origin != nil {
+			delete(m.byOrigin, j.Origin.Key)
+		}
 		delete(m.jobs, id)
 		delete(m.specBytes, id)
 		delete(m.finished, id)

@@ -1,7 +1,6 @@
 package jobs_test
 
 import (
-	"context"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -68,15 +67,7 @@ func TestObserverAndStats(t *testing.T) {
 	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, Observer: obs, Queue: jobs.QueueConfig{NoPreemption: true},
 		DefaultTiers: map[api.Class]api.Tier{api.ClassBatch: api.TierBestEffort}}, st,
 		jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(1000, 1<<30), slog.New(slog.DiscardHandler))
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	done := submit(t, m, api.JobSpec{Class: api.ClassBatch, Command: []string{"true"}})
 	waitFor(t, m, done.ID, state(api.StateSucceeded))
 	hog := submit(t, m, api.JobSpec{Class: api.ClassBatch, Command: []string{"sleep", "60"}})

@@ -84,6 +84,9 @@ func (m *Manager) schedule() {
 	for _, j := range m.jobs {
 		switch j.State {
 		case api.StatePending:
+			if m.releasing[j.ID] {
+				continue // its last placement is being given back
+			}
 			pending = append(pending, j)
 			if _, ok := q.queuedAt[j.ID]; !ok {
 				q.queuedAt[j.ID] = pendingSince(j, now)
@@ -127,8 +130,12 @@ func (m *Manager) schedule() {
 		return
 	}
 	nowMs, rate := now.Sub(m.queue.epoch).Milliseconds(), m.cfg.Queue.AgingPerMinute/60000
+	// A peer's job comes after every local one: it runs here only where
+	// it delays no job queued here (it is backfill, whatever priority
+	// its origin gave it).
 	slices.SortFunc(pending, func(a, b *api.Job) int {
-		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), sched.CompareQueued(keys[a], keys[b], nowMs, rate))
+		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), cmp.Compare(b32(a.Origin == nil), b32(b.Origin == nil)),
+			sched.CompareQueued(keys[a], keys[b], nowMs, rate))
 	})
 
 	backfill, _ := m.placer.(Backfiller)
@@ -163,13 +170,19 @@ func (m *Manager) schedule() {
 		}
 		m.cfg.Observer.Decided(ok, len(group), time.Since(decided))
 		if !ok && m.overflow(group, why) {
-			continue // handed to peers (overflow.go)
+			continue // handed to peers (daemon/internal/handover)
+		}
+		if !ok && j.Origin != nil {
+			// A peer's job that does not fit now is refused (admit.go):
+			// it neither holds the head's reservation nor preempts.
+			m.setWaiting(group, why)
+			continue
 		}
 		if !ok {
 			w := sched.Waiting{Reason: why, Ahead: ahead}
 			if head == nil && backfill != nil {
 				switch ever, now := backfill.FitsEmpty(group); {
-				case !ever && e.gang != nil && m.ovf == nil:
+				case !ever && e.gang != nil && m.ho == nil:
 					m.failPending(group, fmt.Sprintf("gang %q of %d can never fit on this host together: %s", e.gang.Name, len(group), why))
 					continue
 				case !ever:
@@ -210,6 +223,14 @@ func (m *Manager) schedule() {
 				continue
 			}
 			active[member.Owner.UID]++
+			m.mu.Lock()
+			hold, held := m.holds[member.ID]
+			delete(m.holds, member.ID)
+			m.mu.Unlock()
+			if held {
+				m.ho.Hold(member.ID, hold) // a gang member from a peer: started by its commit
+				continue
+			}
 			m.wg.Add(1)
 			go m.launch(member)
 		}
@@ -231,7 +252,9 @@ func groupQueue(pending []*api.Job, queuedAt map[string]time.Time) []queued {
 	at := map[string]int{}
 	for _, j := range pending {
 		g := j.Spec.Gang
-		if g == nil {
+		if g == nil || j.Origin != nil {
+			// A peer's member of a cross-host gang is placed alone:
+			// its origin holds the gang together.
 			out = append(out, queued{group: []*api.Job{j}, queuedAt: queuedAt[j.ID]})
 			continue
 		}

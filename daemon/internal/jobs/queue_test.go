@@ -25,15 +25,7 @@ func newQueueManager(t *testing.T, capacity api.NodeResources, q jobs.QueueConfi
 	t.Cleanup(func() { st.Close() })
 	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, Queue: q}, st,
 		jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(capacity.CPU, capacity.Memory), slog.New(slog.DiscardHandler))
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	return m
 }
 

@@ -48,9 +48,7 @@ func (h *reclaimHost) Running() []reclaim.Job {
 	var out []reclaim.Job
 	for _, j := range h.m.Running() {
 		rj := reclaim.Job{ID: j.ID, Tier: j.Tier, Request: reclaim.Usage{CPU: float64(j.Spec.Resources.CPU), Memory: float64(j.Spec.Resources.Memory)}}
-		if j.StartedAt != nil {
-			rj.Started = *j.StartedAt
-		}
+		rj.Started = j.StartedAt
 		if u, ok := h.usage[j.ID]; ok {
 			rj.Recent = []reclaim.Usage{u, u, u}
 		}
@@ -88,15 +86,7 @@ func TestBestEffortOnReclaimedCapacityEvicted(t *testing.T) {
 	p := jobstest.Placer(2000, 1<<30)
 	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
 		jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), p, slog.New(slog.DiscardHandler))
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	jobstest.Run(t, m)
 	h := &reclaimHost{m: m, p: p, usage: map[string]reclaim.Usage{}}
 	now := time.Unix(1_000_000, 0)
 	loop, err := reclaim.New(reclaim.Config{EvictAfter: 2 * time.Second, Params: reclaim.Params{Margin: 0.1, Lead: 1},

@@ -51,13 +51,14 @@ func (m *Manager) launch(j *api.Job) {
 	cancelled := m.cancels[j.ID]
 	m.mu.Unlock()
 	if cancelled {
-		m.release(j)
 		m.mu.Lock()
 		delete(m.cancels, j.ID)
 		m.mu.Unlock()
-		_ = m.transition(j, api.StateCancelled, "cancelled before it started", func(j *api.Job) {
-			t := m.now()
-			j.FinishedAt = &t
+		m.releaseAfter(j, func() error {
+			return m.transition(j, api.StateCancelled, "cancelled before it started", func(j *api.Job) {
+				t := m.now()
+				j.FinishedAt = &t
+			})
 		})
 		return
 	}
@@ -65,13 +66,13 @@ func (m *Manager) launch(j *api.Job) {
 	if prep := m.cfg.Preparer; prep != nil {
 		g, err := prep.Prepare(context.Background(), &snap)
 		if err != nil {
-			m.release(j)
 			m.forgetCancel(j.ID)
-			_ = m.transition(j, api.StateFailed, "could not prepare its devices: "+err.Error(), func(j *api.Job) {
-				t := m.now()
-				j.FinishedAt = &t
+			m.releaseAfter(j, func() error {
+				return m.transition(j, api.StateFailed, "could not prepare its devices: "+err.Error(), func(j *api.Job) {
+					t := m.now()
+					j.FinishedAt = &t
+				})
 			})
-			m.poke()
 			return
 		}
 		grant = g
@@ -87,10 +88,11 @@ func (m *Manager) launch(j *api.Job) {
 	if m.isStopping() {
 		// The daemon is going down: do not start a process nobody will
 		// follow; the next daemon places the job again.
-		m.release(j)
 		m.forgetCancel(j.ID)
-		_ = m.transition(j, api.StatePending, "not started: fusiond is shutting down", func(j *api.Job) {
-			j.Allocation = nil
+		m.releaseAfter(j, func() error {
+			return m.transition(j, api.StatePending, "not started: fusiond is shutting down", func(j *api.Job) {
+				j.Allocation = nil
+			})
 		})
 		return
 	}
@@ -101,13 +103,13 @@ func (m *Manager) launch(j *api.Job) {
 		proc, err = m.runner.Start(context.Background(), req)
 	}
 	if err != nil {
-		m.release(j)
 		m.forgetCancel(j.ID)
-		_ = m.transition(j, api.StateFailed, "could not start: "+err.Error(), func(j *api.Job) {
-			t := m.now()
-			j.FinishedAt = &t
+		m.releaseAfter(j, func() error {
+			return m.transition(j, api.StateFailed, "could not start: "+err.Error(), func(j *api.Job) {
+				t := m.now()
+				j.FinishedAt = &t
+			})
 		})
-		m.poke()
 		return
 	}
 	m.supervise(j, proc, attempt)
@@ -119,6 +121,25 @@ func (m *Manager) forgetCancel(id string) {
 	m.mu.Lock()
 	delete(m.cancels, id)
 	m.mu.Unlock()
+}
+
+// releaseAfter records a placed job's move with record, then gives back
+// what it held (as it was before the move, which may drop its allocation):
+// no record shows its devices under it and another job at once, and a job
+// moved back to the queue is not placed again before that.
+func (m *Manager) releaseAfter(j *api.Job, record func() error) {
+	m.mu.Lock()
+	held := cloneJob(j)
+	m.releasing[j.ID] = true
+	m.mu.Unlock()
+	if err := record(); err != nil {
+		m.log.Warn("recording a job that gives back its placement", "job", j.ID, "err", err)
+	}
+	m.release(&held)
+	m.mu.Lock()
+	delete(m.releasing, j.ID)
+	m.mu.Unlock()
+	m.poke()
 }
 
 // release gives back a job's placement and whatever preparing its devices
@@ -173,17 +194,29 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		ok, werr = m.reapOrphan(j, proc, werr)
 		releasable = ok
 	}
-	if releasable {
-		m.release(j)
-		m.mu.Lock()
-		delete(m.unreserved, j.ID)
-		m.mu.Unlock()
-	}
 	m.mu.Lock()
 	delete(m.procs, j.ID)
 	cancelled = m.cancels[j.ID]
 	delete(m.cancels, j.ID)
+	// What the attempt holds is given back after its end is recorded
+	// (below), so no record shows a device under this job and another at
+	// once; a job queued again waits for it (releasing).
+	held := cloneJob(j)
+	if releasable {
+		m.releasing[j.ID] = true
+	}
 	m.mu.Unlock()
+	giveBack := func() {
+		if !releasable {
+			return
+		}
+		m.release(&held)
+		m.mu.Lock()
+		delete(m.unreserved, j.ID)
+		delete(m.releasing, j.ID)
+		m.mu.Unlock()
+		m.poke()
+	}
 	preemptedBy := m.preemptedBy(j.ID)
 	// The end is recorded now or, if the store cannot take it (a full
 	// state filesystem), by the loop once it can: the monitor's result is
@@ -200,11 +233,21 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		return m.finish(j, exit, usage, werr, cancelled, preemptedBy, attempt)
 	}
 	if err := record(); errors.Is(err, errStore) {
-		m.log.Warn("job ended but its end could not be stored; retrying", "job", j.ID, "err", err)
+		// Its placement is kept until its end is stored: until then its
+		// record says it runs, and what it held goes to nobody else.
+		m.log.Warn("job ended but its end could not be stored; retrying, its placement kept meanwhile", "job", j.ID, "err", err)
 		m.mu.Lock()
-		m.unrecorded[j.ID] = record
+		m.unrecorded[j.ID] = func() error {
+			err := record()
+			if !errors.Is(err, errStore) {
+				giveBack()
+			}
+			return err
+		}
 		m.mu.Unlock()
+		return
 	}
+	giveBack()
 }
 
 // reapOrphan kills what is left of a job whose monitor is gone without a

@@ -3,39 +3,52 @@ package peers
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
-// Cross-host gangs, two-phase: every member is offered with a hold (the
+// Cross-host gangs (handover.GangOverflow; the origin drives the steps, see
+// handover.Agent.commitGang): every member is offered with a hold (the
 // peer places it and keeps it without starting it) to the best-ranked
-// peer with room left by the gang's members placed before it; when all
-// are held, each is committed (started). A member no peer takes releases
-// those held; a peer releases a member not committed within the hold.
+// peer with room left by the gang's members placed before it. When all
+// are held, each is committed (POST handover/commit with barrier=D: the
+// peer records it committed and keeps it, still not started, for the
+// start barrier D) and, only when every commit succeeded, started (POST
+// handover/start). A member no peer takes, or a failed commit, releases
+// every member (handover/cancel with why=...). A peer releases a member
+// not committed within its hold, or not started within its barrier.
+//
+// Older peers tolerate this: one that predates the barrier ignores the
+// barrier parameter and starts the member at its commit, answering 204
+// rather than 202 (CommitMember reports it started); it ignores why. An
+// older origin's commit carries no barrier, and the member starts at
+// once, as it did.
 
-// gangHold is how long a peer holds a reserved gang member; maxHold the
-// most a peer grants.
+// gangHold is how long a peer holds a reserved gang member, gangBarrier
+// how long a committed one waits for its start; maxHold the most a peer
+// grants of either (Config.MaxGangHold may grant less).
 const (
-	gangHold = 10 * time.Second
-	maxHold  = time.Minute
+	gangHold    = 10 * time.Second
+	gangBarrier = 10 * time.Second
+	maxHold     = time.Minute
 )
 
-var _ jobs.GangOverflow = (*Node)(nil)
+var _ handover.GangOverflow = (*Node)(nil)
 
 // ReserveGang holds every member of a gang on peers, or none.
 func (n *Node) ReserveGang(ctx context.Context, locals []string, members []api.Job) ([]api.Handover, error) {
 	cands := n.candidates()
 	var hs []api.Handover
-	release := func() {
+	release := func(why string) {
 		for _, h := range hs {
-			if err := n.Cancel(ctx, h); err != nil {
+			if err := n.ReleaseMember(ctx, h, why); err != nil {
 				n.log.Warn("releasing a held gang member failed; its hold ends it", "peer", h.Peer, "key", h.Key, "err", err)
 			}
 		}
@@ -44,7 +57,7 @@ func (n *Node) ReserveGang(ctx context.Context, locals []string, members []api.J
 		key := n.cfg.NodeName + "/" + locals[i]
 		body, err := json.Marshal(offerRequest{Key: key, JobID: job.ID, User: job.Owner.User, Spec: job.Spec, Hold: api.Duration(gangHold)})
 		if err != nil {
-			release()
+			release("its gang could not be reserved: " + err.Error())
 			return nil, err
 		}
 		ranked, skipped := n.ranker().rank(job.Spec, cands)
@@ -54,7 +67,7 @@ func (n *Node) ReserveGang(ctx context.Context, locals []string, members []api.J
 			a, lost, err := n.offerTo(ctx, c, body)
 			if lost {
 				// It may hold the member: release it there.
-				_ = n.Cancel(ctx, api.Handover{Key: key, Peer: c.name, Address: c.api})
+				_ = n.ReleaseMember(ctx, api.Handover{Key: key, Peer: c.name, Address: c.api}, "its gang's offer got no answer from this peer")
 			}
 			switch {
 			case err != nil:
@@ -75,37 +88,75 @@ func (n *Node) ReserveGang(ctx context.Context, locals []string, members []api.J
 			break
 		}
 		if !held {
-			release()
 			why := strings.Join(append(refused, skipped...), "; ")
 			if why == "" {
 				why = "no live peer with a recent load"
 			}
-			return nil, fmt.Errorf("no peer holds member %d of %d (job %s): %s", i+1, len(members), job.ID, why)
+			err := fmt.Errorf("no peer holds member %d of %d (job %s): %s", i+1, len(members), job.ID, why)
+			release("its gang could not be reserved: " + err.Error())
+			return nil, err
 		}
 	}
 	return hs, nil
 }
 
-// CommitGang starts every held member; if one cannot be started (its
-// hold ended) all are cancelled.
-func (n *Node) CommitGang(ctx context.Context, hs []api.Handover) error {
-	var errs []error
-	for _, h := range hs {
-		resp, _, err := n.call(ctx, h.Peer, h.Address, "POST", "/peer/v1/handover/commit?"+url.Values{"key": {h.Key}}.Encode(), nil)
+// CommitMember commits a held member for the start barrier; started is
+// true when the peer predates the barrier and started it (204).
+func (n *Node) CommitMember(ctx context.Context, h api.Handover) (bool, error) {
+	q := url.Values{"key": {h.Key}, "barrier": {gangBarrier.String()}}
+	resp, _, err := n.call(ctx, h.Peer, h.Address, "POST", "/peer/v1/handover/commit?"+q.Encode(), nil)
+	if err != nil {
+		return false, err
+	}
+	code := resp.StatusCode
+	if _, err := readAnswer(resp); err != nil {
+		return false, err
+	}
+	return code != http.StatusAccepted, nil
+}
+
+// StartMember starts a committed member. A request that fails on the way
+// is sent again (a start is idempotent there) until ctx ends or the peer
+// answers.
+func (n *Node) StartMember(ctx context.Context, h api.Handover) error {
+	q := url.Values{"key": {h.Key}}
+	for try := 1; ; try++ {
+		resp, _, err := n.call(ctx, h.Peer, h.Address, "POST", "/peer/v1/handover/start?"+q.Encode(), nil)
 		if err == nil {
 			_, err = readAnswer(resp)
+			return err
 		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", h.Peer, err))
+		if try == 5 || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(try) * 100 * time.Millisecond):
 		}
 	}
-	if len(errs) == 0 {
-		return nil
+}
+
+// ReleaseMember releases a held or committed member on its peer (a
+// started one is cancelled), recording why there.
+func (n *Node) ReleaseMember(ctx context.Context, h api.Handover, why string) error {
+	return n.cancel(ctx, h, why)
+}
+
+// serveStart starts the committed gang member of the key (POST
+// /peer/v1/handover/start).
+func (n *Node) serveStart(w http.ResponseWriter, r *http.Request) {
+	j, ok := n.handedOver(w, r)
+	if !ok {
+		return
 	}
-	for _, h := range hs {
-		_ = n.Cancel(ctx, h)
+	if err := n.jobs.StartCommitted(j.Origin.Key); err != nil {
+		n.refuse(w, r, j.Origin.Node, "peer.start", j.ID, http.StatusConflict, err.Error())
+		return
 	}
-	return errors.Join(errs...)
+	n.renew(j.Origin.Key)
+	n.audit(r, j.Origin.Node, "peer.start", j.ID, http.StatusNoContent, "key "+j.Origin.Key)
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // without is l less what spec takes (the ranking's view of a peer after

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -54,7 +56,7 @@ func benchHandover(b *testing.B, dir string) {
 		jobstest.Runner(b, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(64000, 64<<30), slog.New(slog.DiscardHandler))
 	start := func(name string, j Jobs, h Host, join ...string) *Node {
 		cert, key := ca.issue(b, name)
-		n, err := New(Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", Join: join,
+		n, err := New(Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", Join: join, InsecureGossip: true,
 			CertFile: cert, KeyFile: key, CAFile: filepath.Join(ca.dir, "ca.pem"), Broadcast: 100 * time.Millisecond}, j, h, nil)
 		if err != nil {
 			b.Fatal(err)
@@ -64,10 +66,15 @@ func benchHandover(b *testing.B, dir string) {
 	}
 	origin := start("origin", newFakeJobs(), &fakeHost{cpu: 1000})
 	defer origin.Close()
-	timed := &timedJobs{Jobs: mgr}
+	ho := handover.New(mgr.Records(), handover.Config{}, slog.New(slog.DiscardHandler))
+	timed := &timedJobs{Jobs: struct {
+		*jobs.Manager
+		*handover.Agent
+	}{mgr, ho}}
 	peer := start("peer", timed, &fakeHost{cpu: 64000}, origin.GossipAddr())
 	defer peer.Close()
-	mgr.SetOverflow(peer, jobs.OverflowConfig{})
+	ho.Connect(peer)
+	mgr.SetHandover(ho, jobs.PeerPolicy{Users: admission.PeerUsers{AcceptRoot: true}}) // the jobs run as root
 	if err := mgr.Recover(); err != nil {
 		b.Fatal(err)
 	}
@@ -113,9 +120,9 @@ type timedJobs struct {
 	took []time.Duration
 }
 
-func (t *timedJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
+func (t *timedJobs) AcceptHandover(ctx context.Context, o jobs.Offer, spec api.JobSpec) (api.Job, error) {
 	t0 := time.Now()
-	j, err := t.Jobs.AcceptHandover(from, user, spec, hold)
+	j, err := t.Jobs.AcceptHandover(ctx, o, spec)
 	t.mu.Lock()
 	t.took = append(t.took, time.Since(t0))
 	t.mu.Unlock()

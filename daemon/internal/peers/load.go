@@ -8,6 +8,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
 )
 
 // Host is the placer's view of this host (hostplacer.Placer).
@@ -18,15 +19,17 @@ type Host interface {
 	LiveLoad() (host float64, gpus map[string]float64)
 }
 
-// Jobs is the job manager as peers use it (jobs.Manager): the queue's
+// Jobs is the job manager and its hand-over as peers use them (jobs.Manager,
+// handover.Agent for the held gang members): the queue's
 // load, and the jobs peers hand over here.
 type Jobs interface {
 	QueueLoad() (pending int, oldest time.Duration, shares map[string]int, cordoned bool)
 	HeldDevices() map[string]bool
 	Ready() error
-	AcceptHandover(from api.Provenance, userName string, spec api.JobSpec, hold time.Duration) (api.Job, error)
-	CommitHeld(key string) error
-	ReleaseHeld(key string) bool
+	AcceptHandover(ctx context.Context, o jobs.Offer, spec api.JobSpec) (api.Job, error)
+	CommitHeld(key string, barrier time.Duration) (started bool, err error)
+	StartCommitted(key string) error
+	ReleaseHeld(key, why string) bool
 	AcceptedByKey(key string) (api.Job, bool)
 	Accepted() []api.Job
 	Cancel(ctx context.Context, c api.Caller, id string) (api.Job, error)

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 )
 
@@ -23,8 +26,13 @@ import (
 //
 //	POST /peer/v1/offers                     offer a job (offerRequest) → offerAnswer
 //	GET  /peer/v1/handover?key=K&offset=N    the job's state and output from N; renews its lease
-//	POST /peer/v1/handover/cancel?key=K      cancel it (a held gang member: release it)
-//	POST /peer/v1/handover/commit?key=K      start a held gang member
+//	POST /peer/v1/handover/cancel?key=K[&why=W]   cancel it (a held or committed gang member: release it, recording W)
+//	POST /peer/v1/handover/commit?key=K[&barrier=D]  commit a held gang member: 202, kept placed (not started) for
+//	                                          the start barrier D (at most the peer's hold cap); without D: started, 204
+//	POST /peer/v1/handover/start?key=K       start a committed gang member (204; 409 once its barrier ended)
+//
+// Gang members: see gangs.go (hold, commit, start barrier; what older
+// peers do with the parameters they do not know: ignore them).
 //
 // The calling peer is the node its certificate names: an offer's key must
 // start with that name, and only the origin may poll or cancel its jobs.
@@ -35,6 +43,7 @@ func (n *Node) handler() http.Handler {
 	mux.HandleFunc("GET /peer/v1/handover", n.servePoll)
 	mux.HandleFunc("POST /peer/v1/handover/cancel", n.serveCancel)
 	mux.HandleFunc("POST /peer/v1/handover/commit", n.serveCommit)
+	mux.HandleFunc("POST /peer/v1/handover/start", n.serveStart)
 	return mux
 }
 
@@ -51,33 +60,51 @@ func fail(w http.ResponseWriter, code int, format string, args ...any) {
 func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 	from, err := peerName(r.TLS)
 	if err != nil {
-		fail(w, http.StatusForbidden, "%v", err)
+		n.refuse(w, r, from, "peer.offer", "", http.StatusForbidden, err.Error())
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if !n.member(from) {
+		n.refuse(w, r, from, "peer.offer", "", http.StatusForbidden, fmt.Sprintf("%s is not a current member of this daemon's peers: offers are taken only from members", from))
+		return
+	}
+	if !n.allowOffer(from) {
+		n.refuse(w, r, from, "peer.offer", "", http.StatusTooManyRequests, fmt.Sprintf("peer %s sends more than %g offers a second (burst %d; peers.limits.offers_per_second)", from, n.cfg.OfferRate, n.cfg.OfferBurst))
+		return
+	}
+	limit := cmp.Or(n.cfg.MaxOfferBytes, maxBody)
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		fail(w, http.StatusBadRequest, "reading the offer: %v", err)
+		n.refuse(w, r, from, "peer.offer", "", http.StatusBadRequest, "reading the offer: "+err.Error())
+		return
+	}
+	if int64(len(body)) > limit {
+		n.refuse(w, r, from, "peer.offer", "", http.StatusRequestEntityTooLarge, fmt.Sprintf("the offer is larger than %d bytes (limits.max_spec_bytes)", limit))
 		return
 	}
 	o, err := decodeOffer(body)
 	if err != nil {
-		fail(w, http.StatusBadRequest, "%v", err)
+		n.refuse(w, r, from, "peer.offer", "", http.StatusBadRequest, err.Error())
 		return
 	}
 	if !strings.HasPrefix(o.Key, from+"/") {
-		fail(w, http.StatusForbidden, "peer %s may offer only keys of its own jobs (%s/...), not %q", from, from, o.Key)
+		n.refuse(w, r, from, "peer.offer", o.Key, http.StatusForbidden, fmt.Sprintf("peer %s may offer only keys of its own jobs (%s/...), not %q", from, from, o.Key))
 		return
 	}
 	if o.Hold < 0 || time.Duration(o.Hold) > maxHold {
-		fail(w, http.StatusBadRequest, "hold: between 0 and %s", maxHold)
+		n.refuse(w, r, from, "peer.offer", o.Key, http.StatusBadRequest, fmt.Sprintf("hold: between 0 and %s", maxHold))
 		return
 	}
-	j, err := n.jobs.AcceptHandover(api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, o.User, o.Spec, time.Duration(o.Hold))
-	var ref *jobs.Refusal
+	// The job manager's admission audits the offer from here on.
+	offer := jobs.Offer{From: api.Provenance{Node: from, JobID: o.JobID, Key: o.Key}, User: o.User, Hold: min(time.Duration(o.Hold), n.holdCap())}
+	j, err := n.jobs.AcceptHandover(r.Context(), offer, o.Spec)
+	var ref *admission.Refusal
+	var ae *api.Error
 	switch {
 	case errors.As(err, &ref):
-		n.log.Info("refused a job from a peer", "peer", from, "key", o.Key, "why", ref.Why)
-		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Why})
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Error()})
+		return
+	case errors.As(err, &ae) && ae.HTTPStatus() < 500:
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ae.Error()})
 		return
 	case err != nil:
 		fail(w, http.StatusInternalServerError, "%v", err)
@@ -87,18 +114,26 @@ func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, offerAnswer{Accepted: true, RemoteID: j.ID})
 }
 
+// refuse answers a peer API request with status and why, and audits it.
+func (n *Node) refuse(w http.ResponseWriter, r *http.Request, peer, action, target string, status int, why string) {
+	n.log.Info("refused a peer request", "peer", peer, "action", action, "status", status, "why", why)
+	n.audit(r, peer, action, target, status, why)
+	fail(w, status, "%s", why)
+}
+
 // handedOver finds the job of the request's key, if the caller is its
 // origin.
 func (n *Node) handedOver(w http.ResponseWriter, r *http.Request) (api.Job, bool) {
+	action := "peer." + strings.TrimPrefix(r.URL.Path, "/peer/v1/")
 	from, err := peerName(r.TLS)
 	if err != nil {
-		fail(w, http.StatusForbidden, "%v", err)
+		n.refuse(w, r, from, action, "", http.StatusForbidden, err.Error())
 		return api.Job{}, false
 	}
 	key := r.URL.Query().Get("key")
 	j, ok := n.jobs.AcceptedByKey(key)
 	if !ok || j.Origin.Node != from {
-		fail(w, http.StatusNotFound, "no job handed over by %s under key %q", from, key)
+		n.refuse(w, r, from, action, key, http.StatusNotFound, fmt.Sprintf("no job handed over by %s under key %q", from, key))
 		return api.Job{}, false
 	}
 	return j, true
@@ -111,14 +146,14 @@ func (n *Node) servePoll(w http.ResponseWriter, r *http.Request) {
 	}
 	offset, err := strconv.ParseInt(r.URL.Query().Get("offset"), 10, 64)
 	if err != nil || offset < 0 {
-		fail(w, http.StatusBadRequest, "offset: want a byte offset, got %q", r.URL.Query().Get("offset"))
+		n.refuse(w, r, j.Origin.Node, "peer.handover", j.ID, http.StatusBadRequest, fmt.Sprintf("offset: want a byte offset, got %q", r.URL.Query().Get("offset")))
 		return
 	}
 	n.renew(j.Origin.Key)
 	n.mu.Lock()
-	ended := n.expired[j.Origin.Key]
+	_, ended := n.expired[j.Origin.Key]
 	n.mu.Unlock()
-	st := jobs.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit, LeaseEnded: ended}
+	st := handover.RemoteStatus{ID: j.ID, State: j.State, Reason: j.Reason, Attempt: j.Attempt, PID: j.PID, Exit: j.Exit, LeaseEnded: ended}
 	if path, _, err := n.jobs.LogPath(api.Caller{Admin: true}, j.ID); err == nil {
 		if st.Log, err = readChunk(path, offset); err != nil {
 			n.log.Warn("reading a handed-over job's output", "job", j.ID, "err", err)
@@ -132,12 +167,37 @@ func (n *Node) serveCommit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if err := n.jobs.CommitHeld(j.Origin.Key); err != nil {
-		fail(w, http.StatusConflict, "%v", err)
+	var barrier time.Duration
+	if b := r.URL.Query().Get("barrier"); b != "" {
+		d, err := time.ParseDuration(b)
+		if err != nil || d <= 0 || d > maxHold {
+			n.refuse(w, r, j.Origin.Node, "peer.commit", j.ID, http.StatusBadRequest, fmt.Sprintf("barrier: a duration above 0 and at most %s, got %q", maxHold, b))
+			return
+		}
+		barrier = min(d, n.holdCap())
+	}
+	started, err := n.jobs.CommitHeld(j.Origin.Key, barrier)
+	if err != nil {
+		n.refuse(w, r, j.Origin.Node, "peer.commit", j.ID, http.StatusConflict, err.Error())
 		return
 	}
 	n.renew(j.Origin.Key)
+	if !started {
+		n.audit(r, j.Origin.Node, "peer.commit", j.ID, http.StatusAccepted, "key "+j.Origin.Key+": committed, waiting for its start")
+		w.WriteHeader(http.StatusAccepted) // committed, waiting for its start
+		return
+	}
+	n.audit(r, j.Origin.Node, "peer.commit", j.ID, http.StatusNoContent, "key "+j.Origin.Key)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// holdCap is the most this host holds another host's gang member, before
+// its commit and again until its start.
+func (n *Node) holdCap() time.Duration {
+	if c := n.cfg.MaxGangHold; c > 0 {
+		return min(c, maxHold)
+	}
+	return maxHold
 }
 
 func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
@@ -145,7 +205,15 @@ func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if n.jobs.ReleaseHeld(j.Origin.Key) {
+	why := "its gang was aborted by origin " + j.Origin.Node
+	if w := r.URL.Query().Get("why"); w != "" {
+		if len(w) > 1024 {
+			w = strings.ToValidUTF8(w[:1024], "") + "…"
+		}
+		why = w + " (origin " + j.Origin.Node + ")"
+	}
+	if n.jobs.ReleaseHeld(j.Origin.Key, why) {
+		n.audit(r, j.Origin.Node, "peer.cancel", j.ID, http.StatusNoContent, "key "+j.Origin.Key+": held gang member released")
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
@@ -154,11 +222,13 @@ func (n *Node) serveCancel(w http.ResponseWriter, r *http.Request) {
 		if _, err := n.jobs.Cancel(r.Context(), caller, j.ID); err != nil {
 			var ae *api.Error
 			if !errors.As(err, &ae) || ae.Code != api.CodeConflict {
+				n.audit(r, j.Origin.Node, "peer.cancel", j.ID, http.StatusInternalServerError, err.Error())
 				fail(w, http.StatusInternalServerError, "%v", err)
 				return
 			}
 		}
 	}
+	n.audit(r, j.Origin.Node, "peer.cancel", j.ID, http.StatusNoContent, "key "+j.Origin.Key)
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -184,6 +254,13 @@ func (n *Node) clientFor(peer string) *http.Client {
 	defer n.mu.Unlock()
 	if c, ok := n.clients[peer]; ok {
 		return c
+	}
+	if len(n.clients) >= maxClients {
+		// Full: start again (each is one transport of idle connections).
+		for _, c := range n.clients {
+			c.CloseIdleConnections()
+		}
+		clear(n.clients)
 	}
 	t := n.transport.Clone()
 	t.TLSClientConfig = n.transport.TLSClientConfig.Clone()
@@ -270,26 +347,32 @@ func (n *Node) offerTo(ctx context.Context, c candidate, body []byte) (offerAnsw
 }
 
 // Poll reads the job's state and output on its peer (renewing its lease).
-func (n *Node) Poll(ctx context.Context, h api.Handover, offset int64) (jobs.RemoteStatus, error) {
+func (n *Node) Poll(ctx context.Context, h api.Handover, offset int64) (handover.RemoteStatus, error) {
 	q := url.Values{"key": {h.Key}, "offset": {strconv.FormatInt(offset, 10)}}
 	resp, _, err := n.call(ctx, h.Peer, h.Address, "GET", "/peer/v1/handover?"+q.Encode(), nil)
 	if err != nil {
-		return jobs.RemoteStatus{}, err
+		return handover.RemoteStatus{}, err
 	}
 	if resp.StatusCode == http.StatusNotFound {
 		resp.Body.Close()
-		return jobs.RemoteStatus{}, jobs.ErrRemoteGone
+		return handover.RemoteStatus{}, handover.ErrRemoteGone
 	}
 	b, err := readAnswer(resp)
 	if err != nil {
-		return jobs.RemoteStatus{}, err
+		return handover.RemoteStatus{}, err
 	}
 	return decodeStatus(b)
 }
 
 // Cancel asks the job's peer to cancel it.
-func (n *Node) Cancel(ctx context.Context, h api.Handover) error {
+func (n *Node) Cancel(ctx context.Context, h api.Handover) error { return n.cancel(ctx, h, "") }
+
+// cancel is Cancel recording why (a held gang member's release).
+func (n *Node) cancel(ctx context.Context, h api.Handover, why string) error {
 	q := url.Values{"key": {h.Key}}
+	if why != "" {
+		q.Set("why", why)
+	}
 	resp, _, err := n.call(ctx, h.Peer, h.Address, "POST", "/peer/v1/handover/cancel?"+q.Encode(), nil)
 	if err != nil {
 		return err

@@ -3,17 +3,19 @@
 // encrypted gossip keyring), the load each daemon gossips (free resources
 // per device class, queue, health) with the age of every peer's view, the
 // peer API over mutual TLS, and the hand-over of jobs that do not fit here
-// (it implements jobs.Overflow for the origin and serves offers, polls and
+// (it implements handover.Overflow for the origin and serves offers, polls and
 // cancels for the peers' jobs). It is the only importer of memberlist.
 package peers
 
 import (
 	"context"
+	"crypto"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -26,7 +28,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
@@ -49,8 +51,10 @@ type Config struct {
 	DNSSeed string
 	// Profile is lan, wan or local (memberlist's timing presets).
 	Profile string
-	// KeyringFile holds the gossip encryption keys ("" : no encryption).
-	KeyringFile string
+	// KeyringFile holds the gossip encryption keys. "" is refused unless
+	// InsecureGossip is set (then gossip is plain, with a warning).
+	KeyringFile    string
+	InsecureGossip bool
 	// GossipLimits bound what the gossip port takes from anyone (zero
 	// fields: DefaultGossipLimits).
 	GossipLimits GossipLimits
@@ -65,9 +69,21 @@ type Config struct {
 	Lease time.Duration
 	// MaxLoadAge: a peer whose load is older is not offered jobs.
 	MaxLoadAge time.Duration
+	// MaxGangHold is the most this host keeps another host's gang member
+	// placed and not started: the hold it grants before the commit, and
+	// the start barrier after it (0: a minute, the most any peer grants).
+	MaxGangHold time.Duration
 	// Profiles are the placement engine's class profiles peers are
 	// ranked with (nil: the engine's defaults), as the placer's.
 	Profiles sched.Profiles
+	// OfferRate and OfferBurst bound each peer's offers (a token
+	// bucket; 0: no bound); MaxOfferBytes an offer's body (maxBody when
+	// 0).
+	OfferRate     float64
+	OfferBurst    int
+	MaxOfferBytes int64
+	// Audit records the peer API's requests (optional).
+	Audit Auditor
 }
 
 // Node is this daemon as a member.
@@ -91,14 +107,40 @@ type Node struct {
 	clients   map[string]*http.Client
 	api       string // advertised peer API address
 
-	mu   sync.Mutex
+	// signer is the peer certificate's private key: it signs this
+	// node's loads (sign.go).
+	signer crypto.Signer
+
+	// n.mu is never held while calling memberlist (which calls the
+	// delegates under its own lock).
+	mu sync.Mutex
+	// view: the newest verified load of each member (and this node's
+	// own), pruned with the member.
 	view map[string]*peerView
+	// members: memberlist's members as its events told (at most
+	// maxMembers; kept a grace after they left); keys: each member's
+	// verified signing key; tried: when its key was last asked for;
+	// pending: a member's newest load waiting for its key. Only members
+	// have entries, so none grows with names a peer makes up.
+	members map[string]*member
+	keys    map[string]crypto.PublicKey
+	tried   map[string]time.Time
+	pending map[string]signedLoad
+	want    chan string
+	dropped dropCounts
 	// leases: last poll (monotonic) per hand-over key accepted here.
 	leases map[string]time.Time
-	// expired: keys whose lease ended (stopped once; kept, so that
-	// polls after a healed partition say why the job stopped).
-	expired map[string]bool
+	// expired: keys whose lease ended, with when (stopped once; kept so
+	// that polls after a healed partition say why the job stopped). An
+	// origin polls no longer than 2 × lease + cancel_grace without an
+	// answer, so a key is forgotten after expiredKeep (or, beyond
+	// maxExpired keys, the oldest first): a poll after that finds the job
+	// cancelled without saying why.
+	expired map[string]time.Time
 	seq     uint64
+
+	// trust gates each calling peer (trust.go).
+	trust trust
 
 	sent    atomic.Int64
 	started time.Time
@@ -108,9 +150,18 @@ type Node struct {
 }
 
 type peerView struct {
-	msg      loadMsg
+	msg loadMsg
+	// raw is the signed envelope, pushed on as it came.
+	raw      []byte
 	received time.Time
 }
+
+const (
+	expiredKeep = time.Hour
+	maxExpired  = 4096
+	// maxClients bounds the peer API clients kept (one per peer name).
+	maxClients = 1024
+)
 
 // New binds the gossip and peer API addresses and creates the member;
 // Start joins the peers.
@@ -127,8 +178,13 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 	if cfg.MaxLoadAge <= 0 {
 		cfg.MaxLoadAge = 15 * cfg.Broadcast // three missed heartbeats
 	}
+	if !validName(cfg.NodeName) {
+		return nil, fmt.Errorf("peers.node_name %q: want a DNS name (letters, digits, '-', '.', '_'; at most %d bytes), as the peer certificate carries it", cfg.NodeName, maxNodeName)
+	}
 	n := &Node{cfg: cfg, log: log.With("part", "peers"), jobs: j, host: h,
-		view: map[string]*peerView{}, leases: map[string]time.Time{}, expired: map[string]bool{}, clients: map[string]*http.Client{},
+		view: map[string]*peerView{}, leases: map[string]time.Time{}, expired: map[string]time.Time{}, clients: map[string]*http.Client{},
+		members: map[string]*member{}, keys: map[string]crypto.PublicKey{}, tried: map[string]time.Time{},
+		pending: map[string]signedLoad{}, want: make(chan string, 256),
 		seq: uint64(time.Now().UnixNano()), started: time.Now(), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
@@ -137,6 +193,9 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 	}()
 	srvTLS, cliTLS, err := tlsConfigs(cfg.CertFile, cfg.KeyFile, cfg.CAFile)
 	if err != nil {
+		return nil, err
+	}
+	if n.signer, err = signerOf(srvTLS); err != nil {
 		return nil, err
 	}
 	if n.ln, err = net.Listen("tcp", cfg.API); err != nil {
@@ -163,10 +222,13 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 			return nil, fmt.Errorf("gossip keyring: %w", err)
 		}
 		mc.Keyring = n.keyring
+	} else if cfg.InsecureGossip {
+		n.log.Warn("gossip is NOT encrypted (peers.insecure_gossip: true): anyone who reaches the gossip port can join and read every load; loads stay signed")
 	} else {
-		n.log.Warn("gossip is not encrypted: set peers.keyring_file")
+		return nil, errors.New("gossip keyring: set peers.keyring_file (fusionctl peers keygen makes a key), or peers.insecure_gossip: true to gossip unencrypted")
 	}
 	mc.Delegate = n
+	mc.Events = n
 	mc.Logger = slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)
 	// The gossip port's own transport, bounded before anything is decoded.
 	tr, err := newBoundedTransport(mc.BindAddr, mc.BindPort, cfg.GossipLimits, n.log.With("component", "gossip"))
@@ -245,7 +307,7 @@ func (n *Node) APIAddr() string { return n.api }
 // Start serves the peer API, joins the configured peers (retrying while
 // alone) and starts gossiping the load.
 func (n *Node) Start() {
-	n.wg.Add(4)
+	n.wg.Add(6)
 	go func() {
 		defer n.wg.Done()
 		if err := n.srvTLS.ServeTLS(n.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -254,10 +316,25 @@ func (n *Node) Start() {
 	}()
 	go n.joinLoop()
 	go n.broadcastLoop()
-	go n.leaseLoop()
+	go n.every(max(n.cfg.Lease/4, 50*time.Millisecond), n.checkLeases)
+	go n.keyLoop()
+	// The maps peers can grow stay bounded.
+	go n.every(max(n.cfg.Broadcast, 50*time.Millisecond), func() { n.prune(time.Now()) })
 }
 
 // Close leaves the peers and stops the peer API.
+// StopServing stops taking peer API requests (offers, polls, commits,
+// starts, cancels), waiting up to ctx for those in flight, so nothing a
+// peer asks reaches a job manager that is stopping. Gossip and the client
+// side (this daemon's polls and cancels of its jobs on peers) go on until
+// Close.
+func (n *Node) StopServing(ctx context.Context) error {
+	if n.srvTLS == nil {
+		return nil
+	}
+	return n.srvTLS.Shutdown(ctx)
+}
+
 func (n *Node) Close() {
 	select {
 	case <-n.stop:
@@ -372,33 +449,82 @@ func sameLoad(a, b api.PeerLoad) bool {
 }
 
 func (n *Node) gossip(l api.PeerLoad) {
-	msg := loadMsg{Node: n.cfg.NodeName, API: n.api, Load: l}
+	msg := loadMsg{Node: n.cfg.NodeName, API: n.api, Load: clampLoad(l)}
 	n.mu.Lock()
 	n.seq++
 	msg.Seq = n.seq
-	n.view[msg.Node] = &peerView{msg: msg, received: time.Now()}
 	n.mu.Unlock()
-	b, err := encodeLoad(msg)
+	b, err := encodeLoad(msg, func(body []byte) ([]byte, error) { return signLoad(n.signer, body) })
 	if err != nil {
 		n.log.Warn("encoding this host's load", "err", err)
 		return
 	}
+	n.mu.Lock()
+	n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now()}
+	n.mu.Unlock()
 	n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: b})
 }
 
-// merge keeps msg if it is newer than what is known of its node and
-// reports whether it was.
-func (n *Node) merge(msg loadMsg) bool {
+// merge keeps msg if it is about a current member, newer than what is
+// known of that member, and signed by it; it reports whether it was. A
+// member's first load waits (pending, the newest only) while its key is
+// fetched.
+func (n *Node) merge(msg signedLoad) bool {
 	if msg.Node == n.cfg.NodeName {
 		return false // only this node speaks for itself
 	}
 	n.mu.Lock()
+	m := n.members[msg.Node]
+	if m == nil || !m.left.IsZero() {
+		n.mu.Unlock()
+		n.dropped.notMember.Add(1)
+		n.log.Debug("dropping the load of a node that is not a member", "node", msg.Node)
+		return false
+	}
+	if v, ok := n.view[msg.Node]; ok && v.msg.Seq >= msg.Seq {
+		n.mu.Unlock()
+		return false // known already
+	}
+	pub, ok := n.keys[msg.Node]
+	if !ok {
+		n.pendLocked(msg)
+		n.mu.Unlock()
+		return false
+	}
+	n.mu.Unlock()
+	if !verifyLoad(pub, msg.body, msg.sig) {
+		n.dropped.unsigned.Add(1)
+		n.log.Debug("dropping a load not signed by its node", "node", msg.Node, "seq", msg.Seq)
+		n.mu.Lock()
+		n.pendLocked(msg) // its certificate may have changed: again with a new key
+		n.mu.Unlock()
+		return false
+	}
+	n.mu.Lock()
 	defer n.mu.Unlock()
+	if m := n.members[msg.Node]; m == nil || !m.left.IsZero() {
+		return false
+	}
 	if v, ok := n.view[msg.Node]; ok && v.msg.Seq >= msg.Seq {
 		return false
 	}
-	n.view[msg.Node] = &peerView{msg: msg, received: time.Now()}
+	n.view[msg.Node] = &peerView{msg: msg.loadMsg, raw: msg.raw, received: time.Now()}
 	return true
+}
+
+// pendLocked keeps msg, if it is its node's newest, until its node's key
+// is fetched (n.mu held).
+func (n *Node) pendLocked(msg signedLoad) {
+	if p, ok := n.pending[msg.Node]; !ok || p.Seq < msg.Seq {
+		n.pending[msg.Node] = msg
+	}
+	n.wantKeyLocked(msg.Node)
+}
+
+// relay passes a load that was new here on.
+func (n *Node) relay(msg signedLoad) {
+	b := append([]byte{kindLoad}, msg.raw...)
+	n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: b})
 }
 
 // broadcast is one node's load on the gossip queue: a newer one of the
@@ -425,16 +551,18 @@ func (n *Node) NodeMeta(limit int) []byte {
 	return b
 }
 
-// NotifyMsg takes a gossiped load: a newer one is kept and passed on
-// (epidemic relay: every member re-gossips what is new to it).
+// NotifyMsg takes a gossiped load: a valid, newer one signed by its
+// node is kept and passed on (epidemic relay: every member re-gossips
+// what is new to it); anything else is dropped here and goes no further.
 func (n *Node) NotifyMsg(b []byte) {
-	msg, err := decodeLoad(b)
+	msg, err := decodeLoad(slices.Clone(b))
 	if err != nil {
+		n.dropped.invalid.Add(1)
 		n.log.Debug("dropping a gossip message", "err", err)
 		return
 	}
 	if n.merge(msg) {
-		n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: slices.Clone(b)})
+		n.relay(msg)
 	}
 }
 
@@ -450,28 +578,29 @@ func (n *Node) GetBroadcasts(overhead, limit int) [][]byte {
 // LocalState is every load known here, for a push/pull exchange.
 func (n *Node) LocalState(join bool) []byte {
 	n.mu.Lock()
-	loads := make([]loadMsg, 0, len(n.view))
+	raws := make([][]byte, 0, min(len(n.view), maxStateLoads))
 	for _, v := range n.view {
-		loads = append(loads, v.msg)
+		if len(raws) < maxStateLoads && v.raw != nil {
+			raws = append(raws, v.raw)
+		}
 	}
 	n.mu.Unlock()
-	if len(loads) > maxStateLoads {
-		loads = loads[:maxStateLoads]
-	}
-	b, err := encodeState(loads)
-	if err != nil {
-		return nil
-	}
+	b := encodeState(raws)
 	n.sent.Add(int64(len(b)))
 	return b
 }
 
 // MergeRemoteState merges a peer's push/pull state.
 func (n *Node) MergeRemoteState(b []byte, join bool) {
-	loads, err := decodeState(b)
+	loads, bad, err := decodeState(b)
 	if err != nil {
+		n.dropped.invalid.Add(1)
 		n.log.Debug("dropping a peer's state", "err", err)
 		return
+	}
+	if bad > 0 {
+		n.dropped.invalid.Add(uint64(bad))
+		n.log.Debug("dropping loads of a peer's state", "invalid", bad)
 	}
 	for _, l := range loads {
 		n.merge(l)
@@ -480,7 +609,8 @@ func (n *Node) MergeRemoteState(b []byte, join bool) {
 
 // Peers lists the members and what they last gossiped.
 func (n *Node) Peers() api.PeerList {
-	out := api.PeerList{Enabled: true, Self: n.cfg.NodeName, Keys: fingerprints(n.keyring)}
+	out := api.PeerList{Enabled: true, Self: n.cfg.NodeName, Keys: fingerprints(n.keyring),
+		InsecureGossip: n.keyring == nil, GossipDropped: n.dropped.snapshot()}
 	if d := time.Since(n.started).Seconds(); d > 0 {
 		out.GossipBytesPerSecond = float64(n.sent.Load()) / d
 	}
@@ -492,9 +622,7 @@ func (n *Node) Peers() api.PeerList {
 	for _, m := range members {
 		p := api.Peer{Name: m.Name, Address: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
 			State: stateName(m.State), Self: m.Name == n.cfg.NodeName}
-		if md, err := decodeMeta(m.Meta); err == nil {
-			p.APIAddress = md.API
-		}
+		p.APIAddress = apiAddr(m)
 		if v, ok := n.view[m.Name]; ok {
 			l := v.msg.Load
 			p.Load, p.Seq, p.Age = &l, v.msg.Seq, api.Duration(now.Sub(v.received).Round(time.Millisecond))
@@ -561,8 +689,7 @@ func (n *Node) candidates() []candidate {
 	alive := map[string]string{}
 	for _, m := range n.ml.Members() {
 		if m.State == memberlist.StateAlive && m.Name != n.cfg.NodeName {
-			md, _ := decodeMeta(m.Meta)
-			alive[m.Name] = md.API
+			alive[m.Name] = apiAddr(m)
 		}
 	}
 	now := time.Now()
@@ -589,14 +716,12 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-var _ jobs.Overflow = (*Node)(nil)
+var _ handover.Overflow = (*Node)(nil)
 
-// leaseLoop stops jobs handed over here whose origin stopped polling
-// them for a lease: the origin takes such a job back only after longer
-// than that, so the job never runs here and elsewhere at once.
-func (n *Node) leaseLoop() {
+// every runs f every d until the node stops.
+func (n *Node) every(d time.Duration, f func()) {
 	defer n.wg.Done()
-	t := time.NewTicker(max(n.cfg.Lease/4, 50*time.Millisecond))
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -604,42 +729,101 @@ func (n *Node) leaseLoop() {
 			return
 		case <-t.C:
 		}
-		now := time.Now()
-		live := map[string]bool{}
-		for _, j := range n.jobs.Accepted() {
-			key := j.Origin.Key
-			live[key] = true
-			n.mu.Lock()
-			last, ok := n.leases[key]
-			if !ok {
-				// Accepted before this daemon started: the lease runs
-				// from now.
-				n.leases[key], last = now, now
-			}
-			n.mu.Unlock()
-			n.mu.Lock()
-			done := n.expired[key]
-			if now.Sub(last) > n.cfg.Lease {
-				n.expired[key] = true
-			}
-			n.mu.Unlock()
-			if now.Sub(last) <= n.cfg.Lease || done {
-				continue
-			}
-			n.log.Warn("origin stopped polling a handed-over job; stopping it", "job", j.ID, "origin", j.Origin.Node, "lease", n.cfg.Lease)
-			caller := api.Caller{Admin: true, User: "lease: origin " + j.Origin.Node + " silent for " + n.cfg.Lease.String()}
-			if _, err := n.jobs.Cancel(context.Background(), caller, j.ID); err != nil {
-				n.log.Warn("stopping a job whose lease ended", "job", j.ID, "err", err)
-			}
-		}
+		f()
+	}
+}
+
+// checkLeases stops jobs handed over here whose origin stopped polling
+// them for a lease: the origin takes such a job back only after longer
+// than that, so the job never runs here and elsewhere at once.
+func (n *Node) checkLeases() {
+	now := time.Now()
+	live := map[string]bool{}
+	for _, j := range n.jobs.Accepted() {
+		key := j.Origin.Key
+		live[key] = true
 		n.mu.Lock()
-		for k := range n.leases {
-			if !live[k] {
-				delete(n.leases, k) // expired stays: polls report the lease's end
-			}
+		last, ok := n.leases[key]
+		if !ok {
+			// Accepted before this daemon started: the lease runs
+			// from now.
+			n.leases[key], last = now, now
 		}
 		n.mu.Unlock()
+		n.mu.Lock()
+		_, done := n.expired[key]
+		if now.Sub(last) > n.cfg.Lease && !done {
+			n.expireLocked(key, now)
+		}
+		n.mu.Unlock()
+		if now.Sub(last) <= n.cfg.Lease || done {
+			continue
+		}
+		n.log.Warn("origin stopped polling a handed-over job; stopping it", "job", j.ID, "origin", j.Origin.Node, "lease", n.cfg.Lease)
+		caller := api.Caller{Admin: true, User: "lease: origin " + j.Origin.Node + " silent for " + n.cfg.Lease.String()}
+		if _, err := n.jobs.Cancel(context.Background(), caller, j.ID); err != nil {
+			n.log.Warn("stopping a job whose lease ended", "job", j.ID, "err", err)
+		}
 	}
+	n.mu.Lock()
+	for k := range n.leases {
+		if !live[k] {
+			delete(n.leases, k) // expired stays (expiredKeep): polls report the lease's end
+		}
+	}
+	n.mu.Unlock()
+}
+
+// expireLocked records that key's lease ended, forgetting the oldest
+// key beyond maxExpired (n.mu held).
+func (n *Node) expireLocked(key string, now time.Time) {
+	if len(n.expired) >= maxExpired {
+		oldest, at := "", now
+		for k, t := range n.expired {
+			if t.Before(at) || oldest == "" {
+				oldest, at = k, t
+			}
+		}
+		delete(n.expired, oldest)
+	}
+	n.expired[key] = now
+}
+
+// prune reconciles the members with memberlist's (an event missed or
+// raced), forgets members that left or died longer than MaxLoadAge ago
+// with their view, key and pending load, drops whatever is kept of a name
+// that is no member, and ages out expired lease keys.
+func (n *Node) prune(now time.Time) {
+	live := map[string]*memberlist.Node{}
+	for _, m := range n.ml.Members() { // before n.mu
+		if m.Name != n.cfg.NodeName {
+			live[m.Name] = m
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for name, m := range n.members {
+		_, alive := live[name]
+		switch {
+		case alive:
+			m.left = time.Time{}
+		case m.left.IsZero():
+			m.left = now
+		case now.Sub(m.left) > n.cfg.MaxLoadAge:
+			delete(n.members, name)
+		}
+	}
+	for name, node := range live {
+		if _, ok := n.members[name]; !ok && len(n.members) < maxMembers {
+			n.members[name] = &member{api: apiAddr(node)}
+		}
+	}
+	notMember := func(name string) bool { return n.members[name] == nil }
+	maps.DeleteFunc(n.view, func(name string, _ *peerView) bool { return name != n.cfg.NodeName && notMember(name) })
+	maps.DeleteFunc(n.keys, func(name string, _ crypto.PublicKey) bool { return notMember(name) })
+	maps.DeleteFunc(n.tried, func(name string, _ time.Time) bool { return notMember(name) })
+	maps.DeleteFunc(n.pending, func(name string, _ signedLoad) bool { return notMember(name) })
+	maps.DeleteFunc(n.expired, func(_ string, at time.Time) bool { return now.Sub(at) > expiredKeep })
 }
 
 func (n *Node) renew(key string) {

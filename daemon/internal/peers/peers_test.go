@@ -16,12 +16,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/devices"
@@ -107,23 +110,46 @@ type fakeJobs struct {
 	accepted    map[string]*api.Job
 	offers      int
 	cancels     []string
-	// held, committed, released: gang member keys.
-	held, committed, released []string
+	// held, committed, started, released: gang member keys; barriers the
+	// barrier of each commit; whys each release's reason.
+	held, committed, started, released []string
+	barriers                           []time.Duration
+	whys                               []string
+	// noBarrier answers commits as a peer that predates the start
+	// barrier: started at once.
+	noBarrier bool
 }
 
-func (f *fakeJobs) CommitHeld(key string) error {
+func (f *fakeJobs) CommitHeld(key string, barrier time.Duration) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	j, ok := f.accepted[key]
-	if !ok || j.State != api.StatePlaced {
-		return errors.New("not held")
+	if !ok || j.State != api.StatePlaced || slices.Contains(f.committed, key) {
+		return false, errors.New("not held")
+	}
+	f.committed = append(f.committed, key)
+	f.barriers = append(f.barriers, barrier)
+	if barrier == 0 || f.noBarrier {
+		j.State = api.StateRunning
+		f.started = append(f.started, key)
+		return true, nil
+	}
+	return false, nil
+}
+
+func (f *fakeJobs) StartCommitted(key string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	j, ok := f.accepted[key]
+	if !ok || j.State != api.StatePlaced || !slices.Contains(f.committed, key) {
+		return errors.New("not committed")
 	}
 	j.State = api.StateRunning
-	f.committed = append(f.committed, key)
+	f.started = append(f.started, key)
 	return nil
 }
 
-func (f *fakeJobs) ReleaseHeld(key string) bool {
+func (f *fakeJobs) ReleaseHeld(key, why string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	j, ok := f.accepted[key]
@@ -132,6 +158,7 @@ func (f *fakeJobs) ReleaseHeld(key string) bool {
 	}
 	j.State = api.StateCancelled
 	f.released = append(f.released, key)
+	f.whys = append(f.whys, why)
 	return true
 }
 
@@ -140,13 +167,14 @@ func newFakeJobs() *fakeJobs { return &fakeJobs{accepted: map[string]*api.Job{}}
 func (f *fakeJobs) QueueLoad() (int, time.Duration, map[string]int, bool) { return 0, 0, nil, false }
 func (f *fakeJobs) HeldDevices() map[string]bool                          { return f.heldDevices }
 func (f *fakeJobs) Ready() error                                          { return nil }
-func (f *fakeJobs) AcceptHandover(from api.Provenance, user string, spec api.JobSpec, hold time.Duration) (api.Job, error) {
+func (f *fakeJobs) AcceptHandover(_ context.Context, offer jobs.Offer, spec api.JobSpec) (api.Job, error) {
+	from, user, hold := offer.From, offer.User, offer.Hold
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.offers++
 	if hold > 0 {
 		if f.refuse != "" {
-			return api.Job{}, &jobs.Refusal{Why: f.refuse}
+			return api.Job{}, &admission.Refusal{Rule: "test", Why: f.refuse}
 		}
 		o := from
 		j := &api.Job{ID: fmt.Sprint(len(f.accepted) + 1), Spec: spec, State: api.StatePlaced, Origin: &o}
@@ -155,7 +183,7 @@ func (f *fakeJobs) AcceptHandover(from api.Provenance, user string, spec api.Job
 		return *j, nil
 	}
 	if f.refuse != "" {
-		return api.Job{}, &jobs.Refusal{Why: f.refuse}
+		return api.Job{}, &admission.Refusal{Rule: "test", Why: f.refuse}
 	}
 	if j, ok := f.accepted[from.Key]; ok {
 		return *j, nil
@@ -202,12 +230,13 @@ func (f *fakeJobs) LogPath(api.Caller, string) (string, bool, error) {
 }
 
 type cluster struct {
-	// lease is the nodes' lease (500ms when 0).
-	lease time.Duration
-	t     *testing.T
-	ca    *testCA
-	nodes []*Node
-	jobs  []*fakeJobs
+	// lease is the nodes' lease (500ms when 0); maxGangHold the
+	// MaxGangHold of the nodes started after it is set.
+	lease, maxGangHold time.Duration
+	t                  *testing.T
+	ca                 *testCA
+	nodes              []*Node
+	jobs               []*fakeJobs
 }
 
 func key(b byte) string {
@@ -218,20 +247,29 @@ func key(b byte) string {
 // encryption) and joining join.
 func (c *cluster) start(name string, host *fakeHost, keys []string, join ...string) *Node {
 	c.t.Helper()
+	n := c.add(name, host, keys, join...)
+	n.Start()
+	return n
+}
+
+// add is start without Start (a test changes the node first).
+func (c *cluster) add(name string, host Host, keys []string, join ...string) *Node {
+	c.t.Helper()
 	cert, k := c.ca.issue(c.t, name)
 	cfg := Config{NodeName: name, Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Join: join, Profile: "local",
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"),
-		Broadcast: 50 * time.Millisecond, Lease: cmpOr2(c.lease, 500*time.Millisecond)}
+		Broadcast: 50 * time.Millisecond, Lease: cmpOr2(c.lease, 500*time.Millisecond), MaxGangHold: c.maxGangHold}
 	if keys != nil {
 		cfg.KeyringFile = filepath.Join(c.ca.dir, name+".keyring")
 		os.WriteFile(cfg.KeyringFile, []byte(strings.Join(keys, "\n")+"\n"), 0o600)
+	} else {
+		cfg.InsecureGossip = true
 	}
 	j := newFakeJobs()
 	n, err := New(cfg, j, host, nil)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	n.Start()
 	c.t.Cleanup(n.Close)
 	c.nodes = append(c.nodes, n)
 	c.jobs = append(c.jobs, j)
@@ -433,7 +471,7 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Peer != "b" || h.RemoteID == "" || h.Key != "a/7#2" || !strings.Contains(h.Why, "c refused (no room after all)") ||
+	if h.Peer != "b" || h.RemoteID == "" || h.Key != "a/7#2" || !strings.Contains(h.Why, "c refused (no room after all (test))") ||
 		!strings.Contains(h.Why, "fragmentation") {
 		t.Fatalf("handover %+v", h)
 	}
@@ -454,12 +492,12 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	if st, _ := a.Poll(context.Background(), h, 0); st.State != api.StateCancelled {
 		t.Fatalf("after cancel the peer reports %s", st.State)
 	}
-	if _, err := a.Poll(context.Background(), api.Handover{Key: "a/9#1", Peer: "b", Address: h.Address}, 0); !errors.Is(err, jobs.ErrRemoteGone) {
+	if _, err := a.Poll(context.Background(), api.Handover{Key: "a/9#1", Peer: "b", Address: h.Address}, 0); !errors.Is(err, handover.ErrRemoteGone) {
 		t.Fatalf("poll of a key the peer never had: %v", err)
 	}
 	c.jobs[1].refuse = "full"
 	if _, err := a.Offer(context.Background(), "8#2", api.Job{ID: "8", Spec: gpuSpec()}); err == nil ||
-		!strings.Contains(err.Error(), "c refused") || !strings.Contains(err.Error(), "b refused (full)") {
+		!strings.Contains(err.Error(), "c refused") || !strings.Contains(err.Error(), "b refused (full (test))") {
 		t.Fatalf("every peer refusing: %v", err)
 	}
 }
@@ -514,11 +552,25 @@ func TestGangReservedAcrossPeersAllOrNothing(t *testing.T) {
 	if len(c.jobs[1].held)+len(c.jobs[2].held) != 2 || len(c.jobs[1].committed)+len(c.jobs[2].committed) != 0 {
 		t.Fatal("members not held, or started before the commit")
 	}
-	if err := a.CommitGang(context.Background(), hs); err != nil {
-		t.Fatal(err)
+	// Commit: each peer keeps its member for the start barrier, unstarted.
+	for _, h := range hs {
+		started, err := a.CommitMember(context.Background(), h)
+		if err != nil || started {
+			t.Fatalf("commit on %s: started %v, %v", h.Peer, started, err)
+		}
 	}
-	if len(c.jobs[1].committed) != 1 || len(c.jobs[2].committed) != 1 {
-		t.Fatalf("committed b %v, c %v", c.jobs[1].committed, c.jobs[2].committed)
+	for _, f := range c.jobs[1:] {
+		if len(f.committed) != 1 || len(f.started) != 0 || f.barriers[0] != gangBarrier {
+			t.Fatalf("after the commits: committed %v, started %v, barriers %v", f.committed, f.started, f.barriers)
+		}
+	}
+	for _, h := range hs {
+		if err := a.StartMember(context.Background(), h); err != nil {
+			t.Fatalf("start on %s: %v", h.Peer, err)
+		}
+	}
+	if len(c.jobs[1].started) != 1 || len(c.jobs[2].started) != 1 {
+		t.Fatalf("started b %v, c %v", c.jobs[1].started, c.jobs[2].started)
 	}
 	// Three members, room for two (by the gossip, which still shows the
 	// fake peers' GPUs free): the third finds no peer, and the two held
@@ -533,6 +585,65 @@ func TestGangReservedAcrossPeersAllOrNothing(t *testing.T) {
 	if held == 0 || released != held {
 		t.Fatalf("held %d members of the failed gang, released %d", held, released)
 	}
+	for _, f := range c.jobs[1:] {
+		for _, why := range f.whys {
+			if !strings.Contains(why, "its gang could not be reserved: no peer holds member ") || !strings.HasSuffix(why, "(origin a)") {
+				t.Errorf("release reason %q", why)
+			}
+		}
+	}
+}
+
+// The wire of the start barrier: a commit carries the barrier (capped by
+// the peer's MaxGangHold) and is answered 202 (committed, not started); a
+// peer that predates the barrier starts the member at its commit (204),
+// which CommitMember reports; a release carries the origin's reason.
+func TestGangCommitStartWire(t *testing.T) {
+	c := newCluster(t)
+	gpu := devices.Device{ID: "b1", Kind: devices.GPU, Model: "NVIDIA H100", Health: devices.Health{Healthy: true}}
+	a := c.start("a", &fakeHost{cpu: 4000}, nil)
+	c.maxGangHold = 3 * time.Second // b's cap: the barrier asked is 10s
+	c.start("b", &fakeHost{cpu: 8000, gpus: []devices.Device{gpu}}, nil, a.GossipAddr())
+	eventually(t, "loads", func() bool { return len(loads(a)) == 2 })
+	fb := c.jobs[1]
+	member := func(id string) api.Job { return api.Job{ID: id, Spec: gpuSpec(), Owner: api.Owner{User: "root"}} }
+	reserve := func(local string) api.Handover {
+		t.Helper()
+		hs, err := a.ReserveGang(context.Background(), []string{local}, []api.Job{member(local)})
+		if err != nil || len(hs) != 1 {
+			t.Fatalf("reserve: %v", err)
+		}
+		return hs[0]
+	}
+	h := reserve("1#1")
+	started, err := a.CommitMember(context.Background(), h)
+	if err != nil || started {
+		t.Fatalf("commit: started %v, %v", started, err)
+	}
+	if fb.barriers[0] != 3*time.Second {
+		t.Fatalf("barrier granted %v, want the peer's cap 3s", fb.barriers[0])
+	}
+	if err := a.ReleaseMember(context.Background(), h, "its gang was aborted by the origin: the commit of member 2 of 2 failed"); err != nil {
+		t.Fatal(err)
+	}
+	if len(fb.whys) != 1 || fb.whys[0] != "its gang was aborted by the origin: the commit of member 2 of 2 failed (origin a)" {
+		t.Fatalf("release reasons %q", fb.whys)
+	}
+	if err := a.StartMember(context.Background(), h); err == nil {
+		t.Fatal("a released member started")
+	}
+
+	fb.mu.Lock()
+	fb.noBarrier = true
+	fb.mu.Unlock()
+	h = reserve("2#1")
+	started, err = a.CommitMember(context.Background(), h)
+	if err != nil || !started {
+		t.Fatalf("commit on a peer without the barrier: started %v, %v", started, err)
+	}
+	if fb.started[len(fb.started)-1] != h.Key {
+		t.Fatalf("started %v", fb.started)
+	}
 }
 
 // A member with only a DNS seed (a name that resolves to a member's
@@ -542,7 +653,7 @@ func TestDNSSeedJoins(t *testing.T) {
 	a := c.start("a", &fakeHost{cpu: 1000}, nil)
 	_, port, _ := strings.Cut(a.GossipAddr(), ":")
 	cert, k := c.ca.issue(t, "b")
-	b, err := New(Config{NodeName: "b", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", DNSSeed: "localhost:" + port,
+	b, err := New(Config{NodeName: "b", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "local", DNSSeed: "localhost:" + port, InsecureGossip: true,
 		CertFile: cert, KeyFile: k, CAFile: filepath.Join(c.ca.dir, "ca.pem"), Broadcast: 50 * time.Millisecond}, newFakeJobs(), &fakeHost{cpu: 2000}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -180,7 +180,9 @@ func (rk ranker) rank(spec api.JobSpec, peers []candidate) ([]candidate, []strin
 			skipped = append(skipped, p.name+": "+strings.Join(slices.Compact(why), "; "))
 			continue
 		}
-		p.penalty = queuePenalty*float64(p.load.Queue) + waitPenalty*time.Duration(p.load.Wait).Seconds()
+		// Never a bonus: a negative queue or wait (refused on decode)
+		// counts as none.
+		p.penalty = queuePenalty*float64(max(p.load.Queue, 0)) + waitPenalty*max(time.Duration(p.load.Wait), 0).Seconds()
 		if rk.maxAge > 0 {
 			p.penalty += agePenalty * min(float64(p.age)/float64(rk.maxAge), 1)
 		}

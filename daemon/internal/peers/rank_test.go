@@ -158,3 +158,17 @@ func TestPeerNodesBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestRankNegativeQueueIsNoBonus: should a negative queue or wait get
+// past decoding (validateLoad refuses them), it counts as none: the T4
+// peer claiming a queue of −1000 does not outrank the H200 one.
+func TestRankNegativeQueueIsNoBonus(t *testing.T) {
+	spec := api.JobSpec{Class: api.ClassTraining, Resources: api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 1}}}
+	h200, t4 := okLoad(64000, map[string]int{"NVIDIA H200": 8}), okLoad(64000, map[string]int{"Tesla T4": 8})
+	honest, _ := ranker{}.rank(spec, []candidate{{name: "h200", load: h200}, {name: "t4", load: t4}})
+	t4.Queue, t4.Wait = -1000, api.Duration(-time.Hour)
+	lied, _ := ranker{}.rank(spec, []candidate{{name: "h200", load: h200}, {name: "t4", load: t4}})
+	if len(lied) != 2 || lied[0].name != "h200" || lied[1].score != honest[1].score {
+		t.Fatalf("ranked %v (t4 %s; honest %s)", names(lied), lied[1].explain(), honest[1].explain())
+	}
+}

@@ -2,12 +2,13 @@ package peers
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/fusiond/fusiond/daemon/api"
-	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 )
 
 // The messages peers exchange. Gossip messages (memberlist user messages
@@ -16,11 +17,18 @@ import (
 // and fuzzed (wire_fuzz_test.go).
 
 const (
-	kindLoad  byte = 'L'
-	kindState byte = 'S'
-	// maxLoadBytes bounds one encoded load message so it fits a gossip
-	// packet with room for memberlist's framing.
+	// kindLoad is a signed load message (an envelope), kindState a
+	// push/pull state of them. They replaced the unsigned 'L' and 'S',
+	// which this version drops (an older daemon drops these in turn).
+	kindLoad  byte = 'G'
+	kindState byte = 'H'
+	// maxLoadBytes bounds one encoded load message (envelope and
+	// signature included) so it fits a gossip packet with room for
+	// memberlist's framing.
 	maxLoadBytes = 1024
+	// maxSigBytes bounds a signature (ECDSA P-256 in ASN.1: at most 72;
+	// Ed25519: 64; RSA up to 4096 bits: 512).
+	maxSigBytes = 512
 	// maxStateLoads bounds the loads one push/pull state carries.
 	maxStateLoads = 4096
 	// maxMetaBytes is memberlist's node metadata limit.
@@ -39,6 +47,23 @@ type loadMsg struct {
 	Seq  uint64       `json:"seq"`
 	API  string       `json:"api,omitempty"`
 	Load api.PeerLoad `json:"load"`
+}
+
+// envelope is a load message as it travels: Body is the loadMsg as its
+// node encoded it (the exact bytes it signed), Sig that node's signature
+// over them with the private key of its peer certificate (sign.go).
+// Relays and push/pull pass the envelope on byte for byte.
+type envelope struct {
+	Body json.RawMessage `json:"body"`
+	Sig  []byte          `json:"sig"`
+}
+
+// signedLoad is a decoded and validated load message, not yet verified:
+// its loadMsg, the body and signature to verify, and the envelope as it
+// came (what this node relays and pushes).
+type signedLoad struct {
+	loadMsg
+	body, sig, raw []byte
 }
 
 // meta is the node metadata memberlist carries with each member.
@@ -92,14 +117,27 @@ func decode(b []byte, v any, strict bool) error {
 	return nil
 }
 
-func encodeLoad(m loadMsg) ([]byte, error) {
+// encodeLoad signs m with sign and wraps it in its envelope. The
+// envelope is written by hand so that the body is the very bytes signed.
+func encodeLoad(m loadMsg, sign func([]byte) ([]byte, error)) ([]byte, error) {
 	for {
-		b, err := json.Marshal(m)
+		body, err := json.Marshal(m)
 		if err != nil {
 			return nil, err
 		}
-		if len(b)+1 <= maxLoadBytes {
-			return append([]byte{kindLoad}, b...), nil
+		sig, err := sign(body)
+		if err != nil {
+			return nil, fmt.Errorf("signing the load: %w", err)
+		}
+		b := make([]byte, 0, len(body)+len(sig)*4/3+32)
+		b = append(b, kindLoad)
+		b = append(b, `{"body":`...)
+		b = append(b, body...)
+		b = append(b, `,"sig":"`...)
+		b = base64.StdEncoding.AppendEncode(b, sig)
+		b = append(b, `"}`...)
+		if len(b) <= maxLoadBytes {
+			return b, nil
 		}
 		// Too many models, profiles or bitstreams to gossip: drop the
 		// longest lists first (what is left stays true, only less
@@ -117,48 +155,83 @@ func encodeLoad(m loadMsg) ([]byte, error) {
 	}
 }
 
-func decodeLoad(b []byte) (loadMsg, error) {
-	var m loadMsg
+// decodeLoad decodes and validates a load message (validateMsg); its
+// signature is checked by the receiver, which knows the node's key.
+func decodeLoad(b []byte) (signedLoad, error) {
 	if len(b) == 0 || b[0] != kindLoad {
-		return m, errors.New("not a load message")
+		return signedLoad{}, errors.New("not a load message")
 	}
 	if len(b) > maxLoadBytes {
-		return m, fmt.Errorf("load message of %d bytes is over the %d-byte limit", len(b), maxLoadBytes)
+		return signedLoad{}, fmt.Errorf("load message of %d bytes is over the %d-byte limit", len(b), maxLoadBytes)
 	}
-	if err := tolerant(b[1:], &m); err != nil {
-		return m, fmt.Errorf("load message: %w", err)
-	}
-	if m.Node == "" {
-		return m, errors.New("load message names no node")
-	}
-	return m, nil
+	return decodeEnvelope(b[1:])
 }
 
-func encodeState(loads []loadMsg) ([]byte, error) {
-	b, err := json.Marshal(loads)
-	if err != nil {
-		return nil, err
+func decodeEnvelope(raw []byte) (signedLoad, error) {
+	var e envelope
+	if len(raw)+1 > maxLoadBytes {
+		return signedLoad{}, fmt.Errorf("load message of %d bytes is over the %d-byte limit", len(raw)+1, maxLoadBytes)
 	}
-	return append([]byte{kindState}, b...), nil
+	if err := tolerant(raw, &e); err != nil {
+		return signedLoad{}, fmt.Errorf("load message: %w", err)
+	}
+	if len(e.Sig) == 0 || len(e.Body) == 0 {
+		return signedLoad{}, errors.New("load message without a body or a signature")
+	}
+	if len(e.Sig) > maxSigBytes {
+		return signedLoad{}, fmt.Errorf("load message with a signature of %d bytes, over %d", len(e.Sig), maxSigBytes)
+	}
+	var m loadMsg
+	if err := tolerant(e.Body, &m); err != nil {
+		return signedLoad{}, fmt.Errorf("load message: %w", err)
+	}
+	if err := validateMsg(m); err != nil {
+		return signedLoad{}, err
+	}
+	return signedLoad{loadMsg: m, body: e.Body, sig: e.Sig, raw: raw}, nil
 }
 
-func decodeState(b []byte) ([]loadMsg, error) {
-	if len(b) == 0 || b[0] != kindState {
-		return nil, errors.New("not a state message")
+// encodeState is a push/pull state: the envelopes, each as it came.
+func encodeState(raws [][]byte) []byte {
+	n := 3
+	for _, r := range raws {
+		n += len(r) + 1
 	}
-	var loads []loadMsg
-	if err := tolerant(b[1:], &loads); err != nil {
-		return nil, fmt.Errorf("state message: %w", err)
-	}
-	if len(loads) > maxStateLoads {
-		return nil, fmt.Errorf("state message with %d loads, over %d", len(loads), maxStateLoads)
-	}
-	for _, l := range loads {
-		if l.Node == "" {
-			return nil, errors.New("state message with a load that names no node")
+	b := make([]byte, 0, n)
+	b = append(b, kindState, '[')
+	for i, r := range raws {
+		if i > 0 {
+			b = append(b, ',')
 		}
+		b = append(b, r...)
 	}
-	return loads, nil
+	return append(b, ']')
+}
+
+// decodeState decodes a push/pull state: the loads that decode and
+// validate, and how many did not (dropped one by one, not the state).
+func decodeState(b []byte) ([]signedLoad, int, error) {
+	if len(b) == 0 || b[0] != kindState {
+		return nil, 0, errors.New("not a state message")
+	}
+	var raws []json.RawMessage
+	if err := tolerant(b[1:], &raws); err != nil {
+		return nil, 0, fmt.Errorf("state message: %w", err)
+	}
+	if len(raws) > maxStateLoads {
+		return nil, 0, fmt.Errorf("state message with %d loads, over %d", len(raws), maxStateLoads)
+	}
+	out := make([]signedLoad, 0, len(raws))
+	bad := 0
+	for _, r := range raws {
+		l, err := decodeEnvelope(r)
+		if err != nil {
+			bad++
+			continue
+		}
+		out = append(out, l)
+	}
+	return out, bad, nil
 }
 
 func decodeMeta(b []byte) (meta, error) {
@@ -195,8 +268,8 @@ func decodeAnswer(b []byte) (offerAnswer, error) {
 	return a, nil
 }
 
-func decodeStatus(b []byte) (jobs.RemoteStatus, error) {
-	var s jobs.RemoteStatus
+func decodeStatus(b []byte) (handover.RemoteStatus, error) {
+	var s handover.RemoteStatus
 	if err := strict(b, &s); err != nil {
 		return s, fmt.Errorf("job status: %w", err)
 	}

@@ -1,6 +1,10 @@
 package peers
 
 import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"io"
@@ -15,6 +19,17 @@ import (
 // Every decoder of a peer message takes any bytes without panicking, and
 // what it accepts survives a round trip.
 
+// testSigner signs the fuzzers' and unit tests' load messages.
+var testSigner = func() crypto.Signer {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
+
+func testSign(body []byte) ([]byte, error) { return signLoad(testSigner, body) }
+
 func seedLoad() loadMsg {
 	return loadMsg{Node: "dgx-1", Seq: 42, API: "10.0.0.1:7947", Load: api.PeerLoad{
 		CPU: 64000, Memory: 1 << 40, GPUs: map[string]int{"NVIDIA H200": 8}, MIG: map[string]int{"1g.18gb": 7},
@@ -22,16 +37,20 @@ func seedLoad() loadMsg {
 }
 
 func FuzzDecodeLoad(f *testing.F) {
-	b, _ := encodeLoad(seedLoad())
+	b, _ := encodeLoad(seedLoad(), testSign)
 	f.Add(b)
-	f.Add([]byte("L{}"))
-	f.Add([]byte("L{\"node\":\"x\",\"seq\":1,\"load\":{\"cpu\":\"1\",\"memory\":\"1Gi\",\"queue\":0,\"wait\":\"1s\",\"health\":\"ok\",\"energy_headroom_watts\":0}}"))
+	f.Add([]byte("G{}"))
+	f.Add([]byte("G{\"body\":{\"node\":\"x\",\"seq\":1,\"load\":{\"cpu\":\"1\",\"memory\":\"1Gi\",\"queue\":0,\"wait\":\"1s\",\"health\":\"ok\",\"energy_headroom_watts\":0}},\"sig\":\"AAAA\"}"))
+	f.Add([]byte("G{\"body\":{\"node\":\"x\",\"seq\":1,\"load\":{\"queue\":-1000,\"health\":\"ok\"}},\"sig\":\"AAAA\"}"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeLoad(b)
 		if err != nil {
 			return
 		}
-		again, err := encodeLoad(m)
+		if err := validateMsg(m.loadMsg); err != nil {
+			t.Fatalf("accepted a load out of its bounds: %v", err)
+		}
+		again, err := encodeLoad(m.loadMsg, testSign)
 		if err != nil {
 			return // accepted but too large to re-gossip whole: encodeLoad trims or refuses
 		}
@@ -39,7 +58,10 @@ func FuzzDecodeLoad(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded load does not decode: %v", err)
 		}
-		if len(again) <= len(b) && !reflect.DeepEqual(normal(m), normal(m2)) {
+		if !verifyLoad(testSigner.Public(), m2.body, m2.sig) {
+			t.Fatal("a re-encoded load does not verify")
+		}
+		if len(again) <= len(b) && !reflect.DeepEqual(normal(m.loadMsg), normal(m2.loadMsg)) {
 			t.Fatalf("round trip changed the load:\n%+v\n%+v", m, m2)
 		}
 	})
@@ -52,18 +74,19 @@ func normal(m loadMsg) string {
 }
 
 func FuzzDecodeState(f *testing.F) {
-	b, _ := encodeState([]loadMsg{seedLoad(), {Node: "b", Seq: 1}})
-	f.Add(b)
-	f.Add([]byte("S[]"))
-	f.Add([]byte("S[{\"node\":\"\"}]"))
+	one, _ := encodeLoad(seedLoad(), testSign)
+	two, _ := encodeLoad(loadMsg{Node: "b", Seq: 1, Load: api.PeerLoad{Health: "ok"}}, testSign)
+	f.Add(encodeState([][]byte{one[1:], two[1:]}))
+	f.Add([]byte("H[]"))
+	f.Add([]byte("H[{\"body\":{\"node\":\"\"},\"sig\":\"AAAA\"}]"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		loads, err := decodeState(b)
+		loads, _, err := decodeState(b)
 		if err != nil {
 			return
 		}
 		for _, l := range loads {
-			if l.Node == "" {
-				t.Fatal("accepted a load without a node")
+			if err := validateMsg(l.loadMsg); err != nil || len(l.sig) == 0 {
+				t.Fatalf("accepted a load out of its bounds or unsigned: %v", err)
 			}
 		}
 	})
@@ -118,8 +141,8 @@ func FuzzDecodeStatus(f *testing.F) {
 // limit (it ends the stream with errStreamTooLarge), and the decoders
 // take whatever it let through without panicking.
 func FuzzGossipStream(f *testing.F) {
-	state, _ := encodeState([]loadMsg{seedLoad()})
-	load, _ := encodeLoad(seedLoad())
+	load, _ := encodeLoad(seedLoad(), testSign)
+	state := encodeState([][]byte{load[1:]})
 	f.Add(state, uint16(4096))
 	f.Add(load, uint16(16))
 	f.Add([]byte{10, 0x01, 0x3f, 0xff, 0xff}, uint16(3))

@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"encoding/base64"
 	"strings"
 	"testing"
 )
@@ -10,17 +11,19 @@ import (
 // this version does not know is refused, so no job runs without part of
 // its spec.
 func TestGossipToleratesNewFieldsOffersDoNot(t *testing.T) {
-	load := append([]byte{kindLoad}, `{"node":"b","load":{"cpu":"1","health":"ok","future_field":[1,2]},"added_later":true}`...)
-	m, err := decodeLoad(load)
+	body := `{"node":"b","seq":1,"load":{"cpu":"1","health":"ok","future_field":[1,2]},"added_later":true}`
+	sig, _ := testSign([]byte(body))
+	env := `{"body":` + body + `,"sig":"` + base64.StdEncoding.EncodeToString(sig) + `","added_later":1}`
+	m, err := decodeLoad(append([]byte{kindLoad}, env...))
 	if err != nil {
 		t.Fatalf("load with fields of a newer daemon: %v", err)
 	}
-	if m.Node != "b" {
-		t.Errorf("load decoded as %+v, want node b", m)
+	if m.Node != "b" || !verifyLoad(testSigner.Public(), m.body, m.sig) {
+		t.Errorf("load decoded as %+v (verifies: %v), want node b, verified", m, verifyLoad(testSigner.Public(), m.body, m.sig))
 	}
-	state := append([]byte{kindState}, `[{"node":"c","added_later":1}]`...)
-	if loads, err := decodeState(state); err != nil || len(loads) != 1 || loads[0].Node != "c" {
-		t.Errorf("state with fields of a newer daemon: %v %+v", err, loads)
+	state := append([]byte{kindState}, `[`+env+`]`...)
+	if loads, bad, err := decodeState(state); err != nil || bad != 0 || len(loads) != 1 || loads[0].Node != "b" {
+		t.Errorf("state with fields of a newer daemon: %v %d %+v", err, bad, loads)
 	}
 	if _, err := decodeMeta([]byte(`{"added_later":"x"}`)); err != nil {
 		t.Errorf("metadata with a field of a newer daemon: %v", err)

@@ -12,10 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -73,12 +75,29 @@ func peerTable(w io.Writer, l api.PeerList) error {
 		return err
 	}
 	keys := "off (gossip not encrypted)"
+	if l.InsecureGossip {
+		keys = "off: " + insecureGossip
+	}
 	if len(l.Keys) > 0 {
 		keys = strings.Join(l.Keys, ", ") + " (primary first)"
 	}
-	_, err := fmt.Fprintf(w, "\nGossip: %.0f B/s sent by this daemon; keyring: %s\n", l.GossipBytesPerSecond, keys)
-	return err
+	if _, err := fmt.Fprintf(w, "\nGossip: %.0f B/s sent by this daemon; keyring: %s\n", l.GossipBytesPerSecond, keys); err != nil {
+		return err
+	}
+	if len(l.GossipDropped) > 0 {
+		var parts []string
+		for _, why := range slices.Sorted(maps.Keys(l.GossipDropped)) {
+			parts = append(parts, fmt.Sprintf("%d %s", l.GossipDropped[why], esc(why)))
+		}
+		_, err := fmt.Fprintf(w, "Gossip dropped: %s\n", strings.Join(parts, ", "))
+		return err
+	}
+	return nil
 }
+
+// insecureGossip is what fusionctl says of a daemon gossiping without a
+// keyring.
+const insecureGossip = "gossip: NOT encrypted (peers.insecure_gossip: true)"
 
 func dash(s string) string {
 	if s == "" {
@@ -105,6 +124,10 @@ func peerSummary(ctx context.Context, w io.Writer, c *api.Client) error {
 	if err != nil {
 		return nil // a daemon without the peer routes: nothing to add
 	}
+	return writePeerSummary(w, l)
+}
+
+func writePeerSummary(w io.Writer, l api.PeerList) error {
 	if !l.Enabled {
 		_, err := fmt.Fprintln(w, "\nPeers: off")
 		return err
@@ -123,8 +146,11 @@ func peerSummary(ctx context.Context, w io.Writer, c *api.Client) error {
 			parts = append(parts, fmt.Sprintf("%d %s", states[s], s))
 		}
 	}
-	_, err = fmt.Fprintf(w, "\nPeers: %s is one of %d members (%s); oldest load view %s; fusionctl peers lists them\n",
+	_, err := fmt.Fprintf(w, "\nPeers: %s is one of %d members (%s); oldest load view %s; fusionctl peers lists them\n",
 		esc(l.Self), len(l.Peers), strings.Join(parts, ", "), oldest)
+	if err == nil && l.InsecureGossip {
+		_, err = fmt.Fprintln(w, insecureGossip)
+	}
 	return err
 }
 

@@ -32,10 +32,40 @@ func TestPeerTable(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "NOT encrypted") {
+		t.Errorf("a keyring's table says gossip is not encrypted:\n%s", out)
+	}
+	b.Reset()
+	l.Keys, l.InsecureGossip, l.GossipDropped = nil, true, map[string]uint64{"invalid": 3, "not signed by its node": 2}
+	peerTable(&b, l)
+	for _, want := range []string{"keyring: off: gossip: NOT encrypted (peers.insecure_gossip: true)", "Gossip dropped: 3 invalid, 2 not signed by its node"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
 	b.Reset()
 	peerTable(&b, api.PeerList{})
 	if !strings.Contains(b.String(), "peers are off") {
 		t.Errorf("disabled: %q", b.String())
+	}
+}
+
+// TestStatusSaysGossipIsNotEncrypted: fusionctl status's peer lines say
+// so when the daemon gossips without a keyring, and only then.
+func TestStatusSaysGossipIsNotEncrypted(t *testing.T) {
+	l := api.PeerList{Enabled: true, Self: "a", Keys: []string{"6b9fa745"}, Peers: []api.Peer{{Name: "a", Self: true, State: "alive"}}}
+	var b bytes.Buffer
+	if err := writePeerSummary(&b, l); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "Peers: a is one of 1 members (1 alive)") || strings.Contains(b.String(), "NOT encrypted") {
+		t.Errorf("status with a keyring:\n%s", b.String())
+	}
+	b.Reset()
+	l.Keys, l.InsecureGossip = nil, true
+	writePeerSummary(&b, l)
+	if !strings.Contains(b.String(), "gossip: NOT encrypted (peers.insecure_gossip: true)") {
+		t.Errorf("status with insecure gossip:\n%s", b.String())
 	}
 }
 

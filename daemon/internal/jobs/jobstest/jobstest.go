@@ -10,6 +10,7 @@
 package jobstest
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -90,4 +91,51 @@ func Runner(t testing.TB, jobsDir string, grace time.Duration) *executor.Monitor
 		Cgroups: cg, CgroupRoot: root, CgroupParent: parent,
 		Grace: grace,
 	}, log)
+}
+
+// Manager is the lifecycle of a job manager (jobs.Manager).
+type Manager interface {
+	Recover() error
+	Start()
+	Stop(ctx context.Context)
+}
+
+// Run recovers m and starts it, and stops it when the test ends.
+func Run(t testing.TB, m Manager) {
+	t.Helper()
+	if err := m.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	m.Start()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m.Stop(ctx)
+	})
+}
+
+// Getter reads a job (jobs.Manager).
+type Getter interface {
+	Get(ctx context.Context, c api.Caller, id string) (api.Job, error)
+}
+
+// WaitFor polls job id as an admin until cond holds, for at most 10 s,
+// and returns it; the test fails with the job's state and reason if it
+// never does.
+func WaitFor(t testing.TB, m Getter, id string, cond func(api.Job) bool) api.Job {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		j, err := m.Get(context.Background(), api.Caller{Admin: true, User: "root"}, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cond(j) {
+			return j
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: condition not met; state %s (%s)", id, j.State, j.Reason)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

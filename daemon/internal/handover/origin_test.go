@@ -1,4 +1,4 @@
-package jobs_test
+package handover_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/admission"
+	"github.com/fusiond/fusiond/daemon/internal/handover"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/jobs/jobstest"
 	"github.com/fusiond/fusiond/daemon/internal/store"
@@ -31,7 +33,7 @@ type fakePeers struct {
 }
 
 type pollAnswer struct {
-	st  jobs.RemoteStatus
+	st  handover.RemoteStatus
 	err error
 }
 
@@ -47,7 +49,7 @@ func (f *fakePeers) Offer(_ context.Context, local string, job api.Job) (api.Han
 	return api.Handover{Key: "me/" + local, Peer: p, Address: p + ":1", RemoteID: "r" + job.ID, Why: "ranked first"}, nil
 }
 
-func (f *fakePeers) Poll(_ context.Context, h api.Handover, _ int64) (jobs.RemoteStatus, error) {
+func (f *fakePeers) Poll(_ context.Context, h api.Handover, _ int64) (handover.RemoteStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.scripts[h.Peer]
@@ -72,7 +74,7 @@ var unreachable = pollAnswer{err: errors.New("connection refused")}
 
 // newOverflowManager is newManager with peers: every class is offered
 // after budget; a peer unreachable for 300ms is lost.
-func newOverflowManager(t *testing.T, capacity api.NodeResources, o jobs.Overflow, budget time.Duration) (*jobs.Manager, string) {
+func newOverflowManager(t *testing.T, capacity api.NodeResources, o handover.Overflow, budget time.Duration) (*node, string) {
 	t.Helper()
 	dir := t.TempDir()
 	runner := jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second)
@@ -81,27 +83,22 @@ func newOverflowManager(t *testing.T, capacity api.NodeResources, o jobs.Overflo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
+	mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}, st,
 		runner, jobstest.Placer(capacity.CPU, capacity.Memory), slog.New(slog.DiscardHandler))
 	b := map[api.Class]time.Duration{}
 	for _, c := range api.Classes {
 		b[c] = budget
 	}
-	m.SetOverflow(o, jobs.OverflowConfig{Budget: b, Poll: 20 * time.Millisecond, Lost: 300 * time.Millisecond, Retry: 50 * time.Millisecond})
-	if err := m.Recover(); err != nil {
-		t.Fatal(err)
-	}
-	m.Start()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		m.Stop(ctx)
-	})
+	// nobody (uid 65534) stands for a regular user of the host here;
+	// the policy's own rules are admission's tests.
+	m := withPeers(mgr, o, handover.Config{Budget: b, Poll: 20 * time.Millisecond, Lost: 300 * time.Millisecond, Retry: 50 * time.Millisecond},
+		jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
+	jobstest.Run(t, m)
 	return m, filepath.Join(dir, "logs")
 }
 
 func remote(s api.State, log string) pollAnswer {
-	a := pollAnswer{st: jobs.RemoteStatus{State: s, Attempt: 1, PID: 7, Log: []byte(log)}}
+	a := pollAnswer{st: handover.RemoteStatus{State: s, Attempt: 1, PID: 7, Log: []byte(log)}}
 	if s.Terminal() {
 		a.st.Exit = &api.ExitStatus{}
 		a.st.Reason = "exit code 0"
@@ -207,27 +204,27 @@ func TestAcceptHandover(t *testing.T) {
 	m, _ := newOverflowManager(t, api.NodeResources{CPU: 2000, Memory: 1 << 30}, &fakePeers{polls: map[string]int{}}, time.Hour)
 	spec := api.JobSpec{Name: "x", Class: api.ClassBatch, Command: []string{"sleep", "30"}, Resources: api.Resources{CPU: 2000, Memory: 16 << 20}}
 	from := api.Provenance{Node: "o", JobID: "5", Key: "o/5#2"}
-	var ref *jobs.Refusal
-	if _, err := m.AcceptHandover(from, "no-such-user-fusiond", spec, 0); !errors.As(err, &ref) || !strings.Contains(ref.Why, "no user") {
+	var ref *admission.Refusal
+	if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: from, User: "no-such-user-fusiond"}, spec); !errors.As(err, &ref) || !strings.Contains(ref.Why, "no user") {
 		t.Fatalf("unknown user: %v", err)
 	}
 	// A peer's certificate never means root here unless the config says so.
-	if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "4", Key: "o/4#1"}, "root", spec, 0); !errors.As(err, &ref) || !strings.Contains(ref.Why, "accept_root_jobs") {
+	if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "4", Key: "o/4#1"}, User: "root"}, spec); !errors.As(err, &ref) || ref.Rule != admission.RuleRoot {
 		t.Fatalf("a root job from a peer: %v, want it refused", err)
 	}
-	j, err := m.AcceptHandover(from, "nobody", spec, 0)
+	j, err := m.AcceptHandover(context.Background(), jobs.Offer{From: from, User: "nobody"}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if j.Owner.User != "nobody" || j.Owner.UID != 65534 || j.Origin == nil || j.Origin.Key != from.Key || j.State != api.StatePlaced {
+	if j.Owner.User != "nobody" || j.Owner.UID != 65534 || j.Origin == nil || j.Origin.Key != from.Key || j.State == api.StatePending || j.State.Terminal() {
 		t.Fatalf("accepted job %+v", j)
 	}
-	again, err := m.AcceptHandover(from, "nobody", spec, 0)
+	again, err := m.AcceptHandover(context.Background(), jobs.Offer{From: from, User: "nobody"}, spec)
 	if err != nil || again.ID != j.ID {
 		t.Fatalf("the same key again: %s, %v (first %s)", again.ID, err, j.ID)
 	}
 	waitFor(t, m, j.ID, state(api.StateRunning))
-	if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "6", Key: "o/6#2"}, "nobody", spec, 0); !errors.As(err, &ref) {
+	if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "6", Key: "o/6#2"}, User: "nobody"}, spec); !errors.As(err, &ref) {
 		t.Fatalf("a job that does not fit now: %v", err)
 	}
 	if ids, _, _ := m.ListPage(context.Background(), root, api.ListOptions{}); len(ids) != 1 {
@@ -243,7 +240,7 @@ func TestAcceptHandover(t *testing.T) {
 func TestHeldGangMembers(t *testing.T) {
 	m, _ := newOverflowManager(t, api.NodeResources{CPU: 4000, Memory: 1 << 30}, &fakePeers{polls: map[string]int{}}, time.Hour)
 	spec := api.JobSpec{Name: "m", Class: api.ClassTraining, Command: []string{"true"}, Resources: api.Resources{CPU: 1000, Memory: 16 << 20}}
-	held, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, "nobody", spec, time.Minute)
+	held, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, User: "nobody", Hold: time.Minute}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,15 +248,17 @@ func TestHeldGangMembers(t *testing.T) {
 	if j, _ := m.Get(context.Background(), root, held.ID); j.State != api.StatePlaced {
 		t.Fatalf("a held member is %s before its commit", j.State)
 	}
-	if err := m.CommitHeld("o/1#1"); err != nil {
-		t.Fatal(err)
+	// An origin that predates the start barrier commits without one: the
+	// member starts at its commit.
+	if started, err := m.CommitHeld("o/1#1", 0); err != nil || !started {
+		t.Fatalf("commit without a barrier: started %v, %v", started, err)
 	}
 	waitFor(t, m, held.ID, state(api.StateSucceeded))
-	if err := m.CommitHeld("o/1#1"); err != nil {
-		t.Errorf("a second commit: %v", err)
+	if started, err := m.CommitHeld("o/1#1", 0); err != nil || !started {
+		t.Errorf("a second commit: started %v, %v", started, err)
 	}
 
-	expires, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, "nobody", spec, 100*time.Millisecond)
+	expires, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, User: "nobody", Hold: 100 * time.Millisecond}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,23 +266,23 @@ func TestHeldGangMembers(t *testing.T) {
 	if !strings.Contains(j.Reason, "not committed within") {
 		t.Errorf("expired hold: %s", j.Reason)
 	}
-	if err := m.CommitHeld("o/2#1"); !errors.Is(err, jobs.ErrNotHeld) {
+	if _, err := m.CommitHeld("o/2#1", time.Second); !errors.Is(err, handover.ErrNotHeld) || !strings.Contains(err.Error(), "not committed within") {
 		t.Errorf("commit after the hold ended: %v", err)
 	}
 
-	aborted, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: "3", Key: "o/3#1"}, "nobody", spec, time.Minute)
+	aborted, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "3", Key: "o/3#1"}, User: "nobody", Hold: time.Minute}, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !m.ReleaseHeld("o/3#1") || m.ReleaseHeld("o/3#1") {
+	if !m.ReleaseHeld("o/3#1", "its gang was aborted by the origin") || m.ReleaseHeld("o/3#1", "again") {
 		t.Fatal("ReleaseHeld did not release exactly once")
 	}
-	if j := waitFor(t, m, aborted.ID, state(api.StateCancelled)); !strings.Contains(j.Reason, "aborted by the origin") {
+	if j := waitFor(t, m, aborted.ID, state(api.StateCancelled)); j.Reason != "its gang was aborted by the origin: released, never started" {
 		t.Errorf("aborted: %s", j.Reason)
 	}
 	// Released members gave their CPUs back: four 1-CPU members fit.
 	for i := range 4 {
-		if _, err := m.AcceptHandover(api.Provenance{Node: "o", JobID: fmt.Sprint(10 + i), Key: fmt.Sprintf("o/%d#1", 10+i)}, "nobody", spec, time.Minute); err != nil {
+		if _, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: fmt.Sprint(10 + i), Key: fmt.Sprintf("o/%d#1", 10+i)}, User: "nobody", Hold: time.Minute}, spec); err != nil {
 			t.Fatalf("member %d after the releases: %v", i, err)
 		}
 	}
@@ -312,10 +311,14 @@ func (f *fakeGangPeers) ReserveGang(_ context.Context, locals []string, members 
 	return hs, nil
 }
 
-func (f *fakeGangPeers) CommitGang(_ context.Context, hs []api.Handover) error {
-	f.committed += len(hs)
-	return nil
+func (f *fakeGangPeers) CommitMember(context.Context, api.Handover) (bool, error) {
+	f.committed++
+	return false, nil
 }
+
+func (f *fakeGangPeers) StartMember(context.Context, api.Handover) error { return nil }
+
+func (f *fakeGangPeers) ReleaseMember(context.Context, api.Handover, string) error { return nil }
 
 // A gang bigger than this host goes to peers whole or stays queued.
 func TestGangHandedOverWhole(t *testing.T) {
@@ -351,11 +354,12 @@ func TestHandoverSurvivesOriginRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	open := func(o jobs.Overflow) *jobs.Manager {
-		m := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, LeaveJobsRunning: true}, st,
+	open := func(o handover.Overflow) *node {
+		mgr := jobs.New(jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second, LeaveJobsRunning: true}, st,
 			jobstest.Runner(t, filepath.Join(dir, "logs"), time.Second), jobstest.Placer(1000, 1<<30), slog.New(slog.DiscardHandler))
+		m := &node{Manager: mgr}
 		if o != nil {
-			m.SetOverflow(o, jobs.OverflowConfig{Budget: map[api.Class]time.Duration{api.ClassBatch: 0}, Poll: 20 * time.Millisecond, Lost: time.Hour})
+			m = withPeers(mgr, o, handover.Config{Budget: map[api.Class]time.Duration{api.ClassBatch: 0}, Poll: 20 * time.Millisecond, Lost: time.Hour}, jobs.PeerPolicy{})
 		}
 		if err := m.Recover(); err != nil {
 			t.Fatal(err)
@@ -363,7 +367,7 @@ func TestHandoverSurvivesOriginRestart(t *testing.T) {
 		m.Start()
 		return m
 	}
-	stop := func(m *jobs.Manager) {
+	stop := func(m *node) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		m.Stop(ctx)
