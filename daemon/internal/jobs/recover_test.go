@@ -123,12 +123,17 @@ func TestRecoverReattaches(t *testing.T) {
 	if j, _ := m2.Get(context.Background(), root, ids[0]); j.State != api.StateRunning || j.Usage == nil || j.Usage.CPUSeconds != 1.5 {
 		t.Errorf("live job after recovery: %s, usage %+v", j.State, j.Usage)
 	}
-	if got := placer.Allocated().CPU; got != 1000 {
-		t.Errorf("re-attached job's reservation: %s CPU allocated, want 1", got)
-	}
 	j := waitFor(t, m2, ids[1], state(api.StateFailed))
 	if j.Exit == nil || j.Exit.Code != 3 || j.Usage == nil {
 		t.Errorf("job that ended meanwhile: exit %+v usage %+v", j.Exit, j.Usage)
+	}
+	// The job that ended gives its reservation back just after its end
+	// is recorded; the live one keeps its own.
+	for deadline := time.Now().Add(5 * time.Second); placer.Allocated().CPU != 1000 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := placer.Allocated().CPU; got != 1000 {
+		t.Errorf("re-attached job's reservation: %s CPU allocated, want 1", got)
 	}
 	j = waitFor(t, m2, ids[2], state(api.StateLost))
 	if !strings.Contains(j.Reason, "did not survive") || !strings.Contains(j.Reason, "1 leftover processes killed") {
@@ -139,6 +144,9 @@ func TestRecoverReattaches(t *testing.T) {
 	}
 	live.exit <- api.ExitStatus{Code: 0}
 	waitFor(t, m2, ids[0], state(api.StateSucceeded))
+	for deadline := time.Now().Add(5 * time.Second); placer.Allocated().CPU != 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if got := placer.Allocated().CPU; got != 0 {
 		t.Errorf("%s CPU still allocated after the re-attached job ended", got)
 	}
