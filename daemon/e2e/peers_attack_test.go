@@ -193,6 +193,42 @@ func TestPeerAttacks(t *testing.T) {
 		floodOffers(t, da, asB, apiA, user, fmt.Sprintf("b/f%d-", i))
 		time.Sleep(2 * time.Second) // the offer allowance refills
 	}
+	// The same tiny jobs submitted locally at about the rate the flood's
+	// accepted ones started (50 a second): what starting them costs
+	// another user's list, peers aside.
+	idle, _ := listP99(da, asNobody, 20)
+	stopLocal := make(chan struct{})
+	localDone := make(chan int)
+	go func() {
+		var n atomic.Int64
+		var wg sync.WaitGroup
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopLocal:
+				wg.Wait()
+				localDone <- int(n.Load())
+				return
+			case <-tick.C:
+			}
+			wg.Go(func() {
+				if _, err := ca.Submit(context.Background(), api.JobSpec{Name: "l", Class: api.ClassBatch, Command: []string{"true"},
+					Resources: api.Resources{CPU: 10, Memory: 8 << 20}}); err == nil {
+					n.Add(1)
+				}
+			})
+		}
+	}()
+	localStart := time.Now()
+	time.Sleep(500 * time.Millisecond)
+	during, _ := listP99(da, asNobody, 20)
+	time.Sleep(time.Second)
+	close(stopLocal)
+	submitted := <-localDone
+	took := time.Since(localStart)
+	t.Logf("FIGURE local submissions instead: %d tiny jobs in %s (%.0f/s); another user's list p99 %s idle, %s meanwhile",
+		submitted, took.Round(time.Millisecond), float64(submitted)/took.Seconds(), idle.Round(time.Millisecond), during.Round(time.Millisecond))
 	// A local user is not locked out by what a peer sent.
 	if out := da.ctl(asNobody, `{"name":"local","command":["true"],"resources":{"cpu":"100m","memory":"16Mi"}}`, "submit", "-q", "-"); out.code != 0 {
 		t.Errorf("nobody's local submission after the attacks: %s%s", out.stdout, out.stderr)
