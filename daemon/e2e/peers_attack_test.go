@@ -12,10 +12,13 @@ import (
 	"net/http"
 	"os"
 	osexec "os/exec"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -193,10 +196,17 @@ func TestPeerAttacks(t *testing.T) {
 		floodOffers(t, da, asB, apiA, user, fmt.Sprintf("b/f%d-", i))
 		time.Sleep(2 * time.Second) // the offer allowance refills
 	}
-	// The same tiny jobs submitted locally at about the rate the flood's
-	// accepted ones started (50 a second): what starting them costs
-	// another user's list, peers aside.
+	// The same tiny jobs of the same user submitted locally (fusionctl)
+	// at about the rate the flood's accepted ones started (50 a second):
+	// what starting them costs another user's list, peers aside.
 	idle, _ := listP99(da, asNobody, 20)
+	fl, err := user.Lookup("fusiond-e2e-fl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flUID, _ := strconv.Atoi(fl.Uid)
+	flGID, _ := strconv.Atoi(fl.Gid)
+	asFl := &syscall.Credential{Uid: uint32(flUID), Gid: uint32(flGID)}
 	stopLocal := make(chan struct{})
 	localDone := make(chan int)
 	go func() {
@@ -213,8 +223,7 @@ func TestPeerAttacks(t *testing.T) {
 			case <-tick.C:
 			}
 			wg.Go(func() {
-				if _, err := ca.Submit(context.Background(), api.JobSpec{Name: "l", Class: api.ClassBatch, Command: []string{"true"},
-					Resources: api.Resources{CPU: 10, Memory: 8 << 20}}); err == nil {
+				if out := da.ctl(asFl, `{"name":"l","class":"batch","command":["true"],"resources":{"cpu":"10m","memory":"8Mi"}}`, "submit", "-q", "-"); out.code == 0 {
 					n.Add(1)
 				}
 			})
