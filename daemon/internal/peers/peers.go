@@ -186,6 +186,7 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 		members: map[string]*member{}, keys: map[string]crypto.PublicKey{}, tried: map[string]time.Time{},
 		pending: map[string]signedLoad{}, want: make(chan string, 256),
 		seq: uint64(time.Now().UnixNano()), started: time.Now(), stop: make(chan struct{})}
+	n.trust.offers = keyedBuckets{rate: cfg.OfferRate, burst: max(float64(cfg.OfferBurst), 1), max: maxMembers}
 	defer func() {
 		if err != nil {
 			n.Close()

@@ -71,13 +71,8 @@ type boundedTransport struct {
 	mu      sync.Mutex
 	streams int
 	bySrc   map[string]int
-	buckets map[string]*packetBucket
+	packets keyedBuckets // per source address
 	dropped struct{ streams, packets, bytes uint64 }
-}
-
-type packetBucket struct {
-	tokens float64
-	at     time.Time
 }
 
 // newBoundedTransport opens memberlist's transport on addr:port (port 0:
@@ -90,7 +85,8 @@ func newBoundedTransport(addr string, port int, lim GossipLimits, log *slog.Logg
 	}
 	t := &boundedTransport{NetTransport: nt, lim: lim.withDefaults(), log: log,
 		streamCh: make(chan net.Conn), packetCh: make(chan *memberlist.Packet),
-		stop: make(chan struct{}), bySrc: map[string]int{}, buckets: map[string]*packetBucket{}}
+		stop: make(chan struct{}), bySrc: map[string]int{}}
+	t.packets = keyedBuckets{rate: t.lim.PacketsPerSecond, burst: 2 * t.lim.PacketsPerSecond, max: 4096}
 	t.wg.Add(2)
 	go t.admitStreams()
 	go t.admitPackets()
@@ -174,26 +170,15 @@ func (t *boundedTransport) admitPackets() {
 	}
 }
 
-// allowPacket takes a token from src's bucket; the map of buckets is
-// bounded (full, it starts again: every source gets a fresh burst).
+// allowPacket takes a token from src's packet allowance (a burst of two
+// seconds' worth), for at most 4,096 sources at once.
 func (t *boundedTransport) allowPacket(src string, now time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	b, ok := t.buckets[src]
-	if !ok {
-		if len(t.buckets) >= 4096 {
-			clear(t.buckets)
-		}
-		b = &packetBucket{tokens: 2 * t.lim.PacketsPerSecond, at: now}
-		t.buckets[src] = b
-	}
-	b.tokens = min(2*t.lim.PacketsPerSecond, b.tokens+now.Sub(b.at).Seconds()*t.lim.PacketsPerSecond)
-	b.at = now
-	if b.tokens < 1 {
+	if !t.packets.take(src, now) {
 		t.dropped.packets++
 		return false
 	}
-	b.tokens--
 	return true
 }
 

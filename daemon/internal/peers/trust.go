@@ -17,19 +17,9 @@ type Auditor interface {
 // certificate: only a current member is served, and each peer's offers
 // are rate-limited (docs/peers.md, "Trust").
 type trust struct {
-	mu      sync.Mutex
-	buckets map[string]*offerBucket
+	mu     sync.Mutex
+	offers keyedBuckets // per peer
 }
-
-// offerBucket is one peer's allowance of offers.
-type offerBucket struct {
-	tokens float64
-	at     time.Time
-}
-
-// maxBuckets bounds the peers whose allowances are remembered; past it
-// the full ones (idle peers) are forgotten.
-const maxBuckets = 4096
 
 // member reports whether name is a current member of the gossip pool (one
 // memberlist has seen join and not leave or die): a certificate from the
@@ -44,40 +34,12 @@ func (n *Node) member(name string) bool {
 // allowOffer takes one offer from peer's allowance (OfferRate a second,
 // OfferBurst at once) and reports whether there was one.
 func (n *Node) allowOffer(peer string) bool {
-	rate, burst := n.cfg.OfferRate, float64(n.cfg.OfferBurst)
-	if rate <= 0 {
+	if n.cfg.OfferRate <= 0 {
 		return true
 	}
-	burst = max(burst, 1)
-	t := &n.trust
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	now := time.Now()
-	if t.buckets == nil {
-		t.buckets = map[string]*offerBucket{}
-	}
-	b, ok := t.buckets[peer]
-	if !ok {
-		if len(t.buckets) >= maxBuckets {
-			for k, o := range t.buckets {
-				if o.tokens+now.Sub(o.at).Seconds()*rate >= burst {
-					delete(t.buckets, k)
-				}
-			}
-		}
-		if len(t.buckets) >= maxBuckets {
-			return false
-		}
-		b = &offerBucket{tokens: burst, at: now}
-		t.buckets[peer] = b
-	}
-	b.tokens = min(burst, b.tokens+now.Sub(b.at).Seconds()*rate)
-	b.at = now
-	if b.tokens < 1 {
-		return false
-	}
-	b.tokens--
-	return true
+	n.trust.mu.Lock()
+	defer n.trust.mu.Unlock()
+	return n.trust.offers.take(peer, time.Now())
 }
 
 // audit records one peer API request by peer (its certificate's name, ""
