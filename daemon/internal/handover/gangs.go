@@ -114,12 +114,7 @@ func (a *Agent) offerGang(g GangOverflow, group []string, why string, budget tim
 	a.forget(lead)
 	for i, id := range group {
 		h := hs[i]
-		h.At = a.jobs.Now()
-		h.Why = left + "; " + h.Why
-		if err := a.jobs.Move(id, api.StatePending, api.StatePlaced, "handed over to peer "+h.Peer+" with its gang: "+h.Why, func(j *api.Job) {
-			hc := h
-			j.Handover = &hc
-		}); err != nil {
+		if err := a.handedOver(id, h, left, " with its gang"); err != nil {
 			a.log.Info("gang member left the queue while its gang was started; cancelling it on the peer", "job", id, "peer", h.Peer, "err", err)
 			_ = a.o.Cancel(ctx, h)
 			continue

@@ -124,12 +124,7 @@ func (a *Agent) offer(id, why, left string) {
 		a.jobs.SetWaiting([]string{id}, reason)
 		return
 	}
-	h.At = a.jobs.Now()
-	h.Why = left + "; " + h.Why
-	if err := a.jobs.Move(id, api.StatePending, api.StatePlaced, "handed over to peer "+h.Peer+": "+h.Why, func(j *api.Job) {
-		hc := h
-		j.Handover = &hc
-	}); err != nil {
+	if err := a.handedOver(id, h, left, ""); err != nil {
 		// Cancelled (or placed here) meanwhile: the peer must not run it.
 		a.log.Info("job left the queue while it was offered; cancelling it on the peer", "job", id, "peer", h.Peer, "err", err)
 		if cerr := a.o.Cancel(ctx, h); cerr != nil {
@@ -139,6 +134,17 @@ func (a *Agent) offer(id, why, left string) {
 	}
 	a.forget(id)
 	a.jobs.Go(func() { a.follow(id) })
+}
+
+// handedOver records pending job id as placed on h's peer (with, when
+// set, saying how: "with its gang"), why it went there being left and
+// the peer's ranking; it fails when the job left the queue meanwhile.
+func (a *Agent) handedOver(id string, h api.Handover, left, with string) error {
+	h.At = a.jobs.Now()
+	h.Why = left + "; " + h.Why
+	return a.jobs.Move(id, api.StatePending, api.StatePlaced, "handed over to peer "+h.Peer+with+": "+h.Why, func(j *api.Job) {
+		j.Handover = &h
+	})
 }
 
 // prune forgets the waits of jobs no longer pending (placed here,
