@@ -289,7 +289,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 			return nil
 		},
 	}, {
-		// With peers on, the manager may hand jobs over (SetOverflow).
+		// With peers on, the manager may hand jobs over (SetHandover).
 		Name:  "peers",
 		Needs: []string{"jobs", "placer", "audit"},
 		Start: func(context.Context) (err error) {

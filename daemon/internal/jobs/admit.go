@@ -78,8 +78,9 @@ func (m *Manager) SubmitAll(ctx context.Context, c api.Caller, specs []api.JobSp
 // queue, which places it at once or refuses it (a peer's job never waits
 // here). A key already accepted returns the job it made, so a retried
 // offer never runs twice. With a hold above zero the job is a gang member:
-// placed and stored but not started until CommitHeld, released when the
-// hold passes first. A refusal is an *admission.Refusal or an *api.Error.
+// placed and stored but held, not started, until its gang commits and its
+// origin starts it (daemon/internal/handover, held.go), released when the
+// hold or the start barrier passes first. A refusal is an *admission.Refusal or an *api.Error.
 func (m *Manager) AcceptHandover(ctx context.Context, o Offer, spec api.JobSpec) (api.Job, error) {
 	src := admission.Peer
 	if o.Hold > 0 {
