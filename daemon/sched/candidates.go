@@ -63,6 +63,7 @@ func (c *Choice) Assignment(req *Request, n *Node, idx int) Assignment {
 	if req.ExclusiveCores > 0 {
 		a.Cores, _ = pickCores(req, n, c.home)
 	}
+	a.GPUModel = n.gpuModelOf(&a)
 	return a
 }
 
@@ -70,19 +71,24 @@ func (c *Choice) Assignment(req *Request, n *Node, idx int) Assignment {
 // alternatives that differ only by GPUs of equal keys (and equal
 // locality) are one candidate.
 type gpuKey struct {
+	model               string
 	milli, mem          int64
 	numa                int
 	load, power, ppw, w float64
 }
 
 func keyOf(g *GPU) gpuKey {
-	return gpuKey{milli: g.MilliFree, mem: g.MemFreeMiB, numa: g.NUMA, load: g.Load, power: g.PowerW, ppw: g.PerfPerWatt, w: g.IdleWatts}
+	return gpuKey{model: g.Model, milli: g.MilliFree, mem: g.MemFreeMiB, numa: g.NUMA, load: g.Load, power: g.PowerW, ppw: g.PerfPerWatt, w: g.IdleWatts}
 }
 
 // hash mixes a key into 64 bits (a commutative sum of member hashes is the
 // signature of a GPU set).
 func (k gpuKey) hash() uint64 {
 	h := uint64(14695981039346656037)
+	for i := 0; i < len(k.model); i++ {
+		h ^= uint64(k.model[i])
+		h *= 1099511628211
+	}
 	for _, v := range [...]uint64{uint64(k.milli), uint64(k.mem), uint64(k.numa), math.Float64bits(k.load), math.Float64bits(k.power), math.Float64bits(k.ppw), math.Float64bits(k.w)} {
 		h ^= v
 		h *= 1099511628211
@@ -245,6 +251,17 @@ func (p *Weighted) options(req *Request, n *Node, fragGPU int, all bool) []optio
 	return opts
 }
 
+// gpu is the option's first GPU (its MIG instance's GPU), 0 without.
+func (o *option) gpu() int {
+	switch {
+	case o.gpus != 0:
+		return bits.TrailingZeros64(o.gpus)
+	case o.hasMIG:
+		return o.mig.GPU
+	}
+	return 0
+}
+
 // dupSig reports whether an option with signature sig is already there.
 func dupSig(opts []option, sig uint64) bool {
 	for i := range opts {
@@ -264,18 +281,18 @@ func oneGPUOptions(req *Request, n *Node, lead int, onlyLead bool, opts []option
 	if onlyLead && !mustAlign(req, n) {
 		if lead < 0 && !req.Shared() {
 			for i := range min(len(n.GPUs), 64) {
-				if gpuFits(req, &n.GPUs[i]) {
+				if n.gpuFits(req, i) {
 					lead = i
 					break
 				}
 			}
 		}
-		if lead >= 0 && lead < len(n.GPUs) && lead < 64 && gpuFits(req, &n.GPUs[lead]) {
+		if lead >= 0 && lead < len(n.GPUs) && lead < 64 && n.gpuFits(req, lead) {
 			return append(opts, option{gpus: 1 << uint(lead), fpga: -1, home: n.GPUs[lead].NUMA, loc: 1})
 		}
 	}
 	aligned := alignedNUMA(req, n)
-	fits := func(i int) bool { return i >= 0 && i < 64 && gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) }
+	fits := func(i int) bool { return i >= 0 && i < 64 && n.gpuFits(req, i) && aligned(n.GPUs[i].NUMA) }
 	if !fits(lead) {
 		lead = -1
 		if req.Shared() {
@@ -329,7 +346,7 @@ func liveUniform(n *Node) bool {
 	}
 	for i := 1; i < len(n.GPUs); i++ {
 		g := &n.GPUs[i]
-		if g.Load != g0.Load || g.PowerW != g0.PowerW || g.PerfPerWatt != g0.PerfPerWatt || g.IdleWatts != g0.IdleWatts {
+		if g.Model != g0.Model || g.Load != g0.Load || g.PowerW != g0.PowerW || g.PerfPerWatt != g0.PerfPerWatt || g.IdleWatts != g0.IdleWatts {
 			return false
 		}
 	}
@@ -361,7 +378,7 @@ func wholeGPUOptions(req *Request, n *Node, opts []option) []option {
 	alike := true
 	first := -1
 	for i := range min(len(n.GPUs), 64) {
-		if gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) {
+		if n.gpuFits(req, i) && aligned(n.GPUs[i].NUMA) {
 			free |= 1 << uint(i)
 			if first < 0 {
 				first = i
@@ -387,6 +404,20 @@ func wholeGPUOptions(req *Request, n *Node, opts []option) []option {
 			link[pr[1]] |= 1 << uint(pr[0])
 		}
 	}
+	// A set holds GPUs of one model: each model's GPUs are grown apart.
+	var gb [8]uint64
+	for _, free := range n.modelMasks(free, gb[:0]) {
+		if bits.OnesCount64(free) >= k {
+			opts = growSets(n, k, free, &link, opts)
+		}
+	}
+	return opts
+}
+
+// growSets appends the sets of k GPUs grown greedily from each seed in
+// free (NVLink pairs first, then the seed's NUMA node, then the live
+// order), one per symmetry class.
+func growSets(n *Node, k int, free uint64, link *[64]uint64, opts []option) []option {
 	for s := free; s != 0; s &= s - 1 {
 		seed := bits.TrailingZeros64(s)
 		set := uint64(1) << uint(seed)
@@ -405,7 +436,7 @@ func wholeGPUOptions(req *Request, n *Node, opts []option) []option {
 			}
 			set |= 1 << uint(next)
 		}
-		loc := setLocality(n, set, &link)
+		loc := setLocality(n, set, link)
 		sig := math.Float64bits(loc)
 		for m := set; m != 0; m &= m - 1 {
 			sig += keyOf(&n.GPUs[bits.TrailingZeros64(m)]).hash()
@@ -425,7 +456,7 @@ func wholeGPUOptions(req *Request, n *Node, opts []option) []option {
 func migOptions(req *Request, n *Node, opts []option) []option {
 	for gi := range n.GPUs {
 		m := n.GPUs[gi].MIG
-		if m == nil {
+		if m == nil || !req.ModelAllowed(n.ModelOf(gi)) {
 			continue
 		}
 		used := m.usedMask()
@@ -575,7 +606,7 @@ func (p *Weighted) computeOf(req *Request, n *Node, o *option) float64 {
 		}
 		return regionCompute(req, &n.FPGAs[o.fpga])
 	}
-	c := p.capability(n.GPUModel, req.Class)
+	c := p.capability(n.ModelOf(o.gpu()), req.Class)
 	if (req.Class == ClassInference || req.Class == ClassService) && (req.Shared() || req.MIGProfile != "") {
 		return 1 - c/2
 	}
@@ -602,15 +633,16 @@ func regionCompute(req *Request, r *FPGARegion) float64 {
 func (p *Weighted) energyOf(req *Request, n *Node, o *option) float64 {
 	var sum float64
 	cnt := 0
-	one := func(g *GPU) {
-		sum += p.perfPerWatt(n.GPUModel, req.Class, g) * (1 - 0.5*idleDepth(g))
+	one := func(i int) {
+		g := &n.GPUs[i]
+		sum += p.perfPerWatt(n.ModelOf(i), req.Class, g) * (1 - 0.5*idleDepth(g))
 		cnt++
 	}
 	for s := o.gpus; s != 0; s &= s - 1 {
-		one(&n.GPUs[bits.TrailingZeros64(s)])
+		one(bits.TrailingZeros64(s))
 	}
 	if o.hasMIG {
-		one(&n.GPUs[o.mig.GPU])
+		one(o.mig.GPU)
 	}
 	if cnt == 0 {
 		return 1

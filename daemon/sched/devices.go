@@ -12,7 +12,7 @@ func assign(req *Request, n *Node, idx, sharedGPU int) (Assignment, float64) {
 	switch {
 	case req.Shared():
 		g := sharedGPU
-		if g < 0 || g >= len(n.GPUs) || !gpuFits(req, &n.GPUs[g]) {
+		if g < 0 || g >= len(n.GPUs) || !n.gpuFits(req, g) {
 			g = bestFitGPU(req, n)
 		}
 		a.GPUs = []int{g}
@@ -47,11 +47,53 @@ func assign(req *Request, n *Node, idx, sharedGPU int) (Assignment, float64) {
 			loc *= 1 / float64(spread)
 		}
 	}
+	a.GPUModel = n.gpuModelOf(&a)
 	return a, loc
 }
 
-func gpuFits(req *Request, g *GPU) bool {
-	return g.MIG == nil && g.MilliFree >= req.GPUMilli && (g.MemMiB == 0 || g.MemFreeMiB >= req.GPUMemMiB)
+// gpuFits reports whether GPU i can give req its share (or be one of its
+// whole GPUs): not in MIG mode, of an allowed model, with the share and
+// memory free.
+func (n *Node) gpuFits(req *Request, i int) bool {
+	g := &n.GPUs[i]
+	return g.MIG == nil && g.MilliFree >= req.GPUMilli && (g.MemMiB == 0 || g.MemFreeMiB >= req.GPUMemMiB) &&
+		(len(req.GPUModels) == 0 || req.ModelAllowed(n.ModelOf(i)))
+}
+
+// modelMasks splits a set of GPUs (bit i: GPU i) by model: on a node of
+// one model the set itself, else one set per model in the order of the
+// models' first GPU. The GPUs of one request come from one of them.
+func (n *Node) modelMasks(set uint64, buf []uint64) []uint64 {
+	if set == 0 {
+		return buf
+	}
+	if n.Homogeneous() {
+		return append(buf, set)
+	}
+	for rest := set; rest != 0; {
+		first := bits.TrailingZeros64(rest)
+		m := n.ModelOf(first)
+		var group uint64
+		for s := rest; s != 0; s &= s - 1 {
+			if i := bits.TrailingZeros64(s); n.ModelOf(i) == m {
+				group |= 1 << uint(i)
+			}
+		}
+		buf = append(buf, group)
+		rest &^= group
+	}
+	return buf
+}
+
+// gpuModelOf is the model of an assignment's GPUs ("" without GPUs).
+func (n *Node) gpuModelOf(a *Assignment) string {
+	switch {
+	case len(a.GPUs) > 0 && a.GPUs[0] >= 0 && a.GPUs[0] < len(n.GPUs):
+		return n.ModelOf(a.GPUs[0])
+	case a.MIG != nil && a.MIG.GPU >= 0 && a.MIG.GPU < len(n.GPUs):
+		return n.ModelOf(a.MIG.GPU)
+	}
+	return ""
 }
 
 // bestFitGPU is the fitting GPU with the least free share (lowest index
@@ -60,7 +102,7 @@ func bestFitGPU(req *Request, n *Node) int {
 	best := -1
 	aligned := alignedNUMA(req, n)
 	for i := range n.GPUs {
-		if gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) && (best < 0 || n.GPUs[i].MilliFree < n.GPUs[best].MilliFree) {
+		if n.gpuFits(req, i) && aligned(n.GPUs[i].NUMA) && (best < 0 || n.GPUs[i].MilliFree < n.GPUs[best].MilliFree) {
 			best = i
 		}
 	}
@@ -73,10 +115,10 @@ func bestFitGPU(req *Request, n *Node) int {
 // pairs (1 without NVLink information) halved when NUMA nodes are mixed.
 func pickWholeGPUs(req *Request, n *Node) ([]int, float64) {
 	k := req.GPUs
-	if len(n.NVLink) == 0 && n.numaCount() == 1 {
+	if len(n.NVLink) == 0 && n.numaCount() == 1 && n.Homogeneous() {
 		out := make([]int, 0, k)
 		for i := range n.GPUs {
-			if len(out) < k && gpuFits(req, &n.GPUs[i]) {
+			if len(out) < k && n.gpuFits(req, i) {
 				out = append(out, i)
 			}
 		}
@@ -92,14 +134,23 @@ func pickWholeGPUs(req *Request, n *Node) ([]int, float64) {
 	var free uint64
 	aligned := alignedNUMA(req, n)
 	for i := range n.GPUs {
-		if i < 64 && gpuFits(req, &n.GPUs[i]) && aligned(n.GPUs[i].NUMA) {
+		if i < 64 && n.gpuFits(req, i) && aligned(n.GPUs[i].NUMA) {
 			free |= 1 << uint(i)
 		}
 	}
+	// The set comes from the GPUs of one model: the seed's.
+	var gb [8]uint64
+	groups := n.modelMasks(free, gb[:0])
 	bestSet, bestScore := uint64(0), -1.0
 	for seed := range min(len(n.GPUs), 64) {
 		if free&(1<<uint(seed)) == 0 {
 			continue
+		}
+		free := free
+		for _, g := range groups {
+			if g&(1<<uint(seed)) != 0 {
+				free = g
+			}
 		}
 		set := uint64(1) << uint(seed)
 		numa := n.GPUs[seed].NUMA
@@ -244,7 +295,7 @@ func coresTaken(req *Request, n *Node, home int, take []int) int {
 func pickMIG(req *Request, n *Node) (MIGPick, bool) {
 	for gi := range n.GPUs {
 		m := n.GPUs[gi].MIG
-		if m == nil {
+		if m == nil || !req.ModelAllowed(n.ModelOf(gi)) {
 			continue
 		}
 		for _, in := range m.Instances {
@@ -256,7 +307,7 @@ func pickMIG(req *Request, n *Node) (MIGPick, bool) {
 	best, bestRun, bestCost, found := MIGPick{}, -1, 0.0, false
 	for gi := range n.GPUs {
 		m := n.GPUs[gi].MIG
-		if m == nil {
+		if m == nil || !req.ModelAllowed(n.ModelOf(gi)) {
 			continue
 		}
 		used := m.usedMask()

@@ -56,6 +56,9 @@ func (d *Decision) Explain() string {
 		if len(d.Assignment.GPUs) > 0 {
 			fmt.Fprintf(&b, " gpus %v", d.Assignment.GPUs)
 		}
+		if d.Assignment.GPUModel != "" {
+			fmt.Fprintf(&b, " (%s)", d.Assignment.GPUModel)
+		}
 		if d.Assignment.MIG != nil {
 			fmt.Fprintf(&b, " mig gpu %d slices %d+%d create=%v", d.Assignment.MIG.GPU, d.Assignment.MIG.Start, d.Assignment.MIG.Slices, d.Assignment.MIG.Create)
 		}
@@ -100,6 +103,9 @@ func (a *Assignment) devices() string {
 		if a.GPUMilli < MilliPerGPU {
 			fmt.Fprintf(&b, " (%d milli)", a.GPUMilli)
 		}
+	}
+	if a.GPUModel != "" {
+		fmt.Fprintf(&b, " %s", a.GPUModel)
 	}
 	if m := a.MIG; m != nil {
 		verb := "use"

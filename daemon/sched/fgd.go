@@ -137,7 +137,7 @@ func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR flo
 		best2, bestR := math.Inf(-1), math.Inf(-1)
 		var one [1]int
 		for i := range n.GPUs {
-			if !gpuFits(req, &n.GPUs[i]) || sameShareBefore(req, n, i) {
+			if !n.gpuFits(req, i) || sameShareBefore(req, n, i) {
 				continue
 			}
 			one[0] = i
@@ -183,7 +183,7 @@ func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR flo
 // ties anyway.
 func sameShareBefore(req *Request, n *Node, i int) bool {
 	for j := range i {
-		if n.GPUs[j].MilliFree == n.GPUs[i].MilliFree && gpuFits(req, &n.GPUs[j]) {
+		if n.GPUs[j].MilliFree == n.GPUs[i].MilliFree && n.gpuFits(req, j) {
 			return true
 		}
 	}

@@ -1,5 +1,7 @@
 package sched
 
+import "math/bits"
+
 // FilterReason says why a node cannot host a request; "" means it can.
 type FilterReason string
 
@@ -52,7 +54,7 @@ func Filter(req *Request, n *Node) FilterReason {
 		}
 	}
 	if req.GPUs > 0 || req.MIGProfile != "" {
-		if len(n.GPUs) == 0 || !req.ModelAllowed(n.GPUModel) {
+		if !n.anyModelAllowed(req) {
 			return ReasonGPUModel
 		}
 	}
@@ -60,7 +62,7 @@ func Filter(req *Request, n *Node) FilterReason {
 		fit, memShort := 0, false
 		for i := range n.GPUs {
 			g := &n.GPUs[i]
-			if g.MIG != nil || g.MilliFree < req.GPUMilli {
+			if g.MIG != nil || g.MilliFree < req.GPUMilli || (len(req.GPUModels) > 0 && !req.ModelAllowed(n.ModelOf(i))) {
 				continue
 			}
 			if g.MemMiB > 0 && g.MemFreeMiB < req.GPUMemMiB {
@@ -68,6 +70,9 @@ func Filter(req *Request, n *Node) FilterReason {
 				continue
 			}
 			fit++
+		}
+		if fit >= req.GPUs && req.GPUs > 1 && !n.Homogeneous() {
+			fit = n.fitOfOneModel(req, -1)
 		}
 		if fit < req.GPUs {
 			switch {
@@ -124,19 +129,56 @@ func fitsOnNUMA(req *Request, n *Node, numa int) bool {
 	if req.ExclusiveCores > 0 && (numa >= len(n.FreeCores) || n.FreeCores[numa] < req.ExclusiveCores) {
 		return false
 	}
-	if req.GPUs > 0 {
-		c := 0
-		for i := range n.GPUs {
-			g := &n.GPUs[i]
-			if g.NUMA == numa && g.MIG == nil && g.MilliFree >= req.GPUMilli && (g.MemMiB == 0 || g.MemFreeMiB >= req.GPUMemMiB) {
-				c++
-			}
-		}
-		if c < req.GPUs {
-			return false
-		}
+	if req.GPUs > 0 && n.fitOfOneModel(req, numa) < req.GPUs {
+		return false
 	}
 	return true
+}
+
+// anyModelAllowed reports whether n has a GPU of a model req allows.
+func (n *Node) anyModelAllowed(req *Request) bool {
+	if len(req.GPUModels) == 0 {
+		return len(n.GPUs) > 0
+	}
+	for i := range n.GPUs {
+		if req.ModelAllowed(n.ModelOf(i)) {
+			return true
+		}
+	}
+	return false
+}
+
+// gpusOfOneModel is the most GPUs of one model req allows, free or not.
+func (n *Node) gpusOfOneModel(req *Request) int {
+	var set uint64
+	for i := range min(len(n.GPUs), 64) {
+		if req.ModelAllowed(n.ModelOf(i)) {
+			set |= 1 << uint(i)
+		}
+	}
+	var buf [8]uint64
+	best := 0
+	for _, g := range n.modelMasks(set, buf[:0]) {
+		best = max(best, bits.OnesCount64(g))
+	}
+	return best
+}
+
+// fitOfOneModel is the most GPUs of one model that can each give req its
+// share, on NUMA node numa (-1: anywhere).
+func (n *Node) fitOfOneModel(req *Request, numa int) int {
+	var fit uint64
+	for i := range min(len(n.GPUs), 64) {
+		if (numa < 0 || n.GPUs[i].NUMA == numa) && n.gpuFits(req, i) {
+			fit |= 1 << uint(i)
+		}
+	}
+	var buf [8]uint64
+	best := 0
+	for _, g := range n.modelMasks(fit, buf[:0]) {
+		best = max(best, bits.OnesCount64(g))
+	}
+	return best
 }
 
 // topologyOK applies the Topology Manager policy: single-numa-node needs
@@ -174,15 +216,18 @@ func anyNUMAFits(req *Request, n *Node) bool {
 // has enough GPUs for req (cores are not known when empty, so only GPUs
 // are considered).
 func numaCouldEverHold(req *Request, n *Node) bool {
-	per := make([]int, n.numaCount())
-	for i := range n.GPUs {
-		if n.GPUs[i].MIG == nil {
-			per[n.GPUs[i].NUMA]++
+	for numa := range n.numaCount() {
+		var set uint64
+		for i := range min(len(n.GPUs), 64) {
+			if n.GPUs[i].MIG == nil && n.GPUs[i].NUMA == numa && req.ModelAllowed(n.ModelOf(i)) {
+				set |= 1 << uint(i)
+			}
 		}
-	}
-	for _, c := range per {
-		if c >= req.GPUs {
-			return true
+		var buf [8]uint64
+		for _, g := range n.modelMasks(set, buf[:0]) {
+			if bits.OnesCount64(g) >= req.GPUs {
+				return true
+			}
 		}
 	}
 	return false

@@ -155,13 +155,56 @@ func (f *FragModel) accessFor(model string) []bool {
 func (f *FragModel) NodeFrag(n *Node) float64 {
 	var buf [64]int64
 	free := gpuFreeList(n, buf[:0])
+	return f.nodeMeasure(n, n.CPUFreeMilli, free)
+}
+
+// nodeMeasure is the model's measure of a node with cpuFree CPU and free
+// (the free milli of its non-MIG GPUs, in index order). A node with
+// several GPU models is measured per model, each model's GPUs with the
+// shapes that may use them, and the parts summed.
+func (f *FragModel) nodeMeasure(n *Node, cpuFree int64, free []int64) float64 {
+	if n.Homogeneous() {
+		model := n.GPUModel
+		if len(n.GPUs) > 0 {
+			model = n.ModelOf(0)
+		}
+		return f.measure(model, cpuFree, free)
+	}
+	var models [64]string
+	k := 0
+	for i := range n.GPUs {
+		if n.GPUs[i].MIG == nil && k < len(models) {
+			models[k] = n.ModelOf(i)
+			k++
+		}
+	}
+	var out float64
+	var buf [64]int64
+	for j := range k {
+		if slices.Contains(models[:j], models[j]) {
+			continue
+		}
+		part := buf[:0]
+		for i := j; i < k && i < len(free); i++ {
+			if models[i] == models[j] {
+				part = append(part, free[i])
+			}
+		}
+		out += f.measure(models[j], cpuFree, part)
+	}
+	return out
+}
+
+// measure is the model's measure (strand, capacity or FGD's) of the GPUs
+// of one model.
+func (f *FragModel) measure(model string, cpuFree int64, free []int64) float64 {
 	switch {
 	case f.Strand:
-		return f.strandFrag(n.GPUModel, n.CPUFreeMilli, free)
+		return f.strandFrag(model, cpuFree, free)
 	case f.Capacity:
-		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli, free)
+		return f.capacityFrag(model, cpuFree, free)
 	}
-	return f.frag(n.GPUModel, n.CPUFreeMilli, free)
+	return f.frag(model, cpuFree, free)
 }
 
 func gpuFreeList(n *Node, buf []int64) []int64 {
@@ -223,13 +266,7 @@ func (f *FragModel) fragAfter(n *Node, req *Request, gpus []int) float64 {
 		}
 		free = append(free, m)
 	}
-	switch {
-	case f.Strand:
-		return f.strandFrag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
-	case f.Capacity:
-		return f.capacityFrag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
-	}
-	return f.frag(n.GPUModel, n.CPUFreeMilli-req.CPUMilli, free)
+	return f.nodeMeasure(n, n.CPUFreeMilli-req.CPUMilli, free)
 }
 
 // capacityFrag is the multi-copy variant: for each typical shape, the idle

@@ -105,6 +105,10 @@ type MIG struct {
 
 // GPU is one physical GPU of a node.
 type GPU struct {
+	// Model names the GPU's model; "" means the node's GPUModel. A node
+	// whose GPUs are all of one model needs only Node.GPUModel; a host
+	// with several models (an H100 beside two L4s) names each GPU's.
+	Model string `json:"model,omitempty"`
 	// MilliFree is the unallocated share of the GPU, 0..MilliPerGPU.
 	MilliFree int64 `json:"milli_free"`
 	// MemMiB and MemFreeMiB are the GPU memory and its unallocated part;
@@ -156,7 +160,8 @@ type Node struct {
 	// best-effort work run there). Filter refuses a request for exclusive
 	// cores that would take them.
 	KeepSharedCores int `json:"keep_shared_cores,omitempty"`
-	// GPUModel names the GPUs' model (nodes are homogeneous).
+	// GPUModel is the model of every GPU whose own Model is empty (all
+	// of them on a node of one model). ModelOf is a GPU's model.
 	GPUModel string `json:"gpu_model,omitempty"`
 	GPUs     []GPU  `json:"gpus,omitempty"`
 	// NVLink lists GPU index pairs connected by NVLink.
@@ -198,6 +203,35 @@ func (n *Node) Clone() *Node {
 	c.NVLink = slices.Clone(n.NVLink)
 	c.FPGAs = slices.Clone(n.FPGAs)
 	return &c
+}
+
+// ModelOf is GPU i's model: its own, else the node's GPUModel.
+func (n *Node) ModelOf(i int) string {
+	if m := n.GPUs[i].Model; m != "" {
+		return m
+	}
+	return n.GPUModel
+}
+
+// Homogeneous reports whether every GPU of n is of one model.
+func (n *Node) Homogeneous() bool {
+	for i := 1; i < len(n.GPUs); i++ {
+		if n.ModelOf(i) != n.ModelOf(0) {
+			return false
+		}
+	}
+	return true
+}
+
+// Models lists the node's GPU models, each once, in GPU index order.
+func (n *Node) Models() []string {
+	var out []string
+	for i := range n.GPUs {
+		if m := n.ModelOf(i); !slices.Contains(out, m) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // GPUMilliFree is the total unallocated milli-GPU on the node (MIG GPUs
@@ -244,7 +278,9 @@ type Request struct {
 	MIGSlices  int    `json:"mig_slices,omitempty"`
 	// Bitstream asks for one FPGA region holding (or programmed with) it.
 	Bitstream string `json:"bitstream,omitempty"`
-	// GPUModels, when set, restricts the GPU models allowed.
+	// GPUModels, when set, restricts the GPU models allowed. The GPUs of
+	// one request are always of one model (a node with several models
+	// gives a multi-GPU request the GPUs of one of them).
 	GPUModels []string       `json:"gpu_models,omitempty"`
 	Topology  TopologyPolicy `json:"topology,omitempty"`
 }
@@ -301,7 +337,10 @@ type Assignment struct {
 	GPUs      []int       `json:"gpus,omitempty"`
 	GPUMilli  int64       `json:"gpu_milli,omitempty"`
 	GPUMemMiB int64       `json:"gpu_mem_mib,omitempty"`
-	MIG       *MIGPick    `json:"mig,omitempty"`
+	// GPUModel is the model of the GPUs (or of the MIG instance's GPU)
+	// taken, "" without GPUs.
+	GPUModel string   `json:"gpu_model,omitempty"`
+	MIG      *MIGPick `json:"mig,omitempty"`
 	// FPGA is the region index, -1 for none; Program is true when the
 	// region must be (re)programmed.
 	FPGA      int    `json:"fpga"`

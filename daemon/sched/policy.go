@@ -152,7 +152,7 @@ func (GpuPacking) Score(req *Request, n *Node, _ int, _ *rand.Rand) Scored {
 	for need > 0 {
 		g := -1
 		for i := range n.GPUs {
-			if !used[i] && gpuFits(req, &n.GPUs[i]) && (g < 0 || n.GPUs[i].MilliFree < n.GPUs[g].MilliFree) {
+			if !used[i] && n.gpuFits(req, i) && (g < 0 || n.GPUs[i].MilliFree < n.GPUs[g].MilliFree) {
 				g = i
 			}
 		}
@@ -190,7 +190,7 @@ func (DotProd) Score(req *Request, n *Node, _ int, _ *rand.Rand) Scored {
 	}
 	best, bestG := -1.0, -1
 	for i := range n.GPUs {
-		if !gpuFits(req, &n.GPUs[i]) {
+		if !n.gpuFits(req, i) {
 			continue
 		}
 		d := (cpu + float64(req.GPUMilli)/MilliPerGPU*float64(n.GPUs[i].MilliFree)/MilliPerGPU) / 2

@@ -164,7 +164,7 @@ func (w Waiting) String() string {
 func reserveFor(req *Request, nodes []*Node) int {
 	best := -1
 	for i, n := range nodes {
-		if n.CPUMilli < req.CPUMilli || n.MemMiB < req.MemMiB || len(n.GPUs) < req.GPUs || (req.GPUs > 0 && !req.ModelAllowed(n.GPUModel)) {
+		if n.CPUMilli < req.CPUMilli || n.MemMiB < req.MemMiB || (req.GPUs > 0 && n.gpusOfOneModel(req) < req.GPUs) {
 			continue
 		}
 		if best < 0 || n.GPUMilliFree() > nodes[best].GPUMilliFree() ||

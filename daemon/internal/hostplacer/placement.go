@@ -450,7 +450,7 @@ func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 	for _, g := range hw.GPUs {
 		// The engine reads the model's efficiency from its table; the
 		// table's typical idle draw stands until telemetry reports one.
-		sg := sched.GPU{MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: max(g.NUMA, 0)}
+		sg := sched.GPU{Model: g.Model, MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: max(g.NUMA, 0)}
 		if spec, ok := sched.LookupGPU(g.Model); ok {
 			sg.IdleWatts = spec.IdleW
 		}
@@ -461,10 +461,9 @@ func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 			}
 			sg.MIG = sm
 		}
+		// Each GPU names its model: a host may hold several (an H100
+		// beside two L4s), and the engine filters and scores per GPU.
 		n.GPUs = append(n.GPUs, sg)
-		if n.GPUModel == "" {
-			n.GPUModel = g.Model
-		}
 	}
 	n.NVLink = slices.Clone(hw.NVLink)
 	for _, f := range hw.FPGAs {
@@ -497,8 +496,7 @@ func (p *Placer) request(id string, spec api.JobSpec, tier api.Tier) sched.Reque
 // the host it is judged against.
 type Target struct {
 	// GPUModels are the host's GPU model names: a spec's model matches
-	// those that contain it, case-insensitively ("h200" matches
-	// "NVIDIA H200").
+	// those ModelMatches says ("h200" matches "NVIDIA H200").
 	GPUModels []string
 	// MIGSlots is a MIG profile's compute slices there (nil: read from
 	// the profile's name, "3g.40gb" has 3).
@@ -529,7 +527,7 @@ func EngineRequest(id string, spec api.JobSpec, tier api.Tier, target Target) sc
 	if g := r.GPU; g != nil {
 		if g.Model != "" {
 			for _, m := range target.GPUModels {
-				if strings.Contains(strings.ToLower(m), strings.ToLower(g.Model)) && !slices.Contains(req.GPUModels, m) {
+				if ModelMatches(m, g.Model) && !slices.Contains(req.GPUModels, m) {
 					req.GPUModels = append(req.GPUModels, m)
 				}
 			}
@@ -561,6 +559,31 @@ func EngineRequest(id string, spec api.JobSpec, tier api.Tier, target Target) sc
 		}
 	}
 	return req
+}
+
+// ModelMatches reports whether a job spec's GPU model (what a user
+// writes: "h100", "L4", "a100-sxm4") names the GPU model a driver
+// reports (host: "NVIDIA H100 80GB HBM3", "NVIDIA L4"): every word of
+// the spec's, letters and digits, case-insensitively, is a word of the
+// host's. Words, not substrings: "L4" does not match "NVIDIA L40S", nor
+// "A10" "NVIDIA A100-SXM4-80GB", which matters on a host holding both.
+func ModelMatches(host, spec string) bool {
+	split := func(s string) []string {
+		return strings.FieldsFunc(strings.ToLower(s), func(r rune) bool {
+			return (r < 'a' || r > 'z') && (r < '0' || r > '9')
+		})
+	}
+	words := split(host)
+	want := split(spec)
+	if len(want) == 0 {
+		return false
+	}
+	for _, w := range want {
+		if !slices.Contains(words, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // fieldOf names the spec field a filter reason is about.

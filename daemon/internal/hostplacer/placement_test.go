@@ -207,3 +207,26 @@ func TestReclaimByPCIAndNoDoubleBooking(t *testing.T) {
 		t.Errorf("%d GPUs held after the refused reclaim, want 8", got)
 	}
 }
+
+// A spec's model names a host's GPU model by whole words: "L4" is not an
+// L40S, nor "A10" an A100, on a host that holds both.
+func TestModelMatches(t *testing.T) {
+	for _, tc := range []struct {
+		host, spec string
+		want       bool
+	}{
+		{"NVIDIA H200", "h200", true},
+		{"NVIDIA H100 80GB HBM3", "H100", true},
+		{"NVIDIA H100 80GB HBM3", "h100 80gb", true},
+		{"NVIDIA A100-SXM4-80GB", "a100-sxm4", true},
+		{"NVIDIA L4", "L4", true},
+		{"NVIDIA L40S", "L4", false},
+		{"NVIDIA A100-SXM4-80GB", "A10", false},
+		{"NVIDIA L4", "", false},
+		{"NVIDIA L4", "nvidia l4", true},
+	} {
+		if got := ModelMatches(tc.host, tc.spec); got != tc.want {
+			t.Errorf("ModelMatches(%q, %q) = %v, want %v", tc.host, tc.spec, got, tc.want)
+		}
+	}
+}

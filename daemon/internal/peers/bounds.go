@@ -24,7 +24,7 @@ const (
 	// maxGossipMemory is 1 PiB.
 	maxGossipMemory = 1 << 50
 	// maxGossipGPUs bounds whole GPUs (all models together), NVLink
-	// groups and FPGA regions on one host; peerNodes models no more.
+	// groups and FPGA regions on one host; peerNode models no more.
 	maxGossipGPUs = 64
 	// maxGossipMIG bounds MIG instances per profile (7 a GPU).
 	maxGossipMIG = 7 * maxGossipGPUs

@@ -4,13 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/handover"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
@@ -174,14 +177,14 @@ func without(l api.PeerLoad, spec api.JobSpec) api.PeerLoad {
 			l.GPUShareMilli -= g.Share
 		default:
 			l.GPUs, l.NVLink = cloneCounts(l.GPUs), cloneCounts(l.NVLink)
-			need := g.Count
-			for m, c := range l.GPUs {
-				if need > 0 && (g.Model == "" || strings.Contains(strings.ToLower(m), strings.ToLower(g.Model))) {
-					take := min(c, need)
-					l.GPUs[m] -= take
+			// A job's GPUs are of one model: the first (by name) that
+			// matches and has them all.
+			for _, m := range slices.Sorted(maps.Keys(l.GPUs)) {
+				if c := l.GPUs[m]; c >= g.Count && (g.Model == "" || hostplacer.ModelMatches(m, g.Model)) {
+					l.GPUs[m] -= g.Count
 					l.NVLink[m] = min(l.NVLink[m], l.GPUs[m])
-					l.GPUShareMilli -= take * sched.MilliPerGPU
-					need -= take
+					l.GPUShareMilli -= g.Count * sched.MilliPerGPU
+					break
 				}
 			}
 		}

@@ -52,96 +52,88 @@ func peerTarget(l api.PeerLoad) hostplacer.Target {
 	return hostplacer.Target{GPUModels: slices.Sorted(maps.Keys(l.GPUs))}
 }
 
-// peerNodes builds the engine's nodes for a peer's gossiped load (engine
-// nodes hold one GPU model, so a peer gets one per model it has free): the
-// free CPU and memory as capacity, each free whole GPU with the peer's GPU
-// load, the NVLink group of free GPUs joined all to all (where the peer
-// knows its links), the share headroom beyond whole GPUs as shared GPUs
-// (on the first model's node),
-// the MIG instances it could give as free instances of their profile, and
-// its free FPGA regions, one holding each loaded bitstream.
-func peerNodes(name string, l api.PeerLoad) []*sched.Node {
-	base := func(model string) *sched.Node {
-		n := sched.NewNode(name, int64(l.CPU), l.Memory.WholeMiB(), 0, model)
-		n.Load = min(max(l.CPULoad, 0), 1)
-		for i := range min(l.FPGAFree, 64) { // gossiped: bounded
-			r := sched.FPGARegion{}
-			if i < len(l.Bitstreams) {
-				r.Bitstream = l.Bitstreams[i]
-			}
-			n.FPGAs = append(n.FPGAs, r)
+// peerNode builds the engine's node for a peer's gossiped load, as the
+// peer's own placer sees its host: one node whose GPUs each name their
+// model (a peer may hold several models, and a job's GPUs are of one of
+// them). The free CPU and memory are its capacity; each free whole GPU
+// carries the peer's GPU load; the NVLink group of a model's free GPUs is
+// joined all to all (where the peer knows its links); the share headroom
+// beyond whole GPUs becomes shared GPUs of the first model; the MIG
+// instances it could give are free instances of their profile (the
+// gossip names no model for them); its free FPGA regions hold each loaded
+// bitstream.
+func peerNode(name string, l api.PeerLoad) *sched.Node {
+	n := sched.NewNode(name, int64(l.CPU), l.Memory.WholeMiB(), 0, "")
+	n.Load = min(max(l.CPULoad, 0), 1)
+	for i := range min(l.FPGAFree, 64) { // gossiped: bounded
+		r := sched.FPGARegion{}
+		if i < len(l.Bitstreams) {
+			r.Bitstream = l.Bitstreams[i]
 		}
-		return n
+		n.FPGAs = append(n.FPGAs, r)
 	}
 	gpuLoad := min(max(l.GPULoad, 0), 1)
-	var out []*sched.Node
 	whole := 0
-	for _, model := range slices.Sorted(maps.Keys(l.GPUs)) {
-		k := min(max(l.GPUs[model], 0), 64)
-		if k == 0 {
+	models := slices.Sorted(maps.Keys(l.GPUs))
+	linksKnown := false
+	for _, model := range models {
+		k := min(max(l.GPUs[model], 0), 64-len(n.GPUs)) // the engine models up to 64 GPUs
+		if k <= 0 {
 			continue
 		}
 		whole += k
-		n := base(model)
 		idle := 0.0
 		if spec, ok := sched.LookupGPU(model); ok {
 			idle = spec.IdleW
 		}
+		first := len(n.GPUs)
 		for range k {
-			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, Load: gpuLoad, IdleWatts: idle})
+			n.GPUs = append(n.GPUs, sched.GPU{Model: model, MilliFree: sched.MilliPerGPU, Load: gpuLoad, IdleWatts: idle})
 		}
 		if g, known := l.NVLink[model]; known {
+			linksKnown = true
 			linked := min(g, k)
 			for a := range linked {
 				for b := a + 1; b < linked; b++ {
-					n.NVLink = append(n.NVLink, [2]int{a, b})
+					n.NVLink = append(n.NVLink, [2]int{first + a, first + b})
 				}
 			}
-			if len(n.NVLink) == 0 {
-				// The peer knows its links and none joins two free GPUs:
-				// a pair the engine skips (out of range) says links are
-				// known, so sets of unlinked GPUs score no locality.
-				n.NVLink = [][2]int{{-1, -1}}
-			}
 		}
-		out = append(out, n)
+	}
+	if linksKnown && len(n.NVLink) == 0 {
+		// The peer knows its links and none joins two free GPUs: a pair
+		// the engine skips (out of range) says links are known, so sets
+		// of unlinked GPUs score no locality.
+		n.NVLink = [][2]int{{-1, -1}}
+	}
+	firstModel := ""
+	if len(models) > 0 {
+		firstModel = models[0]
 	}
 	if shared := l.GPUShareMilli - whole*sched.MilliPerGPU; shared > 0 {
-		if len(out) == 0 {
-			out = append(out, base(""))
-		}
-		n := out[0]
 		for left := shared; left > 0 && len(n.GPUs) < 64; left -= sched.MilliPerGPU - 1 {
-			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: int64(min(left, sched.MilliPerGPU-1)), Load: gpuLoad})
+			n.GPUs = append(n.GPUs, sched.GPU{Model: firstModel, MilliFree: int64(min(left, sched.MilliPerGPU-1)), Load: gpuLoad})
 		}
 	}
-	if len(l.MIG) > 0 {
-		// The gossip names no model for MIG GPUs: a node of its own.
-		n := base("")
-		for _, p := range slices.Sorted(maps.Keys(l.MIG)) {
-			s, k := max(hostplacer.MIGSlicesOf(p), 1), min(max(l.MIG[p], 0), 64)
-			if k == 0 {
-				continue
-			}
-			k = min(k, 64/s) // the engine models up to 64 slices a GPU
-			m := &sched.MIG{TotalSlices: s * k}
-			for i := range k {
-				m.Instances = append(m.Instances, sched.MIGInstance{Profile: p, Start: i * s, Slices: s})
-			}
-			n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, MIG: m, Load: gpuLoad})
+	for _, p := range slices.Sorted(maps.Keys(l.MIG)) {
+		s, k := max(hostplacer.MIGSlicesOf(p), 1), min(max(l.MIG[p], 0), 64)
+		if k == 0 || len(n.GPUs) >= 64 {
+			continue
 		}
-		out = append(out, n)
+		k = min(k, 64/s) // the engine models up to 64 slices a GPU
+		m := &sched.MIG{TotalSlices: s * k}
+		for i := range k {
+			m.Instances = append(m.Instances, sched.MIGInstance{Profile: p, Start: i * s, Slices: s})
+		}
+		n.GPUs = append(n.GPUs, sched.GPU{MilliFree: sched.MilliPerGPU, MIG: m, Load: gpuLoad})
 	}
-	if len(out) == 0 {
-		out = append(out, base(""))
-	}
-	return out
+	return n
 }
 
 // rank orders the peers that fit spec by their gossiped load, best first
 // (ties by name), and says of the others why they were left out. A peer
-// fits when one of its engine nodes passes the engine's filter; its score
-// is its best node's.
+// fits when its engine node passes the engine's filter; its score is the
+// engine's.
 func (rk ranker) rank(spec api.JobSpec, peers []candidate) ([]candidate, []string) {
 	tier := spec.Tier
 	if tier == "" {
@@ -162,23 +154,14 @@ func (rk ranker) rank(spec api.JobSpec, peers []candidate) ([]candidate, []strin
 		if req.MIGProfile != "" {
 			req.GPUModels = nil // the gossip names no model for MIG GPUs; the peer re-checks
 		}
-		best, why := -1.0, []string{}
-		for _, n := range peerNodes(p.name, p.load) {
-			d, err := rk.place(&req, n)
-			if err != nil {
-				why = append(why, refusal(d, p.load))
-				continue
-			}
-			if d.Score > best {
-				best, p.engine = d.Score, d.Score
-				if len(d.Candidates) > 0 {
-					p.parts = d.Candidates[0].Parts
-				}
-			}
-		}
-		if best < 0 {
-			skipped = append(skipped, p.name+": "+strings.Join(slices.Compact(why), "; "))
+		d, err := rk.place(&req, peerNode(p.name, p.load))
+		if err != nil {
+			skipped = append(skipped, p.name+": "+refusal(d, p.load))
 			continue
+		}
+		p.engine = d.Score
+		if len(d.Candidates) > 0 {
+			p.parts = d.Candidates[0].Parts
 		}
 		// Never a bonus: a negative queue or wait (refused on decode)
 		// counts as none.
