@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 
 	"github.com/fusiond/fusiond/daemon/sched"
 	"gonum.org/v1/gonum/mat"
@@ -138,7 +137,7 @@ func usableGPUs(specs []NodeSpec, pods []*Pod) (int64, float64) {
 		fits := false
 		cpuPer, memPer := math.Inf(1), math.Inf(1)
 		for _, p := range pods {
-			if p.GPUs > n.GPUs || p.CPUMilli > n.CPUMilli || p.MemMiB > n.MemMiB || (p.GPUSpec != "" && !slices.Contains(strings.Split(p.GPUSpec, "|"), n.Model)) {
+			if !n.canHold(p) {
 				continue
 			}
 			fits = true

@@ -46,8 +46,10 @@ func openbPower(model string) (table, note string, ok bool) {
 func PowerModel(specs []NodeSpec, overrides map[string][2]float64) ([]GPUPower, error) {
 	count := map[string]int{}
 	for _, s := range specs {
-		if s.GPUs > 0 {
-			count[s.Model] += s.GPUs
+		for _, g := range s.Groups() {
+			if g.GPUs > 0 {
+				count[g.Model] += g.GPUs
+			}
 		}
 	}
 	out := make([]GPUPower, 0, len(count))
@@ -130,12 +132,12 @@ func newEnergyMeter(nodes []*sched.Node, power []GPUPower, lo, hi int64) (*energ
 		if len(n.GPUs) == 0 {
 			continue
 		}
-		p, ok := by[n.GPUModel]
-		if !ok {
-			return nil, fmt.Errorf("%w: no power figures for GPU model %q", ErrBadOption, n.GPUModel)
-		}
 		e.idleW[i], e.dynW[i], e.milli[i] = make([]float64, len(n.GPUs)), make([]float64, len(n.GPUs)), make([]int64, len(n.GPUs))
 		for g := range n.GPUs {
+			p, ok := by[n.ModelOf(g)]
+			if !ok {
+				return nil, fmt.Errorf("%w: no power figures for GPU model %q", ErrBadOption, n.ModelOf(g))
+			}
 			e.idleW[i][g], e.dynW[i][g] = p.IdleW, p.TDPW-p.IdleW
 			e.watts += p.IdleW
 			e.idleWatts += p.IdleW

@@ -26,6 +26,7 @@ func FuzzReadPods(f *testing.F) {
 func FuzzReadNodes(f *testing.F) {
 	f.Add("sn,cpu_milli,memory_mib,gpu,model\nn,64000,262144,2,P100\n")
 	f.Add("sn,cpu_milli,memory_mib,gpu\nn,1,1,99999999999\n")
+	f.Add("sn,cpu_milli,memory_mib,gpu,model\nn,64000,262144,3,H100:1+L4:2\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		specs, err := ReadNodes(strings.NewReader(s))
 		if err != nil {

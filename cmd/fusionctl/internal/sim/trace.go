@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,13 +15,72 @@ import (
 // ErrBadTrace means a CSV file does not have the openb layout.
 var ErrBadTrace = errors.New("sim: bad trace")
 
-// NodeSpec is one row of an openb node list.
+// NodeSpec is one row of an openb node list. Model is the model column
+// as written: one model for all GPUs ("V100M16"), or for a node with
+// several models each with its count, "MODEL:COUNT" joined by "+"
+// ("H100:1+L4:2", the counts summing to GPUs; ReadNodes checks it).
 type NodeSpec struct {
 	Name     string
 	CPUMilli int64
 	MemMiB   int64
 	GPUs     int
 	Model    string
+}
+
+// ModelCount is one GPU model of a node and how many GPUs of it.
+type ModelCount struct {
+	Model string
+	GPUs  int
+}
+
+// Groups are the node's GPU models with their counts: one group for a
+// node of one model (even with no GPUs), one per model for a mixed node.
+func (n NodeSpec) Groups() []ModelCount {
+	gs, err := parseModels(n.Model, n.GPUs)
+	if err != nil {
+		return []ModelCount{{Model: n.Model, GPUs: n.GPUs}}
+	}
+	return gs
+}
+
+// canHold reports whether the empty node can run pod p: its CPU, memory
+// and all its GPUs from one group of an allowed model.
+func (n NodeSpec) canHold(p *Pod) bool {
+	if p.CPUMilli > n.CPUMilli || p.MemMiB > n.MemMiB {
+		return false
+	}
+	for _, g := range n.Groups() {
+		if p.GPUs <= g.GPUs && (p.GPUSpec == "" || slices.Contains(strings.Split(p.GPUSpec, "|"), g.Model)) {
+			return true
+		}
+	}
+	return false
+}
+
+// parseModels reads a model column: a plain model, or "MODEL:COUNT"
+// parts joined by "+" whose counts sum to gpus.
+func parseModels(col string, gpus int) ([]ModelCount, error) {
+	if !strings.Contains(col, ":") && !strings.Contains(col, "+") {
+		return []ModelCount{{Model: col, GPUs: gpus}}, nil
+	}
+	var out []ModelCount
+	sum := 0
+	for part := range strings.SplitSeq(col, "+") {
+		m, c, ok := strings.Cut(part, ":")
+		k, err := strconv.Atoi(c)
+		switch {
+		case !ok || m == "" || err != nil || k < 1 || k > 64:
+			return nil, fmt.Errorf("model %q: want MODEL:COUNT (COUNT 1..64) parts joined by +", part)
+		case slices.ContainsFunc(out, func(g ModelCount) bool { return g.Model == m }):
+			return nil, fmt.Errorf("model %q named twice", m)
+		}
+		out = append(out, ModelCount{Model: m, GPUs: k})
+		sum += k
+	}
+	if sum != gpus {
+		return nil, fmt.Errorf("the models' counts sum to %d, the gpu column says %d", sum, gpus)
+	}
+	return out, nil
 }
 
 // Pod is one row of an openb pod list. Times are seconds; zero deletion
@@ -109,7 +169,8 @@ func (t *table) int(row []string, name string, line int) (int64, error) {
 	return v, nil
 }
 
-// ReadNodes parses an openb node list (sn,cpu_milli,memory_mib,gpu,model).
+// ReadNodes parses an openb node list (sn,cpu_milli,memory_mib,gpu,model);
+// see NodeSpec for a model column naming several models.
 func ReadNodes(r io.Reader) ([]NodeSpec, error) {
 	t, err := readTable(r, "sn", "cpu_milli", "memory_mib", "gpu")
 	if err != nil {
@@ -133,6 +194,9 @@ func ReadNodes(r io.Reader) ([]NodeSpec, error) {
 			return nil, fmt.Errorf("%w: line %d: %d GPUs", ErrBadTrace, i+2, g)
 		}
 		n.GPUs = int(g)
+		if _, err := parseModels(n.Model, n.GPUs); err != nil {
+			return nil, fmt.Errorf("%w: line %d: %w", ErrBadTrace, i+2, err)
+		}
 		out = append(out, n)
 	}
 	return out, nil
@@ -174,7 +238,21 @@ func ReadPods(r io.Reader) ([]Pod, error) {
 func BuildNodes(specs []NodeSpec) []*sched.Node {
 	out := make([]*sched.Node, len(specs))
 	for i, s := range specs {
-		out[i] = sched.NewNode(s.Name, s.CPUMilli, s.MemMiB, s.GPUs, s.Model)
+		gs := s.Groups()
+		if len(gs) == 1 {
+			out[i] = sched.NewNode(s.Name, s.CPUMilli, s.MemMiB, s.GPUs, gs[0].Model)
+			continue
+		}
+		// A mixed node: each GPU names its model.
+		n := sched.NewNode(s.Name, s.CPUMilli, s.MemMiB, s.GPUs, "")
+		j := 0
+		for _, g := range gs {
+			for range g.GPUs {
+				n.GPUs[j].Model = g.Model
+				j++
+			}
+		}
+		out[i] = n
 	}
 	return out
 }

@@ -67,6 +67,10 @@ func (v *nodeView) stateKey(n *sched.Node) string {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		b = append(b, '|')
+		if g.Model != "" {
+			b = append(b, g.Model...)
+			b = append(b, ':')
+		}
 		b = strconv.AppendInt(b, g.MilliFree, 36)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, g.MemFreeMiB, 36)
