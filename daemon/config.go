@@ -68,7 +68,7 @@ type Config struct {
 	// false: such a node refuses to start jobs (fusionctl status says why).
 	AllowUnisolatedJobs bool `json:"allow_unisolated_jobs,omitempty"`
 	// Simulate runs over a simulated host instead of the real devices:
-	// "" (the real host), dgxa100, dgxh100, dgxh200 or dgxb200.
+	// "" (the real host), dgxa100, dgxh100, dgxh200, dgxb200 or mixed (one H100 and two L4s).
 	Simulate string `json:"simulate,omitempty"`
 	// MaxBitstreamBytes caps FPGA bitstream uploads (streamed to disk,
 	// so separate from MaxRequestBytes).

@@ -49,7 +49,7 @@ func run(ctx context.Context, args []string, stdout io.Writer, stderr *os.File) 
 	socket := fs.String("socket", "", "API socket (default from config: /run/fusiond/fusiond.sock)")
 	logFormat := fs.String("log-format", "", "log format: text or json")
 	logLevel := fs.String("log-level", "", "log level: debug, info, warn, error")
-	simulate := fs.String("simulate", "", "run over a simulated host: dgxa100, dgxh100, dgxh200 or dgxb200 (overrides the config)")
+	simulate := fs.String("simulate", "", "run over a simulated host: dgxa100, dgxh100, dgxh200, dgxb200 or mixed (one H100 + two L4s) (overrides the config)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	osexec "os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 )
@@ -134,5 +136,92 @@ func TestSimulatedHost(t *testing.T) {
 	}
 	if out := ok("fpga", "bitstream", "list"); !strings.Contains(out, "dma_afu") {
 		t.Errorf("bitstream list:\n%s", out)
+	}
+}
+
+// TestSimulatedMixedHost runs fusiond --simulate mixed (one H100 and two
+// L4s, through the production NVML and topology paths) and places by
+// per-device model: an L4 job on an L4, an H100 job on the H100, a job
+// that fits either where its class's profile says (training on the H100
+// for compute; an inference share on an L4 for performance per watt),
+// with both models in `fusionctl show`'s explanation; a second H100 job
+// waits rather than taking an L4, and three GPUs of one model are refused
+// as something this host could never run.
+func TestSimulatedMixedHost(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "")
+	d.args = []string{"--simulate", "mixed"}
+	d.start()
+	c := d.client()
+	ctx := context.Background()
+	gl, err := c.GPUs(ctx)
+	if err != nil || len(gl.GPUs) != 3 {
+		t.Fatalf("gpus: %v %d", err, len(gl.GPUs))
+	}
+	model := map[string]string{}
+	for _, g := range gl.GPUs {
+		model[g.UUID] = g.Model
+	}
+	if gl.GPUs[0].Model != "NVIDIA H100 80GB HBM3" || gl.GPUs[1].Model != "NVIDIA L4" || gl.GPUs[2].Model != "NVIDIA L4" {
+		t.Fatalf("models %v", model)
+	}
+	if topo := d.ctl(nil, "", "topology"); topo.code != 0 || strings.Count(topo.stdout, "[GPU]") != 3 {
+		t.Errorf("topology shows %d GPUs, want 3:\n%s", strings.Count(topo.stdout, "[GPU]"), topo.stdout)
+	}
+	submit := func(class api.Class, g api.GPURequest) api.Job {
+		t.Helper()
+		j, err := c.Submit(ctx, api.JobSpec{Class: class, Command: []string{"sleep", "600"},
+			Resources: api.Resources{CPU: 100, Memory: 16 << 20, GPU: &g}})
+		if err != nil {
+			t.Fatalf("submit %s %+v: %v", class, g, err)
+		}
+		return j
+	}
+	gpuOf := func(j api.Job) string {
+		t.Helper()
+		j = waitFor(t, c, j.ID, api.StateRunning)
+		switch a := j.Allocation; {
+		case a == nil:
+		case len(a.GPUs) == 1:
+			return model[a.GPUs[0]]
+		case a.GPUShare != nil:
+			return model[a.GPUShare.GPU]
+		}
+		t.Fatalf("job %s allocation %+v", j.ID, j.Allocation)
+		return ""
+	}
+	share := submit(api.ClassInference, api.GPURequest{Share: 250})
+	if m := gpuOf(share); m != "NVIDIA L4" {
+		t.Errorf("an inference share went to %s, want an L4 (performance per watt)", m)
+	}
+	train := submit(api.ClassTraining, api.GPURequest{Count: 1})
+	if m := gpuOf(train); m != "NVIDIA H100 80GB HBM3" {
+		t.Errorf("a training GPU went to %s, want the H100 (compute)", m)
+	}
+	show := d.ctl(nil, "", "show", train.ID)
+	if show.code != 0 || !strings.Contains(show.stdout, "NVIDIA H100") || !strings.Contains(show.stdout, "NVIDIA L4") || !strings.Contains(show.stdout, "compute=") {
+		t.Errorf("show %s does not explain the choice between the models:\n%s%s", train.ID, show.stdout, show.stderr)
+	}
+	l4 := submit(api.ClassBatch, api.GPURequest{Count: 1, Model: "L4"})
+	if m := gpuOf(l4); m != "NVIDIA L4" {
+		t.Errorf("an L4 job went to %s", m)
+	}
+	// The H100 is taken: a second H100 job waits, never on the free
+	// share left on an L4.
+	h100 := submit(api.ClassBatch, api.GPURequest{Count: 1, Model: "h100"})
+	time.Sleep(time.Second)
+	if j, err := c.Get(ctx, h100.ID); err != nil || j.State != api.StatePending || j.Allocation != nil {
+		t.Errorf("a second H100 job: %v state %s allocation %+v, want pending", err, j.State, j.Allocation)
+	}
+	if _, err := c.Cancel(ctx, train.ID); err != nil {
+		t.Fatal(err)
+	}
+	if m := gpuOf(h100); m != "NVIDIA H100 80GB HBM3" {
+		t.Errorf("the waiting H100 job went to %s once the H100 was free", m)
+	}
+	// Three GPUs of one model: this host can never run it.
+	if _, err := c.Submit(ctx, api.JobSpec{Command: []string{"true"}, Resources: api.Resources{CPU: 100, Memory: 16 << 20, GPU: &api.GPURequest{Count: 3}}}); err == nil ||
+		!strings.Contains(err.Error(), "resources.gpu") {
+		t.Errorf("three GPUs of one model admitted: %v", err)
 	}
 }

@@ -174,3 +174,33 @@ func TestStatusSaysSimulated(t *testing.T) {
 		t.Fatal("unhealthy GPU reported healthy")
 	}
 }
+
+// The mixed simulated host: an H100 SXM (MIG-capable) and two L4s (no
+// MIG, no NVLink), each reported under its own model, memory and power.
+func TestSimulatedMixedHost(t *testing.T) {
+	m, err := Open(WithSimulated("mixed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := m.GPUs()
+	if len(gs) != 3 {
+		t.Fatalf("%d GPUs, want 3", len(gs))
+	}
+	if gs[0].Model != "NVIDIA H100 80GB HBM3" || gs[1].Model != "NVIDIA L4" || gs[2].Model != "NVIDIA L4" {
+		t.Fatalf("models %q %q %q", gs[0].Model, gs[1].Model, gs[2].Model)
+	}
+	if len(gs[0].Profiles) == 0 || len(gs[1].Profiles) != 0 {
+		t.Fatalf("MIG profiles: H100 %d, L4 %d; want some and none", len(gs[0].Profiles), len(gs[1].Profiles))
+	}
+	if gs[1].MemoryMB != 23034 {
+		t.Fatalf("L4 memory %d MB", gs[1].MemoryMB)
+	}
+	for _, g := range gs {
+		if g.NUMANode != 0 {
+			t.Fatalf("GPU %d on NUMA %d, want 0 (the tree's first socket)", g.Index, g.NUMANode)
+		}
+	}
+	if ids := SimPCIDeviceIDs("mixed"); !slices.Equal(ids, []uint16{0x2330, 0x27b8, 0x27b8}) {
+		t.Fatalf("PCI device ids %#x", ids)
+	}
+}

@@ -13,11 +13,34 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxb200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
 // SimulatedHosts lists the names Simulated accepts.
-func SimulatedHosts() []string { return []string{"dgxa100", "dgxh100", "dgxh200", "dgxb200"} }
+func SimulatedHosts() []string { return []string{"dgxa100", "dgxh100", "dgxh200", "dgxb200", "mixed"} }
+
+// simL4 is an NVIDIA L4 (Ada, 24 GB, 72 W, no MIG, no NVLink) for go-nvml's
+// mock server, which has no L4 of its own.
+var simL4 = gpus.Config{
+	Name:         "NVIDIA L4",
+	Architecture: nvml.DEVICE_ARCH_ADA,
+	Brand:        nvml.BRAND_NVIDIA,
+	MemoryMB:     23034,
+	CudaMajor:    8,
+	CudaMinor:    9,
+	PciDeviceId:  0x27B810DE,
+}
+
+// SimPCIDeviceIDs are the PCI device ids of the simulated host's GPUs in
+// index order, for its topology tree; nil for the 8-GPU DGX hosts, whose
+// tree is the default one.
+func SimPCIDeviceIDs(name string) []uint16 {
+	if name == "mixed" {
+		return []uint16{uint16(gpus.H100_SXM5_80GB.PciDeviceId >> 16), uint16(simL4.PciDeviceId >> 16), uint16(simL4.PciDeviceId >> 16)}
+	}
+	return nil
+}
 
 // SimHost is a simulated NVIDIA host: one of go-nvml's mock servers with
 // the parts of NVML the mock leaves out (PCI bus IDs, NUMA, power, clocks,
@@ -38,13 +61,15 @@ type simGPU struct {
 	lost       bool
 	dbe        uint64
 	powerLimit uint32 // milliwatts
+	tdp        uint32 // milliwatts
 	migDevs    map[string]*mock.Device
 }
 
 var _ nvml.Interface = (*SimHost)(nil)
 
-// Simulated returns a simulated 8-GPU host: "dgxa100", "dgxh100", "dgxh200"
-// or "dgxb200".
+// Simulated returns a simulated host: an 8-GPU "dgxa100", "dgxh100",
+// "dgxh200" or "dgxb200", or "mixed" (one H100 SXM and two L4s, as a
+// workstation or an inference box beside a training GPU).
 func Simulated(name string) (nvml.Interface, error) {
 	return NewSimHost(name)
 }
@@ -62,12 +87,16 @@ func NewSimHost(name string) (*SimHost, error) {
 		s = dgxh200.New()
 	case "dgxb200":
 		s = dgxb200.New()
+	case "mixed":
+		s, _ = server.New(server.WithGPUs(gpus.H100_SXM5_80GB, simL4, simL4), server.WithDriverVersion("550.54.15"),
+			server.WithNVMLVersion("12.550.54.15"), server.WithCUDADriverVersion(12040))
 	default:
 		return nil, fmt.Errorf("nvidia: unknown simulated host %q (want one of %v)", name, SimulatedHosts())
 	}
 	h := &SimHost{Server: s, name: name, events: make(chan nvml.EventData, 64)}
 	for i, d := range s.Devices {
-		h.state = append(h.state, &simGPU{powerLimit: simTDP(name), migDevs: map[string]*mock.Device{}})
+		tdp := simTDP(name, d.(*server.Device).Config)
+		h.state = append(h.state, &simGPU{powerLimit: tdp, tdp: tdp, migDevs: map[string]*mock.Device{}})
 		sd := &simDevice{Device: d.(*server.Device), h: h, i: i}
 		// The mock draws random UUIDs at every start; a real GPU keeps its
 		// UUID, and so must a simulated one, or jobs re-attached after a
@@ -75,6 +104,9 @@ func NewSimHost(name string) (*SimHost, error) {
 		sd.Device.UUID = SimGPUUUID(name, i)
 		h.devs = append(h.devs, sd)
 		h.wireDevice(i, sd.Device)
+		if name == "mixed" {
+			noFabric(sd.Device)
+		}
 	}
 	s.DeviceGetHandleByIndexFunc = func(index int) (nvml.Device, nvml.Return) {
 		if index < 0 || index >= len(h.devs) {
@@ -130,7 +162,7 @@ func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 }
 
 func (d *simDevice) GetPowerUsage() (uint32, nvml.Return) {
-	return simTDP(d.h.name) / 5, d.h.lostOr(d.i)
+	return d.h.state[d.i].tdp / 5, d.h.lostOr(d.i)
 }
 
 func (d *simDevice) GetPowerManagementLimit() (uint32, nvml.Return) {
@@ -172,8 +204,11 @@ func (d *simDevice) GetTotalEccErrors(t nvml.MemoryErrorType, c nvml.EccCounterT
 // Name is the simulated host's name.
 func (h *SimHost) Name() string { return h.name }
 
-// simTDP is the board power limit of the simulated model in milliwatts.
-func simTDP(name string) uint32 {
+// simTDP is the board power limit of a simulated GPU in milliwatts.
+func simTDP(name string, c gpus.Config) uint32 {
+	if c.Name == simL4.Name {
+		return 72_000
+	}
 	switch name {
 	case "dgxa100":
 		return 400_000
@@ -187,11 +222,13 @@ func simTDP(name string) uint32 {
 func (h *SimHost) wireDevice(i int, d *server.Device) {
 	n := len(h.Server.Devices)
 	st := h.state[i]
-	tdp := simTDP(h.name)
+	tdp := st.tdp
 	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
 		return simPci(d.PciBusID, d.Config.PciDeviceId), nvml.SUCCESS
 	}
-	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return i * 2 / n, nvml.SUCCESS }
+	// Two sockets of four GPU slots (the DGX layout, as topology/simhost
+	// lays the tree out): slots 0-3 on NUMA node 0, 4-7 on node 1.
+	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return i / 4, nvml.SUCCESS }
 	d.GetPowerManagementLimitConstraintsFunc = func() (uint32, uint32, nvml.Return) {
 		return tdp / 2, tdp, nvml.SUCCESS
 	}
@@ -274,6 +311,21 @@ func (h *SimHost) migDevices(i int, d *server.Device) []nvml.Device {
 		out = append(out, md)
 	}
 	return out
+}
+
+// noFabric makes a simulated GPU one of a PCIe workstation: no NVLink,
+// and no MIG where the model has none (an L4 answers NOT_SUPPORTED, as the
+// driver does).
+func noFabric(d *server.Device) {
+	d.GetNvLinkStateFunc = func(int) (nvml.EnableState, nvml.Return) {
+		return nvml.FEATURE_DISABLED, nvml.ERROR_NOT_SUPPORTED
+	}
+	if len(d.Config.MIGProfiles.GpuInstanceProfiles) > 0 {
+		return
+	}
+	d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
+	d.SetMigModeFunc = func(int) (nvml.Return, nvml.Return) { return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED }
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 }
 
 func simPci(busID string, devID uint32) nvml.PciInfo {

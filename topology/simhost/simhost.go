@@ -242,10 +242,42 @@ var ErrNotEmpty = errors.New("simhost: target directory is not empty")
 // Option changes the simulated machine.
 type Option func(*shape)
 
-// shape is the CPU shape of the machine (and how it is written).
+// shape is the CPU shape of the machine, its GPUs (and how it is
+// written).
 type shape struct {
 	cores  int
 	shared bool
+	// gpus are the GPUs' PCI device ids by slot (GPUAddrs order); nil:
+	// eight H200s.
+	gpus []uint16
+}
+
+// WithGPUs fills the first len(ids) GPU slots (GPUAddrs order) with GPUs
+// of those PCI device ids (NVIDIA's vendor id) and leaves the other slots
+// empty: a host with fewer GPUs, or of several models (an H100 beside two
+// L4s). At most 8; more are ignored.
+func WithGPUs(ids ...uint16) Option {
+	return func(s *shape) { s.gpus = slices.Clone(ids[:min(len(ids), 8)]) }
+}
+
+// devices are the machine's PCI functions: Devices, less the empty GPU
+// slots.
+func (sh shape) devices() []Device {
+	all := Devices()
+	if sh.gpus == nil {
+		return all
+	}
+	slot := map[string]int{}
+	for i, a := range GPUAddrs() {
+		slot[a] = i
+	}
+	out := all[:0]
+	for _, d := range all {
+		if d.Kind != GPU || slot[d.Addr] < len(sh.gpus) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // PoolDir is the directory, below Write's dir, of the content files that
@@ -527,7 +559,11 @@ func devicePath(byAddr map[string]Device, d Device) string {
 }
 
 func (sh shape) writePCI(w *writer) {
-	devs := Devices()
+	devs := sh.devices()
+	slot := map[string]int{}
+	for i, a := range GPUAddrs() {
+		slot[a] = i
+	}
 	byAddr := map[string]Device{}
 	children := map[string][]string{}
 	for _, d := range devs {
@@ -538,6 +574,9 @@ func (sh shape) writePCI(w *writer) {
 	for _, d := range devs {
 		p := devicePath(byAddr, d)
 		id := idsOf(d.Kind)
+		if d.Kind == GPU && sh.gpus != nil {
+			id.device = sh.gpus[slot[d.Addr]]
+		}
 		cpus := sh.socketCPUs(d.Node)
 		if !hostBridges[d.HostBridge] {
 			hostBridges[d.HostBridge] = true

@@ -280,7 +280,11 @@ func (h *Host) openTopology(ctx context.Context) error {
 // is not there yet: in the shared directory (Config.SimTreeDir) under the
 // tree's digest, else under the state directory.
 func (h *Host) simTopology() (string, error) {
-	tree := toposim.Plan(toposim.WithSharedContent())
+	opts := []toposim.Option{toposim.WithSharedContent()}
+	if ids := nvidia.SimPCIDeviceIDs(h.cfg.Simulate); ids != nil {
+		opts = append(opts, toposim.WithGPUs(ids...))
+	}
+	tree := toposim.Plan(opts...)
 	base, err := sharedSimDir(h.cfg.SimTreeDir)
 	if err != nil {
 		h.log.Warn("simulated topology tree kept under the state directory", "err", err)
