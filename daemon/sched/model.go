@@ -223,17 +223,6 @@ func (n *Node) Homogeneous() bool {
 	return true
 }
 
-// Models lists the node's GPU models, each once, in GPU index order.
-func (n *Node) Models() []string {
-	var out []string
-	for i := range n.GPUs {
-		if m := n.ModelOf(i); !slices.Contains(out, m) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // GPUMilliFree is the total unallocated milli-GPU on the node (MIG GPUs
 // excluded).
 func (n *Node) GPUMilliFree() int64 {
