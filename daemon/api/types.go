@@ -590,6 +590,13 @@ type TelemetryStatus struct {
 	// per-job PSI is read or why not (cgroup v1 has none).
 	Jobs   int    `json:"jobs"`
 	JobPSI string `json:"job_psi"`
+	// MaxJobs is the most jobs the bus follows at once (telemetry.max_jobs);
+	// UnfollowedJobs counts the running jobs it does not follow now
+	// because MaxJobs were followed when they started (they have no usage
+	// readings), UnfollowedJobsTotal every job it ever refused, each once.
+	MaxJobs             int    `json:"max_jobs"`
+	UnfollowedJobs      int    `json:"unfollowed_jobs,omitempty"`
+	UnfollowedJobsTotal uint64 `json:"unfollowed_jobs_total,omitempty"`
 	// LastError is the last sampling error, if any.
 	LastError string `json:"last_error,omitempty"`
 	// Forecasts are the host series' forecasts.

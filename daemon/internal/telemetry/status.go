@@ -33,6 +33,7 @@ func (b *Bus) Status() api.TelemetryStatus {
 		Interval: api.Duration(b.cfg.Interval), JobInterval: api.Duration(b.cfg.JobInterval),
 		Samples: b.count, Ring: len(b.ring), HistoryMinutes: len(b.history),
 		CPUBusy: busy, Jobs: len(b.jobs), LastError: b.lastErr,
+		MaxJobs: b.follows.Max, UnfollowedJobs: b.follows.Unfollowed, UnfollowedJobsTotal: b.follows.UnfollowedTotal,
 		Power: "RAPL (powercap)", JobPSI: "per-cgroup pressure files",
 	}
 	if b.total > 0 {
