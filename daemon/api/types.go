@@ -543,6 +543,15 @@ type QoSStatus struct {
 	// the kernel counts (sysctl kernel.bpf_stats_enabled=1).
 	ProbeEvents     uint64  `json:"probe_events,omitempty"`
 	ProbeNsPerEvent float64 `json:"probe_ns_per_event,omitempty"`
+	// ProbeSlots is how many job cgroups the probe can time at once
+	// (qos.max_jobs), ProbeSlotsUsed how many it times now; UntimedJobs
+	// counts the running jobs it has no slot for now (not timed, their
+	// SLO not watched), UntimedJobsTotal every job it had none for, each
+	// once.
+	ProbeSlots       int    `json:"probe_slots,omitempty"`
+	ProbeSlotsUsed   int    `json:"probe_slots_used,omitempty"`
+	UntimedJobs      int    `json:"untimed_jobs,omitempty"`
+	UntimedJobsTotal uint64 `json:"untimed_jobs_total,omitempty"`
 	// LastAction says what the loop did last, and when.
 	LastAction   string     `json:"last_action,omitempty"`
 	LastActionAt *time.Time `json:"last_action_at,omitempty"`
