@@ -33,7 +33,7 @@ type TelemetryConfig struct {
 	// /sys/class/powercap).
 	PowercapRoot string `json:"powercap_root,omitempty"`
 	// MaxJobs is how many running jobs the bus follows at once (1..8192;
-	// default 512): 19.2 KB of readings each at most. A job that starts
+	// default 512): 21.6 KB of readings each at most. A job that starts
 	// while MaxJobs are followed has no usage readings until a followed
 	// one ends; fusionctl status notes it, fusiond_telemetry_jobs_unfollowed
 	// counts it and one warning is logged per episode.
@@ -58,7 +58,7 @@ func (c TelemetryConfig) validate() (string, error) {
 	case c.HistoryMinutes < 60 || c.HistoryMinutes > 100_000:
 		return "telemetry.history_minutes", fmt.Errorf("between 60 and 100000, got %d", c.HistoryMinutes)
 	case c.MaxJobs < 1 || c.MaxJobs > telemetry.MaxJobsLimit:
-		// The upper bound keeps the job rings' memory (19.2 KB a job) and
+		// The upper bound keeps the job rings' memory (21.6 KB a job) and
 		// the sampler's cgroup reads each job_interval bounded.
 		return "telemetry.max_jobs", fmt.Errorf("between 1 and %d jobs, got %d", telemetry.MaxJobsLimit, c.MaxJobs)
 	}

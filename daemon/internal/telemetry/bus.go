@@ -180,8 +180,8 @@ func (c Config) validate() error {
 const DefaultMaxJobs = 512
 
 // MaxJobsLimit is the most jobs the bus can be configured to follow: each
-// followed job holds a ring of JobRing readings (19.2 KB with the default
-// 300), so 8192 jobs hold at most 157 MB, and the sampler reads every
+// followed job holds a ring of JobRing readings (21.6 KB with the default
+// 300), so 8192 jobs hold at most 177 MB, and the sampler reads every
 // followed job's cgroup each JobInterval on its own goroutine, so far more
 // would crowd out the host samples.
 const MaxJobsLimit = 8192
