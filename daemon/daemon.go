@@ -248,6 +248,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 				Devices:   func(ctx context.Context) []devices.Device { return inventories(ctx, d.hw, log) },
 				Tiers:     tierStats(cg),
 				QoS:       func() metrics.QoS { return qosMetrics(d.qos) },
+				Telemetry: func() metrics.Telemetry { return telemetryMetrics(bus) },
 			}})
 			unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
 			return nil
@@ -739,7 +740,7 @@ func (s *service) notes() []string {
 	if err := s.Ready(); err != nil {
 		notes = append(notes, "not ready: "+err.Error())
 	}
-	return notes
+	return append(notes, boundNotes(s.telemetryStatus(), s.qosStatus())...)
 }
 
 func (s *service) reclaimStatus() *api.ReclaimStatus {

@@ -12,6 +12,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/metrics"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
+	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/devices"
 )
 
@@ -58,6 +59,7 @@ func qosMetrics(l *qos.Loop) metrics.QoS {
 	out := metrics.QoS{Enabled: st.Enabled, BestEffortCPUMilli: int64(st.BestEffortQuota), BestEffortMemoryHigh: int64(st.BestEffortMemoryHigh),
 		Protected: st.Protected, Breaching: st.Breaching,
 		ProbeStats: c.ProbeStats, ProbeRuns: c.ProbeRuns, ProbeRunNs: c.ProbeRunNs,
+		ProbeSlots: c.Slots.Max, ProbeSlotsUsed: c.Slots.Used, Untimed: c.Untimed, UntimedTotal: c.UntimedTotal,
 		Latency: make(map[api.Class]metrics.Log2Histogram, len(c.Latency))}
 	for k, n := range c.Actions {
 		out.Actions = append(out.Actions, metrics.QoSAction{Op: k.Op, Resource: k.Resource, Result: k.Result, Count: n})
@@ -66,6 +68,17 @@ func qosMetrics(l *qos.Loop) metrics.QoS {
 		out.Latency[class] = metrics.Log2Histogram{Buckets: h.Buckets[:], SumNs: h.SumNs}
 	}
 	return out
+}
+
+// telemetryMetrics reads the telemetry bus's following of jobs at a
+// scrape (the bus is built after the metrics, before any scrape; nil
+// reports nothing followed).
+func telemetryMetrics(bus *telemetry.Bus) metrics.Telemetry {
+	if bus == nil {
+		return metrics.Telemetry{}
+	}
+	f := bus.FollowStats()
+	return metrics.Telemetry{Followed: f.Followed, Max: f.Max, Unfollowed: f.Unfollowed, UnfollowedTotal: f.UnfollowedTotal}
 }
 
 // listenMetrics opens the metrics listener: a TCP address, or a Unix

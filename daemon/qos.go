@@ -88,7 +88,7 @@ func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *be
 		off.Probes = "off: jobs run without cgroups"
 		return nil, off, func() {}
 	}
-	probe, err := ebpf.Load(ebpf.WithCgroupV1(cg.Mode() == cgroups.ModeV1), ebpf.WithLogger(log))
+	probe, err := ebpf.Load(ebpf.WithCgroupV1(cg.Mode() == cgroups.ModeV1), ebpf.WithLogger(log), ebpf.WithMaxCgroups(cfg.MaxJobs))
 	if err != nil {
 		log.Warn("running without latency probes: no QoS loop", "err", err)
 		off.Probes = "off: " + err.Error()

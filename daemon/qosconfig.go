@@ -7,6 +7,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
+	"github.com/fusiond/fusiond/ebpf"
 )
 
 // QoSConfig is the latency SLO defaults and the QoS loop's tuning.
@@ -30,6 +31,12 @@ type QoSConfig struct {
 	MinEvents uint64 `json:"min_events"`
 	// MinBestEffortMemory is the floor of the best-effort memory high.
 	MinBestEffortMemory api.Bytes `json:"min_besteffort_memory"`
+	// MaxJobs is how many job cgroups the latency probe times at once
+	// (1..8192; default 1024), the size of its kernel maps. A job beyond
+	// it is not timed (a protected job takes an unprotected job's slot);
+	// fusionctl status notes it, fusiond_qos_untimed_jobs counts it and
+	// one warning is logged per episode.
+	MaxJobs int `json:"max_jobs"`
 }
 
 // DefaultQoSConfig protects service and inference jobs at a 2 ms
@@ -48,6 +55,7 @@ func DefaultQoSConfig() QoSConfig {
 		RestoreAfter:        Duration(10 * time.Second),
 		MinEvents:           20,
 		MinBestEffortMemory: 256 << 20,
+		MaxJobs:             ebpf.MaxCgroups,
 	}
 }
 
@@ -74,6 +82,10 @@ func (c QoSConfig) validate() (string, error) {
 		return "qos.restore_after", fmt.Errorf("must be positive")
 	case c.MinBestEffortMemory < 0:
 		return "qos.min_besteffort_memory", fmt.Errorf("must not be negative")
+	case c.MaxJobs < 1 || c.MaxJobs > ebpf.MaxCgroupsLimit:
+		// The histogram map is a per-CPU array the kernel allocates in
+		// full at load: 288 bytes a slot per possible CPU.
+		return "qos.max_jobs", fmt.Errorf("between 1 and %d job cgroups, got %d (the probe's histograms take %d bytes per slot per CPU, allocated at load)", ebpf.MaxCgroupsLimit, c.MaxJobs, ebpf.HistogramBytes)
 	}
 	return "", nil
 }

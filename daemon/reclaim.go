@@ -290,6 +290,12 @@ func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, k
 		// The placer admits best-effort jobs against what is reclaimable.
 		Offer: func(a reclaim.Account) {
 			placer.SetReclaimable(api.MilliCPU(a.Reclaimable.CPU), api.Bytes(a.Reclaimable.Memory))
+		},
+		// The tier's cgroup counts every best-effort job, the ones the
+		// telemetry bus does not follow (telemetry.max_jobs reached) too.
+		BestEffortMemory: func() (float64, error) {
+			st, err := cg.TierStats(cgroups.BestEffort)
+			return float64(st.MemoryCurrent), err
 		}},
 		&reclaimHost{mgr: mgr, placer: placer, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback)}, log)
 	if err != nil {

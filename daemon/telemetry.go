@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/telemetry"
@@ -31,12 +32,19 @@ type TelemetryConfig struct {
 	// PowercapRoot is where RAPL zones are read (default
 	// /sys/class/powercap).
 	PowercapRoot string `json:"powercap_root,omitempty"`
+	// MaxJobs is how many running jobs the bus follows at once (1..8192;
+	// default 512): 21.6 KB of readings each at most. A job that starts
+	// while MaxJobs are followed has no usage readings until a followed
+	// one ends; fusionctl status notes it, fusiond_telemetry_jobs_unfollowed
+	// counts it and one warning is logged per episode.
+	MaxJobs int `json:"max_jobs"`
 }
 
 // DefaultTelemetryConfig samples at 10 Hz and keeps 5 minutes of samples
 // and a day of minutes.
 func DefaultTelemetryConfig() TelemetryConfig {
-	return TelemetryConfig{Interval: Duration(100 * time.Millisecond), JobInterval: Duration(time.Second), Ring: 3000, HistoryMinutes: 1440}
+	return TelemetryConfig{Interval: Duration(100 * time.Millisecond), JobInterval: Duration(time.Second), Ring: 3000, HistoryMinutes: 1440,
+		MaxJobs: telemetry.DefaultMaxJobs}
 }
 
 func (c TelemetryConfig) validate() (string, error) {
@@ -49,6 +57,10 @@ func (c TelemetryConfig) validate() (string, error) {
 		return "telemetry.ring", fmt.Errorf("between 10 and 1000000 samples, got %d", c.Ring)
 	case c.HistoryMinutes < 60 || c.HistoryMinutes > 100_000:
 		return "telemetry.history_minutes", fmt.Errorf("between 60 and 100000, got %d", c.HistoryMinutes)
+	case c.MaxJobs < 1 || c.MaxJobs > telemetry.MaxJobsLimit:
+		// The upper bound keeps the job rings' memory (21.6 KB a job) and
+		// the sampler's cgroup reads each job_interval bounded.
+		return "telemetry.max_jobs", fmt.Errorf("between 1 and %d jobs, got %d", telemetry.MaxJobsLimit, c.MaxJobs)
 	}
 	return "", nil
 }
@@ -117,7 +129,7 @@ func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mg
 	}
 	tc := telemetry.Config{
 		Interval: time.Duration(cfg.Interval), JobInterval: time.Duration(cfg.JobInterval),
-		Ring: cfg.Ring, History: cfg.HistoryMinutes, CPUNode: nodes,
+		Ring: cfg.Ring, History: cfg.HistoryMinutes, MaxJobs: cfg.MaxJobs, CPUNode: nodes,
 		GPUs: func() []telemetry.GPU {
 			var out []telemetry.GPU
 			for _, s := range h.Telemetry() {
@@ -155,4 +167,30 @@ func startTelemetry(ctx context.Context, bus *telemetry.Bus) (stop func()) {
 		bus.Run(runCtx)
 	}()
 	return func() { cancel(); <-done }
+}
+
+// boundNotes are the status notes of the bounds on followed jobs while
+// one is reached: the telemetry bus's (telemetry.max_jobs) and the
+// latency probe's (qos.max_jobs). Nil when neither is.
+func boundNotes(tel *api.TelemetryStatus, q *api.QoSStatus) []string {
+	var out []string
+	if tel != nil && tel.UnfollowedJobs > 0 {
+		out = append(out, fmt.Sprintf("telemetry: %d running %s not followed: telemetry.max_jobs (%d) reached; %s no usage readings "+
+			"(elastic sizing and memory-pressure SLOs do not see them; reclaim counts a guaranteed or burstable one at its whole request, "+
+			"best-effort ones by their tier's cgroup); %d refused since start",
+			tel.UnfollowedJobs, boundWord(tel.UnfollowedJobs, "job", "jobs"), tel.MaxJobs, boundWord(tel.UnfollowedJobs, "it has", "they have"), tel.UnfollowedJobsTotal))
+	}
+	if q != nil && q.UntimedJobs > 0 {
+		out = append(out, fmt.Sprintf("qos: %d running %s not timed: all %d latency probe slots (qos.max_jobs) are taken; "+
+			"%s run-queue latency is not watched (protected jobs take unprotected jobs' slots first); %d refused since start",
+			q.UntimedJobs, boundWord(q.UntimedJobs, "job", "jobs"), q.ProbeSlots, boundWord(q.UntimedJobs, "its", "their"), q.UntimedJobsTotal))
+	}
+	return out
+}
+
+func boundWord(n int, one, more string) string {
+	if n == 1 {
+		return one
+	}
+	return more
 }

@@ -1,7 +1,12 @@
 package daemon
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,8 +23,14 @@ func TestTelemetryConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if time.Duration(cfg.Telemetry.Interval) != 50*time.Millisecond || cfg.Telemetry.Ring != 600 ||
-		time.Duration(cfg.Telemetry.JobInterval) != time.Second || cfg.Telemetry.HistoryMinutes != 1440 {
+		time.Duration(cfg.Telemetry.JobInterval) != time.Second || cfg.Telemetry.HistoryMinutes != 1440 || cfg.Telemetry.MaxJobs != 512 {
 		t.Errorf("telemetry not merged over the defaults: %+v", cfg.Telemetry)
+	}
+	if cfg.QoS.MaxJobs != 1024 {
+		t.Errorf("qos.max_jobs default %d, want 1024", cfg.QoS.MaxJobs)
+	}
+	if err := ParseConfig([]byte("telemetry: {max_jobs: 8192}\nqos: {max_jobs: 2}\n"), &cfg); err != nil || cfg.Telemetry.MaxJobs != 8192 || cfg.QoS.MaxJobs != 2 {
+		t.Errorf("max_jobs not read: %v %d %d", err, cfg.Telemetry.MaxJobs, cfg.QoS.MaxJobs)
 	}
 	for in, field := range map[string]string{
 		"telemetry: {interval: 1ms}\n":                     "telemetry.interval",
@@ -27,6 +38,10 @@ func TestTelemetryConfig(t *testing.T) {
 		"telemetry: {ring: 5}\n":                           "telemetry.ring",
 		"telemetry: {history_minutes: 10000000}\n":         "telemetry.history_minutes",
 		"telemetry: {interval: 100ms, job_interval: 10ms}": "telemetry.job_interval",
+		"telemetry: {max_jobs: 0}\n":                       "telemetry.max_jobs",
+		"telemetry: {max_jobs: 8193}\n":                    "telemetry.max_jobs",
+		"qos: {max_jobs: -1}\n":                            "qos.max_jobs",
+		"qos: {max_jobs: 100000}\n":                        "qos.max_jobs",
 	} {
 		cfg := DefaultConfig()
 		err := ParseConfig([]byte(in), &cfg)
@@ -81,4 +96,87 @@ func TestStatusShowsTelemetry(t *testing.T) {
 		t.Errorf("reclaim status with no jobs: %+v", n.Reclaim)
 	}
 	stop()
+}
+
+// TestStatusAtJobBounds runs a daemon that follows at most one job on the
+// telemetry bus and times at most one with the latency probe, and three
+// best-effort jobs: fusionctl status notes both bounds, and /metrics
+// counts the jobs left out. Never silent.
+func TestStatusAtJobBounds(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "metrics.sock")
+	ctx, c, stop := serveDaemon(t, "bounds", func(cfg *Config) {
+		cfg.LeaveJobsOnShutdown = false
+		cfg.Telemetry.MaxJobs = 1
+		cfg.QoS.MaxJobs = 1
+		cfg.Metrics.Listen = "unix:" + sock
+		cfg.Telemetry.PowercapRoot = filepath.Join(t.TempDir(), "no-powercap")
+	})
+	defer stop()
+	for i := range 3 {
+		if _, err := c.Submit(ctx, api.JobSpec{Name: fmt.Sprintf("be%d", i), Tier: api.TierBestEffort, Command: []string{"/bin/sleep", "120"},
+			Resources: api.Resources{CPU: 100, Memory: 16 << 20}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n api.NodeStatus
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var err error
+		if n, err = c.Node(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n.Telemetry != nil && n.Telemetry.UnfollowedJobs == 2 && n.QoS != nil && n.QoS.UntimedJobs == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s: jobs %v, telemetry %+v, qos %+v", n.Jobs, n.Telemetry, n.QoS)
+		}
+	}
+	if n.Telemetry.MaxJobs != 1 || n.Telemetry.UnfollowedJobsTotal != 2 || n.QoS.ProbeSlots != 1 || n.QoS.ProbeSlotsUsed != 1 || n.QoS.UntimedJobsTotal != 2 {
+		t.Errorf("telemetry %+v, qos %+v", n.Telemetry, n.QoS)
+	}
+	notes := strings.Join(n.Notes, "\n")
+	for _, want := range []string{
+		"telemetry: 2 running jobs not followed: telemetry.max_jobs (1) reached",
+		"qos: 2 running jobs not timed: all 1 latency probe slots (qos.max_jobs) are taken",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("status notes lack %q:\n%s", want, notes)
+		}
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := hc.Get("http://fusiond/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"fusiond_telemetry_jobs_followed 1\n", "fusiond_telemetry_jobs_max 1\n",
+		"fusiond_telemetry_jobs_unfollowed 2\n", "fusiond_telemetry_jobs_unfollowed_total 2\n",
+		"fusiond_qos_probe_slots 1\n", "fusiond_qos_probe_slots_used 1\n",
+		"fusiond_qos_untimed_jobs 2\n", "fusiond_qos_untimed_jobs_total 2\n",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
+		}
+	}
+}
+
+func TestBoundNotes(t *testing.T) {
+	if n := boundNotes(&api.TelemetryStatus{MaxJobs: 512}, &api.QoSStatus{ProbeSlots: 1024}); n != nil {
+		t.Errorf("notes under the bounds: %q", n)
+	}
+	if n := boundNotes(nil, nil); n != nil {
+		t.Errorf("notes without a bus or loop: %q", n)
+	}
+	n := boundNotes(&api.TelemetryStatus{MaxJobs: 512, UnfollowedJobs: 1, UnfollowedJobsTotal: 4}, &api.QoSStatus{ProbeSlots: 1024, UntimedJobs: 1, UntimedJobsTotal: 1})
+	if len(n) != 2 || !strings.HasPrefix(n[0], "telemetry: 1 running job not followed: telemetry.max_jobs (512) reached; it has no usage readings") ||
+		!strings.HasSuffix(n[0], "4 refused since start") || !strings.HasPrefix(n[1], "qos: 1 running job not timed: all 1024 latency probe slots (qos.max_jobs) are taken; its run-queue") {
+		t.Errorf("notes %q", n)
+	}
 }

@@ -5,6 +5,9 @@ package ebpf
 // cgroup v1; in the qemu VM of .ci/vm (make test-vm) everything is v2.
 
 import (
+	"errors"
+	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -80,5 +83,97 @@ func TestKernelProbeCloseDetaches(t *testing.T) {
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("second close: %v", err)
+	}
+}
+
+// TestKernelProbeSlotBound loads the probe with two slots: the maps the
+// kernel made have two entries, a third cgroup is refused with ErrFull
+// naming the bound and counted, and once a slot is freed the third cgroup
+// takes it and is timed.
+func TestKernelProbeSlotBound(t *testing.T) {
+	p, err := Load(WithCgroupV1(cgroupV1(t)), WithMaxCgroups(2))
+	if err != nil {
+		t.Fatalf("the kernel cannot run the probe: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	for name, m := range map[string]interface{ MaxEntries() uint32 }{"jobs": p.objs.Jobs, "hists": p.objs.Hists} {
+		if n := m.MaxEntries(); n != 2 {
+			t.Errorf("kernel map %s: %d entries, want 2", name, n)
+		}
+	}
+	a, b, c := newTestCgroup(t, "a"), newTestCgroup(t, "b"), newTestCgroup(t, "c")
+	for _, cg := range []*testCgroup{a, b} {
+		if err := p.Register(cg.id, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Registering a registered cgroup again takes no slot.
+	if err := p.Register(a.id, 2); err != nil {
+		t.Errorf("re-registering a registered cgroup at the bound: %v", err)
+	}
+	for range 2 {
+		err := p.Register(c.id, 1)
+		if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), "all 2 slots") || !strings.Contains(err.Error(), fmt.Sprint(c.id)) {
+			t.Fatalf("third cgroup: err %v, want ErrFull naming the cgroup and the 2 slots", err)
+		}
+	}
+	if st := p.Slots(); st != (SlotStats{Used: 2, Max: 2, Refused: 2}) {
+		t.Errorf("slots %+v, want 2 used of 2, 2 refused", st)
+	}
+	if _, err := p.Histogram(c.id); err == nil {
+		t.Error("a refused cgroup has a histogram")
+	}
+	if err := p.Unregister(b.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Register(c.id, 1); err != nil {
+		t.Fatalf("third cgroup after a slot was freed: %v", err)
+	}
+	w := startHelper(t, "wake:100", "", c)
+	w.start(t)
+	w.wait(t)
+	if h, err := p.Histogram(c.id); err != nil || h.Count < 100 {
+		t.Errorf("third cgroup in the freed slot: %d events (%v), want at least 100", h.Count, err)
+	}
+	if st := p.Slots(); st != (SlotStats{Used: 2, Max: 2, Refused: 2}) {
+		t.Errorf("slots %+v after the swap, want 2 used of 2, 2 refused", st)
+	}
+}
+
+// TestKernelProbeMoreSlotsThanCompiled sizes the maps above the C
+// source's MAX_JOBS (1024): every slot registers, which a map of the
+// compiled size would refuse (E2BIG) past 1024.
+func TestKernelProbeMoreSlotsThanCompiled(t *testing.T) {
+	const n = 1500
+	p, err := Load(WithCgroupV1(cgroupV1(t)), WithMaxCgroups(n))
+	if err != nil {
+		t.Fatalf("the kernel cannot run the probe: %v", err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	// Ids no cgroup has: the probe keys by id and never sees their tasks.
+	for i := range uint64(n) {
+		if err := p.Register(1<<40+i, 3); err != nil {
+			t.Fatalf("registration %d of %d: %v", i+1, n, err)
+		}
+	}
+	if err := p.Register(1<<41, 3); !errors.Is(err, ErrFull) {
+		t.Errorf("registration %d: err %v, want ErrFull", n+1, err)
+	}
+	if st := p.Slots(); st != (SlotStats{Used: n, Max: n, Refused: 1}) {
+		t.Errorf("slots %+v", st)
+	}
+}
+
+func TestMaxCgroupsValidated(t *testing.T) {
+	for _, n := range []int{0, -1, MaxCgroupsLimit + 1} {
+		p, err := Load(WithMaxCgroups(n))
+		if err == nil {
+			_ = p.Close()
+			t.Errorf("WithMaxCgroups(%d) loaded", n)
+			continue
+		}
+		if !strings.Contains(err.Error(), "max cgroups") || errors.Is(err, ErrUnsupported) || errors.Is(err, ErrNoBTF) {
+			t.Errorf("WithMaxCgroups(%d): %v, want an error naming the bound", n, err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -27,8 +28,20 @@ var (
 	ErrFull = errors.New("ebpf: too many registered cgroups")
 )
 
-// MaxCgroups is how many cgroups the probe can time at once.
+// MaxCgroups is how many cgroups the probe can time at once by default
+// (WithMaxCgroups changes it).
 const MaxCgroups = 1024
+
+// MaxCgroupsLimit is the most slots WithMaxCgroups accepts. The histogram
+// map is a per-CPU array the kernel allocates in full at load: each slot
+// holds one 288-byte histogram per possible CPU, so 8192 slots take 2.4 MB
+// per CPU (302 MB on a host of 128 CPUs), locked kernel memory whether
+// jobs run or not; the default 1024 takes 295 KB per CPU.
+const MaxCgroupsLimit = 8192
+
+// HistogramBytes is the kernel memory one slot's histograms take per
+// possible CPU (the hists map's value size).
+const HistogramBytes = int(unsafe.Sizeof(runqlatHist{}))
 
 // Probe is the loaded and attached run-queue latency probe. It is safe for
 // concurrent use.
@@ -41,11 +54,16 @@ type Probe struct {
 	slots map[uint64]uint32 // cgroup id → histogram slot
 	free  []uint32
 	ncpu  int
+	max   int
+	// refused counts the registrations refused because every slot was
+	// taken.
+	refused uint64
 }
 
 type options struct {
 	log *slog.Logger
 	v1  bool
+	max int
 }
 
 // Option configures Load.
@@ -59,13 +77,22 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 // controller is mounted on cgroup v1.
 func WithCgroupV1(v1 bool) Option { return func(o *options) { o.v1 = v1 } }
 
+// WithMaxCgroups sets how many cgroups the probe can time at once (1 to
+// MaxCgroupsLimit; default MaxCgroups): the jobs and hists maps are sized
+// to it before they are created. A registration beyond it is refused with
+// ErrFull and counted (Slots).
+func WithMaxCgroups(n int) Option { return func(o *options) { o.max = n } }
+
 // Load checks the kernel, removes the memlock limit where the kernel still
 // charges BPF memory to it, loads the programs and attaches them to the
 // sched_wakeup, sched_wakeup_new and sched_switch BTF tracepoints.
 func Load(opts ...Option) (*Probe, error) {
-	o := options{}
+	o := options{max: MaxCgroups}
 	for _, f := range opts {
 		f(&o)
+	}
+	if o.max < 1 || o.max > MaxCgroupsLimit {
+		return nil, fmt.Errorf("ebpf: max cgroups %d: between 1 and %d", o.max, MaxCgroupsLimit)
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
@@ -83,7 +110,18 @@ func Load(opts ...Option) (*Probe, error) {
 	if err := spec.Variables[runqlatVarCgroupV1].Set(o.v1); err != nil {
 		return nil, fmt.Errorf("ebpf: set cgroup_v1: %w", err)
 	}
-	p := &Probe{log: o.log, slots: map[uint64]uint32{}}
+	// The maps' sizes in the object are the C source's MAX_JOBS; the
+	// configured bound replaces them before the maps are created (the
+	// programs never index hists beyond a slot Register handed out, and a
+	// lookup past the end returns NULL, which they check).
+	for _, name := range []string{"jobs", "hists"} {
+		m, ok := spec.Maps[name]
+		if !ok {
+			return nil, fmt.Errorf("ebpf: the object has no %s map", name)
+		}
+		m.MaxEntries = uint32(o.max)
+	}
+	p := &Probe{log: o.log, slots: map[uint64]uint32{}, max: o.max}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -107,14 +145,15 @@ func Load(opts ...Option) (*Probe, error) {
 		_ = p.Close()
 		return nil, fmt.Errorf("ebpf: possible cpus: %w", err)
 	}
-	for i := MaxCgroups - 1; i >= 0; i-- {
+	for i := o.max - 1; i >= 0; i-- {
 		p.free = append(p.free, uint32(i))
 	}
 	mode := "v2"
 	if o.v1 {
 		mode = "v1 cpu controller"
 	}
-	o.log.Info("run-queue latency probe attached", "cgroups", mode)
+	o.log.Info("run-queue latency probe attached", "cgroups", mode, "slots", o.max,
+		"histogram_bytes", o.max*HistogramBytes*p.ncpu)
 	return p, nil
 }
 
@@ -158,7 +197,8 @@ func (p *Probe) Register(id uint64, tier uint32) error {
 	slot, ok := p.slots[id]
 	if !ok {
 		if len(p.free) == 0 {
-			return fmt.Errorf("%w: %d", ErrFull, MaxCgroups)
+			p.refused++
+			return fmt.Errorf("%w: cgroup %d: all %d slots are taken", ErrFull, id, p.max)
 		}
 		slot = p.free[len(p.free)-1]
 		zero := make([]runqlatHist, p.ncpu)
@@ -174,6 +214,22 @@ func (p *Probe) Register(id uint64, tier uint32) error {
 		p.slots[id] = slot
 	}
 	return nil
+}
+
+// SlotStats is the probe's use of its slots.
+type SlotStats struct {
+	// Used of Max slots hold a registered cgroup.
+	Used, Max int
+	// Refused counts the registrations refused with ErrFull since Load.
+	Refused uint64
+}
+
+// Slots reports the probe's slots in use, their number and the
+// registrations refused for want of one.
+func (p *Probe) Slots() SlotStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return SlotStats{Used: len(p.slots), Max: p.max, Refused: p.refused}
 }
 
 // Unregister stops timing cgroup id; unknown ids are not an error.

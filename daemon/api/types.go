@@ -543,6 +543,15 @@ type QoSStatus struct {
 	// the kernel counts (sysctl kernel.bpf_stats_enabled=1).
 	ProbeEvents     uint64  `json:"probe_events,omitempty"`
 	ProbeNsPerEvent float64 `json:"probe_ns_per_event,omitempty"`
+	// ProbeSlots is how many job cgroups the probe can time at once
+	// (qos.max_jobs), ProbeSlotsUsed how many it times now; UntimedJobs
+	// counts the running jobs it has no slot for now (not timed, their
+	// SLO not watched), UntimedJobsTotal every job it had none for, each
+	// once.
+	ProbeSlots       int    `json:"probe_slots,omitempty"`
+	ProbeSlotsUsed   int    `json:"probe_slots_used,omitempty"`
+	UntimedJobs      int    `json:"untimed_jobs,omitempty"`
+	UntimedJobsTotal uint64 `json:"untimed_jobs_total,omitempty"`
 	// LastAction says what the loop did last, and when.
 	LastAction   string     `json:"last_action,omitempty"`
 	LastActionAt *time.Time `json:"last_action_at,omitempty"`
@@ -590,6 +599,13 @@ type TelemetryStatus struct {
 	// per-job PSI is read or why not (cgroup v1 has none).
 	Jobs   int    `json:"jobs"`
 	JobPSI string `json:"job_psi"`
+	// MaxJobs is the most jobs the bus follows at once (telemetry.max_jobs);
+	// UnfollowedJobs counts the running jobs it does not follow now
+	// because MaxJobs were followed when they started (they have no usage
+	// readings), UnfollowedJobsTotal every job it ever refused, each once.
+	MaxJobs             int    `json:"max_jobs"`
+	UnfollowedJobs      int    `json:"unfollowed_jobs,omitempty"`
+	UnfollowedJobsTotal uint64 `json:"unfollowed_jobs_total,omitempty"`
 	// LastError is the last sampling error, if any.
 	LastError string `json:"last_error,omitempty"`
 	// Forecasts are the host series' forecasts.

@@ -4,8 +4,9 @@
 // wait), the API server (requests and latency by route), the hardware
 // (GPU, MIG instance and FPGA region health, GPU utilisation, memory, power
 // and temperature from the drivers' telemetry updates), the cgroup usage
-// of each QoS tier and the QoS loop (its state, actions, the protected
-// jobs' run-queue latency per class and the probe's kernel cost). Everything is registered on a private
+// of each QoS tier, the QoS loop (its state, actions, the protected
+// jobs' run-queue latency per class, the probe's kernel cost and slots)
+// and the telemetry bus's following of jobs against its bound. Everything is registered on a private
 // prometheus.Registry that Handler serves; nothing touches the client
 // library's global registry.
 //
@@ -46,6 +47,18 @@ type Sources struct {
 	Tiers func() (map[api.Tier]cgroups.Stats, error)
 	// QoS reads the QoS loop's state; nil leaves the QoS metrics out.
 	QoS func() QoS
+	// Telemetry reads how the telemetry bus follows the running jobs;
+	// nil leaves its metrics out.
+	Telemetry func() Telemetry
+}
+
+// Telemetry is the telemetry bus's following of jobs at a scrape.
+type Telemetry struct {
+	// Followed of at most Max running jobs are read; Unfollowed are not
+	// (Max was reached when they started); UnfollowedTotal counts every
+	// job refused, each once.
+	Followed, Max, Unfollowed int
+	UnfollowedTotal           uint64
 }
 
 // QoS is the QoS loop's state at a scrape. When Enabled is false (the
@@ -64,6 +77,11 @@ type QoS struct {
 	// (kernel.bpf_stats_enabled=1): ProbeRuns runs taking ProbeRunNs.
 	ProbeStats            bool
 	ProbeRuns, ProbeRunNs uint64
+	// ProbeSlots is how many job cgroups the probe can time, of which
+	// ProbeSlotsUsed are; Untimed the running jobs it has no slot for,
+	// UntimedTotal every such job, each once.
+	ProbeSlots, ProbeSlotsUsed, Untimed int
+	UntimedTotal                        uint64
 }
 
 // QoSAction is one kind of QoS action and how often the loop took it.
@@ -336,6 +354,22 @@ var (
 		"Runs of the latency probe's eBPF programs, as the kernel counts them (only while kernel.bpf_stats_enabled=1).", nil, nil)
 	descQoSProbeTime = prometheus.NewDesc("fusiond_qos_probe_run_seconds_total",
 		"CPU time the latency probe's eBPF programs took, as the kernel counts it (only while kernel.bpf_stats_enabled=1).", nil, nil)
+	descQoSSlots = prometheus.NewDesc("fusiond_qos_probe_slots",
+		"Job cgroups the latency probe can time at once (qos.max_jobs).", nil, nil)
+	descQoSSlotsUsed = prometheus.NewDesc("fusiond_qos_probe_slots_used",
+		"Job cgroups the latency probe times now.", nil, nil)
+	descQoSUntimed = prometheus.NewDesc("fusiond_qos_untimed_jobs",
+		"Running jobs the latency probe has no slot for (qos.max_jobs reached): not timed.", nil, nil)
+	descQoSUntimedTotal = prometheus.NewDesc("fusiond_qos_untimed_jobs_total",
+		"Jobs the latency probe had no slot for, each counted once.", nil, nil)
+	descTelJobs = prometheus.NewDesc("fusiond_telemetry_jobs_followed",
+		"Running jobs whose cgroups the telemetry bus reads.", nil, nil)
+	descTelMax = prometheus.NewDesc("fusiond_telemetry_jobs_max",
+		"The most jobs the telemetry bus follows at once (telemetry.max_jobs).", nil, nil)
+	descTelUnfollowed = prometheus.NewDesc("fusiond_telemetry_jobs_unfollowed",
+		"Running jobs the telemetry bus does not follow (telemetry.max_jobs reached): no usage readings.", nil, nil)
+	descTelUnfollowedTotal = prometheus.NewDesc("fusiond_telemetry_jobs_unfollowed_total",
+		"Jobs the telemetry bus refused to follow, each counted once.", nil, nil)
 	descSourceFailed = prometheus.NewDesc("fusiond_metrics_source_failed",
 		"1 when reading a metrics source failed during this scrape (its metrics may be missing), by source.", []string{"source"}, nil)
 )
@@ -346,7 +380,8 @@ func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 		descHealthy, descMIG, descRegion, descUtil, descMemUsed, descMemTotal, descPower, descTemp,
 		descTierCPU, descTierThrottled, descTierMem, descTierOOM,
 		descQoSEnabled, descQoSQuota, descQoSMemHigh, descQoSProtected, descQoSBreaching, descQoSActions,
-		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descSourceFailed} {
+		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descQoSSlots, descQoSSlotsUsed, descQoSUntimed, descQoSUntimedTotal,
+		descTelJobs, descTelMax, descTelUnfollowed, descTelUnfollowedTotal, descSourceFailed} {
 		ch <- d
 	}
 }
@@ -439,6 +474,13 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 	if src.QoS != nil {
 		collectQoS(ch, src.QoS())
 	}
+	if src.Telemetry != nil {
+		t := src.Telemetry()
+		gauge(ch, descTelJobs, float64(t.Followed))
+		gauge(ch, descTelMax, float64(t.Max))
+		gauge(ch, descTelUnfollowed, float64(t.Unfollowed))
+		counter(ch, descTelUnfollowedTotal, float64(t.UnfollowedTotal))
+	}
 }
 
 // qosActions are the action label sets reported from zero.
@@ -477,6 +519,12 @@ func collectQoS(ch chan<- prometheus.Metric, q QoS) {
 		counter(ch, descQoSProbeRuns, float64(q.ProbeRuns))
 		counter(ch, descQoSProbeTime, float64(q.ProbeRunNs)/1e9)
 	}
+	if q.ProbeSlots > 0 {
+		gauge(ch, descQoSSlots, float64(q.ProbeSlots))
+		gauge(ch, descQoSSlotsUsed, float64(q.ProbeSlotsUsed))
+	}
+	gauge(ch, descQoSUntimed, float64(q.Untimed))
+	counter(ch, descQoSUntimedTotal, float64(q.UntimedTotal))
 }
 
 func (h Log2Histogram) count() uint64 {

@@ -47,8 +47,10 @@ func testMetrics(t *testing.T) *Metrics {
 			return QoS{Enabled: true, BestEffortCPUMilli: 2500, BestEffortMemoryHigh: 1 << 30, Protected: 3, Breaching: 1,
 				Actions:    []QoSAction{{Op: "shrink", Resource: "cpu", Result: "applied", Count: 4}, {Op: "shrink", Resource: "cpu", Result: "failed", Count: 1}},
 				Latency:    map[api.Class]Log2Histogram{api.ClassService: {Buckets: lat, SumNs: 3_000_000_000}},
-				ProbeStats: true, ProbeRuns: 400, ProbeRunNs: 50_000}
+				ProbeStats: true, ProbeRuns: 400, ProbeRunNs: 50_000,
+				ProbeSlots: 1024, ProbeSlotsUsed: 1024, Untimed: 3, UntimedTotal: 7}
 		},
+		Telemetry: func() Telemetry { return Telemetry{Followed: 512, Max: 512, Unfollowed: 2, UnfollowedTotal: 9} },
 	}})
 }
 
@@ -132,6 +134,16 @@ func TestValues(t *testing.T) {
 		`fusiond_qos_runqueue_latency_seconds_count{class="service"} 100`,
 		`fusiond_qos_probe_events_total 400`,
 		`fusiond_qos_probe_run_seconds_total 5e-05`,
+		`fusiond_qos_probe_slots 1024`,
+		`fusiond_qos_probe_slots_used 1024`,
+		`fusiond_qos_untimed_jobs 3`,
+		`fusiond_qos_untimed_jobs_total 7`,
+		`fusiond_telemetry_jobs_followed 512`,
+		`fusiond_telemetry_jobs_max 512`,
+		`fusiond_telemetry_jobs_unfollowed 2`,
+		`fusiond_telemetry_jobs_unfollowed_total 9`,
+		"# TYPE fusiond_telemetry_jobs_unfollowed_total counter",
+		"# TYPE fusiond_qos_untimed_jobs_total counter",
 		"# TYPE fusiond_qos_runqueue_latency_seconds histogram",
 		"# TYPE fusiond_qos_actions_total counter",
 		"# TYPE fusiond_api_request_duration_seconds histogram",

@@ -2,6 +2,7 @@ package qos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -69,6 +70,12 @@ type Loop struct {
 	// grows, whatever jobs come and go.
 	actions map[ActionKey]uint64
 	latency map[api.Class]*ebpf.Histogram
+	// untimed is the running jobs the probe has no slot for (ErrFull),
+	// each counted once in untimedTotal; atBound is true from the warning
+	// that opens an episode of them to the line that ends it.
+	untimed      map[string]bool
+	untimedTotal uint64
+	atBound      bool
 }
 
 // ActionKey names a kind of action for counting: Op is shrink or
@@ -89,6 +96,12 @@ type Counters struct {
 	// are then 0.
 	ProbeStats            bool
 	ProbeRuns, ProbeRunNs uint64
+	// Slots is the probe's slots (Max 0 when the probe does not say);
+	// Untimed the running jobs it has no slot for now, UntimedTotal every
+	// job it had none for, each once.
+	Slots        ebpf.SlotStats
+	Untimed      int
+	UntimedTotal uint64
 }
 
 type tracked struct {
@@ -131,7 +144,7 @@ func New(cfg Config, probe Probe, host Host, log *slog.Logger) (*Loop, error) {
 		cfg.Publish = func(api.Event) {}
 	}
 	return &Loop{cfg: cfg, probe: probe, host: host, log: log, ctrl: ctrl, jobs: map[string]*tracked{},
-		actions: map[ActionKey]uint64{}, latency: map[api.Class]*ebpf.Histogram{},
+		actions: map[ActionKey]uint64{}, latency: map[api.Class]*ebpf.Histogram{}, untimed: map[string]bool{},
 		status: api.QoSStatus{Probes: "attached", Enabled: true, Window: api.Duration(cfg.Window)}}, nil
 }
 
@@ -172,7 +185,8 @@ func (l *Loop) Step() {
 	running := l.host.Running()
 	seen := map[string]bool{}
 	var samples []Sample
-	protected := 0
+	protected, untimed := 0, 0
+	var newlyUntimed []string
 	for _, rj := range running {
 		seen[rj.ID] = true
 		j, ok := l.jobs[rj.ID]
@@ -182,10 +196,38 @@ func (l *Loop) Step() {
 				l.log.Debug("qos: job has no cgroup yet", "job", rj.ID, "err", err)
 				continue
 			}
-			if err := l.probe.Register(id, TierNumber(rj.Tier)); err != nil {
+			err = l.probe.Register(id, TierNumber(rj.Tier))
+			if errors.Is(err, ebpf.ErrFull) && rj.SLO != nil {
+				if victim := l.freeSlot(rj.ID); victim != "" {
+					// Untimed from now: counted in this window when the
+					// loop went past it, else when it gets to it.
+					if seen[victim] {
+						untimed++
+					}
+					if !l.untimed[victim] {
+						l.untimed[victim] = true
+						l.untimedTotal++
+						newlyUntimed = append(newlyUntimed, victim)
+					}
+					err = l.probe.Register(id, TierNumber(rj.Tier))
+				}
+			}
+			if errors.Is(err, ebpf.ErrFull) {
+				// Counted and logged once per episode below, not per
+				// job and window.
+				untimed++
+				if !l.untimed[rj.ID] {
+					l.untimed[rj.ID] = true
+					l.untimedTotal++
+					newlyUntimed = append(newlyUntimed, rj.ID)
+				}
+				continue
+			}
+			if err != nil {
 				l.log.Warn("qos: registering the job's cgroup with the probe", "job", rj.ID, "err", err)
 				continue
 			}
+			delete(l.untimed, rj.ID)
 			j = &tracked{cgroup: id, state: "no-data"}
 			l.jobs[rj.ID] = j
 			l.log.Info("qos: timing run-queue latency", "job", rj.ID, "cgroup_id", id, "protected", rj.SLO != nil)
@@ -220,6 +262,21 @@ func (l *Loop) Step() {
 			delete(l.jobs, id)
 		}
 	}
+	for id := range l.untimed {
+		if !seen[id] {
+			delete(l.untimed, id)
+		}
+	}
+	switch {
+	case untimed > 0 && !l.atBound:
+		l.atBound = true
+		l.log.Warn("qos: every latency probe slot is taken: running jobs started from now on are not timed until timed ones end (a protected job takes the slot of an unprotected one); raise qos.max_jobs (logged once per episode; fusionctl status and fusiond_qos_untimed_jobs show it)",
+			"slots", l.slots().Max, "untimed", untimed, "first", newlyUntimed)
+	case untimed == 0 && l.atBound:
+		l.atBound = false
+		l.log.Info("qos: every running job is timed again", "untimed_total", l.untimedTotal)
+	}
+	l.status.UntimedJobs, l.status.UntimedJobsTotal = untimed, l.untimedTotal
 	breaching := l.ctrl.Breaching(samples)
 	for _, s := range samples {
 		j := l.jobs[s.JobID]
@@ -265,6 +322,37 @@ func (l *Loop) Step() {
 	l.status.Protected, l.status.Breaching = protected, len(breaching)
 }
 
+// freeSlot unregisters an unprotected job to give its slot to protected
+// job id, and returns it; "" when every timed job is protected. The
+// unprotected job with the largest ID (the newest, for the job manager's
+// IDs) goes; it is untimed from then on, like any job without a slot.
+func (l *Loop) freeSlot(id string) string {
+	victim := ""
+	for jid, j := range l.jobs {
+		if j.slo == nil && (victim == "" || len(jid) > len(victim) || len(jid) == len(victim) && jid > victim) {
+			victim = jid
+		}
+	}
+	if victim == "" {
+		return ""
+	}
+	if err := l.probe.Unregister(l.jobs[victim].cgroup); err != nil {
+		l.log.Warn("qos: unregistering an unprotected job for a protected one", "job", victim, "err", err)
+		return ""
+	}
+	delete(l.jobs, victim)
+	l.log.Info("qos: a protected job takes an unprotected job's probe slot", "job", id, "untimed", victim)
+	return victim
+}
+
+// slots is the probe's slot use, when it reports one (*ebpf.Probe).
+func (l *Loop) slots() ebpf.SlotStats {
+	if p, ok := l.probe.(interface{ Slots() ebpf.SlotStats }); ok {
+		return p.Slots()
+	}
+	return ebpf.SlotStats{}
+}
+
 func (l *Loop) addLatency(c api.Class, d ebpf.Histogram) {
 	h := l.latency[c]
 	if h == nil {
@@ -289,7 +377,9 @@ func (l *Loop) Counters() Counters {
 	for c, h := range l.latency {
 		out.Latency[c] = *h
 	}
+	out.Untimed, out.UntimedTotal = l.status.UntimedJobs, l.status.UntimedJobsTotal
 	l.mu.Unlock()
+	out.Slots = l.slots()
 	out.ProbeRuns, out.ProbeRunNs, out.ProbeStats = l.probeStats()
 	return out
 }
@@ -318,6 +408,8 @@ func (l *Loop) Status() api.QoSStatus {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.status
+	st := l.slots()
+	s.ProbeSlots, s.ProbeSlotsUsed = st.Max, st.Used
 	if runs, ns, ok := l.probeStats(); ok {
 		s.ProbeEvents, s.ProbeNsPerEvent = runs, float64(ns)/float64(runs)
 	}

@@ -40,6 +40,13 @@ type Config struct {
 	// loop stops): the placer admits best-effort jobs against its
 	// Reclaimable (hostplacer.SetReclaimable).
 	Offer func(Account)
+	// BestEffortMemory, when set, reads the best-effort tier's memory
+	// from the kernel (its cgroup's memory.current): the best-effort
+	// usage is at least that, so a job with no readings — one the
+	// telemetry bus does not follow because its bound was reached, or one
+	// not read yet — is not counted as using nothing. A read error keeps
+	// the jobs' sum, and is logged once until a read succeeds.
+	BestEffortMemory func() (float64, error)
 }
 
 // Loop accounts and acts every window.
@@ -51,6 +58,8 @@ type Loop struct {
 	mu     sync.Mutex
 	ctrl   Controller
 	status api.ReclaimStatus
+	// tierErr is true while reading the tier's memory fails (logged once).
+	tierErr bool
 }
 
 // New builds the loop.
@@ -108,6 +117,16 @@ func (l *Loop) Step() {
 	now := l.cfg.Now()
 	jobs := l.host.Running()
 	a := Compute(l.host.Capacity(), jobs, l.cfg.Params)
+	if l.cfg.BestEffortMemory != nil {
+		switch m, err := l.cfg.BestEffortMemory(); {
+		case err != nil && !l.tierErr:
+			l.tierErr = true
+			l.log.Warn("reclaim: reading the best-effort tier's memory: counting only the jobs' readings (logged once until a read succeeds)", "err", err)
+		case err == nil:
+			l.tierErr = false
+			a.floorBestEffortMemory(m)
+		}
+	}
 	var be []BestEffortJob
 	for _, j := range jobs {
 		if j.Tier == api.TierBestEffort {

@@ -112,6 +112,17 @@ func Compute(capacity Usage, jobs []Job, p Params) Account {
 	return a
 }
 
+// floorBestEffortMemory raises the best-effort memory use to tier, the
+// kernel's count for the whole tier, when the jobs' readings add up to
+// less (a job with no readings counts as using nothing in them).
+func (a *Account) floorBestEffortMemory(tier float64) {
+	if tier <= a.BestEffort.Memory {
+		return
+	}
+	a.BestEffort.Memory = tier
+	a.Reclaimed.Memory = min(max(0, a.BestEffort.Memory-a.BestEffortRequest.Memory), a.Reclaimable.Memory)
+}
+
 // predictPeak is the larger of the readings' peak and a Holt forecast
 // lead readings ahead (α 0.5, β 0.2: quick to follow a ramp).
 func predictPeak(rs []Usage, lead int) Usage {

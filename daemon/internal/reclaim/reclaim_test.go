@@ -2,6 +2,7 @@ package reclaim
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -206,5 +207,77 @@ func TestLoopOffersReclaimable(t *testing.T) {
 	l.Run(ctx)
 	if last := offered[len(offered)-1]; last.Reclaimable != (Usage{}) {
 		t.Errorf("after the loop stopped the last offer is %+v, want nothing reclaimable", last.Reclaimable)
+	}
+}
+
+// unfollowedHost runs a burstable job that uses most of its memory and a
+// best-effort job with no readings (the telemetry bus does not follow it:
+// its bound was reached), which the kernel counts at tierMemory.
+type unfollowedHost struct {
+	offerHost
+	tierMemory float64
+}
+
+func (h *unfollowedHost) Running() []Job {
+	busy := []Usage{{CPU: 500, Memory: 2.5 * gib}, {CPU: 500, Memory: 2.5 * gib}}
+	out := []Job{{ID: "svc", Tier: api.TierBurstable, Request: Usage{CPU: 2000, Memory: 3 * gib}, Recent: busy}}
+	if len(h.evicted) == 0 {
+		out = append(out, Job{ID: "be", Tier: api.TierBestEffort, Request: Usage{CPU: 500}, Started: time.Unix(100, 0)})
+	} else {
+		h.tierMemory = 0 // the tier's cgroup is empty
+	}
+	return out
+}
+
+// A best-effort job with no readings is not counted as using nothing:
+// with the tier's memory read from the kernel, the tier over its budget
+// (4 GiB − the service's 2.8 GiB need) is throttled and the job evicted
+// after evict_after; counting only the readings, it never would be.
+func TestUnfollowedBestEffortJobCountsByTier(t *testing.T) {
+	for _, withTier := range []bool{false, true} {
+		h := &unfollowedHost{tierMemory: 2 * gib}
+		now := time.Unix(1000, 0)
+		cfg := Config{Params: Params{Margin: 0.1, Lead: 1}, EvictAfter: time.Second, MinCPU: 100, Now: func() time.Time { return now }}
+		reads := 0
+		if withTier {
+			cfg.BestEffortMemory = func() (float64, error) { reads++; return h.tierMemory, nil }
+		}
+		l, err := New(cfg, h, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var beMem api.Bytes
+		for range 4 {
+			l.Step()
+			now = now.Add(time.Second)
+			if len(h.evicted) == 0 {
+				beMem = l.Status().BestEffortMemory
+			}
+		}
+		if withTier && beMem != api.Bytes(2*gib) {
+			t.Errorf("best-effort memory before the eviction %s, want the tier's 2Gi", beMem.Human())
+		}
+		st := l.Status()
+		switch {
+		case withTier && (len(h.evicted) != 1 || h.evicted[0] != "be" || reads != 4):
+			t.Errorf("with the tier's memory: evicted %v, %d reads; want be evicted once, 4 reads", h.evicted, reads)
+		case !withTier && (len(h.evicted) != 0 || st.BestEffortMemory != 0):
+			t.Errorf("readings only: evicted %v, best-effort memory %s; want the hazard the tier reading removes: nothing evicted, 0", h.evicted, st.BestEffortMemory.Human())
+		}
+	}
+}
+
+// A failing tier read keeps the readings' sum and the loop running.
+func TestTierMemoryReadFails(t *testing.T) {
+	h := &unfollowedHost{}
+	l, err := New(Config{Params: Params{Margin: 0.1, Lead: 1}, EvictAfter: time.Second,
+		BestEffortMemory: func() (float64, error) { return 0, fmt.Errorf("memory.current: permission denied") }}, h, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Step()
+	l.Step()
+	if st := l.Status(); st.BestEffortMemory != 0 || len(h.evicted) != 0 {
+		t.Errorf("status %+v, evicted %v", st, h.evicted)
 	}
 }

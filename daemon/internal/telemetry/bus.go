@@ -105,7 +105,11 @@ type Config struct {
 	// History is how many per-minute points are kept (default 1440: a day).
 	History int
 	// JobRing is how many readings are kept per job (default 300); MaxJobs
-	// bounds the jobs tracked at once (default 512).
+	// bounds the jobs followed at once (default 512, at most
+	// MaxJobsLimit). A job followed stays followed while it runs; a job
+	// that starts while MaxJobs are followed is not read until a followed
+	// one ends, and is counted (Status, FollowStats) and logged: the bus
+	// never drops jobs silently.
 	JobRing, MaxJobs int
 	// Proc is the proc file system (default /proc).
 	Proc string
@@ -143,7 +147,7 @@ func (c *Config) defaults() {
 		c.JobRing = 300
 	}
 	if c.MaxJobs == 0 {
-		c.MaxJobs = 512
+		c.MaxJobs = DefaultMaxJobs
 	}
 	if c.Proc == "" {
 		c.Proc = "/proc"
@@ -164,11 +168,23 @@ func (c Config) validate() error {
 		return fmt.Errorf("telemetry ring %d: between 10 and 1000000 samples", c.Ring)
 	case c.History < 60 || c.History > 100_000:
 		return fmt.Errorf("telemetry history %d: between 60 and 100000 minutes", c.History)
-	case c.JobRing < 2 || c.MaxJobs < 1:
-		return fmt.Errorf("telemetry job ring %d / max jobs %d: at least 2 and 1", c.JobRing, c.MaxJobs)
+	case c.JobRing < 2:
+		return fmt.Errorf("telemetry job ring %d: at least 2", c.JobRing)
+	case c.MaxJobs < 1 || c.MaxJobs > MaxJobsLimit:
+		return fmt.Errorf("telemetry max jobs %d: between 1 and %d", c.MaxJobs, MaxJobsLimit)
 	}
 	return nil
 }
+
+// DefaultMaxJobs is how many jobs the bus follows at once by default.
+const DefaultMaxJobs = 512
+
+// MaxJobsLimit is the most jobs the bus can be configured to follow: each
+// followed job holds a ring of JobRing readings (21.6 KB with the default
+// 300), so 8192 jobs hold at most 177 MB, and the sampler reads every
+// followed job's cgroup each JobInterval on its own goroutine, so far more
+// would crowd out the host samples.
+const MaxJobsLimit = 8192
 
 // Bus samples the host and jobs and keeps the rings. Reads never block
 // the sampler for longer than a copy.
@@ -187,6 +203,13 @@ type Bus struct {
 	lastJobs time.Time
 	prevJob  map[string]jobPrev
 	minute   minuteAcc
+	// follow is the running jobs the bus reads (at most MaxJobs);
+	// refused the running jobs it does not, each counted once in
+	// unfollowedTotal; atBound is true from the warning that opens an
+	// episode of refusals to the note that ends it.
+	follow  map[string]bool
+	refused map[string]bool
+	atBound bool
 
 	mu      sync.RWMutex
 	ring    []Sample
@@ -200,6 +223,20 @@ type Bus struct {
 	hCount  int
 	lastErr string
 	fc      forecasts
+	// follows is the bus's following of jobs, for the status and metrics.
+	follows FollowStats
+}
+
+// FollowStats is how the bus follows the running jobs against its bound.
+type FollowStats struct {
+	// Followed is how many running jobs the bus reads, of at most Max.
+	Followed, Max int
+	// Unfollowed is how many running jobs it does not read now, because
+	// Max were followed when they started.
+	Unfollowed int
+	// UnfollowedTotal counts the jobs it ever refused to follow (each job
+	// once, however long it ran unfollowed).
+	UnfollowedTotal uint64
 }
 
 type jobPrev struct {
@@ -218,7 +255,8 @@ func New(cfg Config, log *slog.Logger) (*Bus, error) {
 	}
 	b := &Bus{cfg: cfg, log: log, proc: procReader{root: cfg.Proc},
 		ring: make([]Sample, cfg.Ring), history: make([]Point, cfg.History),
-		jobs: map[string]*jobRing{}, prevJob: map[string]jobPrev{}}
+		jobs: map[string]*jobRing{}, prevJob: map[string]jobPrev{},
+		follow: map[string]bool{}, refused: map[string]bool{}, follows: FollowStats{Max: cfg.MaxJobs}}
 	for cpu, n := range cfg.CPUNode {
 		for len(b.nodeOf) <= cpu {
 			b.nodeOf = append(b.nodeOf, 0)
@@ -401,12 +439,11 @@ func (b *Bus) readPSI() (PSI, bool) {
 func (b *Bus) readJobs(now time.Time) error {
 	var errs []error
 	running := b.cfg.Jobs.Running()
-	seen := make(map[string]bool, len(running))
+	seen := b.followJobs(running)
 	for _, j := range running {
-		if len(seen) >= b.cfg.MaxJobs {
-			break
+		if !seen[j.ID] {
+			continue
 		}
-		seen[j.ID] = true
 		st, err := b.cfg.Jobs.Stats(j.ID)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // the job ended, or has no cgroup yet, since Running
@@ -447,6 +484,67 @@ func (b *Bus) readJobs(now time.Time) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// followJobs updates which running jobs the bus follows and returns them:
+// those followed already, while they run, then the others in running's
+// order while fewer than MaxJobs are followed. The jobs left out are
+// counted (each once), and an episode of them is logged at its start and
+// its end, not per job or per reading.
+func (b *Bus) followJobs(running []JobRef) map[string]bool {
+	isRunning := make(map[string]bool, len(running))
+	for _, j := range running {
+		isRunning[j.ID] = true
+	}
+	for id := range b.follow {
+		if !isRunning[id] {
+			delete(b.follow, id)
+		}
+	}
+	for id := range b.refused {
+		if !isRunning[id] {
+			delete(b.refused, id)
+		}
+	}
+	var newlyRefused []string
+	unfollowed := 0
+	for _, j := range running {
+		switch {
+		case b.follow[j.ID]:
+		case len(b.follow) < b.cfg.MaxJobs:
+			b.follow[j.ID] = true
+			delete(b.refused, j.ID)
+		default:
+			unfollowed++
+			if !b.refused[j.ID] {
+				b.refused[j.ID] = true
+				newlyRefused = append(newlyRefused, j.ID)
+			}
+		}
+	}
+	b.mu.Lock()
+	b.follows.Followed, b.follows.Unfollowed = len(b.follow), unfollowed
+	b.follows.UnfollowedTotal += uint64(len(newlyRefused))
+	total := b.follows.UnfollowedTotal
+	b.mu.Unlock()
+	switch {
+	case unfollowed > 0 && !b.atBound:
+		b.atBound = true
+		b.log.Warn("telemetry: the job bound is reached: running jobs started from now on are not followed (no usage readings) until followed ones end; raise telemetry.max_jobs (logged once per episode; fusionctl status and fusiond_telemetry_jobs_unfollowed show it)",
+			"max_jobs", b.cfg.MaxJobs, "unfollowed", unfollowed, "first", newlyRefused)
+	case unfollowed == 0 && b.atBound:
+		b.atBound = false
+		b.log.Info("telemetry: every running job is followed again", "max_jobs", b.cfg.MaxJobs, "unfollowed_total", total)
+	}
+	return b.follow
+}
+
+// FollowStats reports how the bus follows the running jobs against its
+// bound (as of the last job reading).
+func (b *Bus) FollowStats() FollowStats {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.follows
 }
 
 // jobRing is one job's readings, oldest first from start.

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -378,6 +379,9 @@ func TestConfigValidated(t *testing.T) {
 		{Interval: time.Second, JobInterval: 100 * time.Millisecond},
 		{Ring: 5},
 		{History: 10},
+		{MaxJobs: -1},
+		{MaxJobs: MaxJobsLimit + 1},
+		{JobRing: 1},
 	} {
 		if _, err := New(c, nil); err == nil {
 			t.Errorf("config %+v accepted", c)
@@ -449,3 +453,108 @@ func TestIdleGPUs(t *testing.T) {
 		t.Errorf("status %d GPUs %v W, %d idle at %v W; want 2, 462.5, 1 at 62.5", st.GPUs, st.GPUPowerW, st.IdleGPUs, st.IdleGPUPowerW)
 	}
 }
+
+// TestJobsAtTheBound runs more jobs than MaxJobs: the jobs followed stay
+// followed, the others have no readings and are counted (each once) in
+// the status, and the episode is logged once when it starts and once when
+// it ends, however many readings and jobs it spans.
+func TestJobsAtTheBound(t *testing.T) {
+	p := newFakeProc(t, 1)
+	clk := &fakeClock{t: time.Unix(0, 0)}
+	jobs := &fakeJobs{jobs: []JobRef{{ID: "1"}, {ID: "2"}}, usage: map[string]time.Duration{}}
+	for _, id := range []string{"1", "2", "3", "4", "5"} {
+		jobs.usage[id] = 0
+	}
+	var logs strings.Builder
+	var logMu sync.Mutex
+	log := slog.New(slog.NewTextHandler(writerFunc(func(b []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(b)
+	}), nil))
+	b, err := New(Config{Proc: p.root, Now: clk.now, Jobs: jobs, MaxJobs: 2}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(running ...string) {
+		t.Helper()
+		jobs.mu.Lock()
+		jobs.jobs = nil
+		for _, id := range running {
+			jobs.jobs = append(jobs.jobs, JobRef{ID: id})
+			jobs.usage[id] += 100 * time.Millisecond
+		}
+		jobs.mu.Unlock()
+		clk.add(time.Second)
+		p.advance(50)
+		if err := b.Sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(s string) int {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Count(logs.String(), s)
+	}
+	step("1", "2")
+	step("1", "2")
+	if st := b.Status(); st.MaxJobs != 2 || st.UnfollowedJobs != 0 || st.UnfollowedJobsTotal != 0 || st.Jobs != 2 {
+		t.Fatalf("under the bound: status max %d unfollowed %d total %d jobs %d", st.MaxJobs, st.UnfollowedJobs, st.UnfollowedJobsTotal, st.Jobs)
+	}
+	// Jobs 3 and 4 start, listed before the followed ones: the bound keeps
+	// 1 and 2 (no churn of their rings) and refuses 3 and 4.
+	for range 3 {
+		step("3", "4", "1", "2")
+	}
+	if _, ok := b.Job("3", time.Minute); ok {
+		t.Error("job 3 has readings beyond the bound")
+	}
+	if u, ok := b.Job("1", time.Minute); !ok || math.Abs(u.CPUMilli-100) > 1e-6 {
+		t.Errorf("job 1 (followed before the bound was reached): %+v %v, want 100 millicores", u, ok)
+	}
+	st := b.Status()
+	fs := b.FollowStats()
+	if st.UnfollowedJobs != 2 || st.UnfollowedJobsTotal != 2 || fs != (FollowStats{Followed: 2, Max: 2, Unfollowed: 2, UnfollowedTotal: 2}) {
+		t.Errorf("at the bound: status unfollowed %d total %d, stats %+v; want 2 and 2 over three readings", st.UnfollowedJobs, st.UnfollowedJobsTotal, fs)
+	}
+	if n := count("job bound is reached"); n != 1 {
+		t.Errorf("%d warnings over three readings at the bound, want 1:\n%s", n, logs.String())
+	}
+	// Job 1 ends: job 3 takes its place (and starts reading); 4 still waits.
+	step("3", "4", "2")
+	step("3", "4", "2")
+	if _, ok := b.Job("3", time.Minute); !ok {
+		t.Error("job 3 not followed after job 1 ended")
+	}
+	if fs := b.FollowStats(); fs.Unfollowed != 1 || fs.UnfollowedTotal != 2 {
+		t.Errorf("after job 1 ended: %+v, want 1 unfollowed, 2 in total", fs)
+	}
+	// Job 5 starts unfollowed in the same episode: counted, not logged again.
+	step("3", "4", "2", "5")
+	if fs := b.FollowStats(); fs.Unfollowed != 2 || fs.UnfollowedTotal != 3 {
+		t.Errorf("job 5 started: %+v, want 2 unfollowed, 3 in total", fs)
+	}
+	if n := count("job bound is reached"); n != 1 {
+		t.Errorf("%d warnings in one episode, want 1", n)
+	}
+	// Jobs 2 and 5 end: 3 and 4 followed, the episode ends (one line); a
+	// new one is warned about again.
+	step("3", "4")
+	if fs := b.FollowStats(); fs.Unfollowed != 0 || fs.Followed != 2 {
+		t.Errorf("back under the bound: %+v", fs)
+	}
+	if n := count("every running job is followed again"); n != 1 {
+		t.Errorf("%d end-of-episode lines, want 1:\n%s", n, logs.String())
+	}
+	step("3", "4", "6")
+	if n := count("job bound is reached"); n != 2 {
+		t.Errorf("%d warnings after a second episode started, want 2", n)
+	}
+	if fs := b.FollowStats(); fs.UnfollowedTotal != 4 {
+		t.Errorf("unfollowed total %d, want 4 (jobs 3, 4, 5 and 6)", fs.UnfollowedTotal)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }

@@ -15,7 +15,7 @@ import (
 // reading is fixed. With the defaults (3000 samples, 1440 minutes, 512
 // jobs × 300 readings) it is 11.7 MB on a 2-CPU host and 14.3 MB on one
 // of 128 CPUs, 2 nodes, 2 packages and 8 GPUs (TestMemoryBound logs
-// both); 9.8 MB of it is the jobs' rings, allocated only for jobs that run.
+// both); 11.1 MB of it is the jobs' rings, allocated only for jobs that run.
 func (c Config) MemoryBound(cpus, nodes, packages, gpus int) int64 {
 	c.defaults()
 	sample := int64(unsafe.Sizeof(Sample{})) + int64(4*cpus+8*nodes+8*packages) + int64(gpus)*int64(unsafe.Sizeof(GPU{}))
@@ -33,6 +33,7 @@ func (b *Bus) Status() api.TelemetryStatus {
 		Interval: api.Duration(b.cfg.Interval), JobInterval: api.Duration(b.cfg.JobInterval),
 		Samples: b.count, Ring: len(b.ring), HistoryMinutes: len(b.history),
 		CPUBusy: busy, Jobs: len(b.jobs), LastError: b.lastErr,
+		MaxJobs: b.follows.Max, UnfollowedJobs: b.follows.Unfollowed, UnfollowedJobsTotal: b.follows.UnfollowedTotal,
 		Power: "RAPL (powercap)", JobPSI: "per-cgroup pressure files",
 	}
 	if b.total > 0 {

@@ -88,6 +88,15 @@ func TestTelemetryLines(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, s)
 		}
 	}
+	// At the bound the row says how many jobs are not followed.
+	b.Reset()
+	telemetryLines(&b, api.TelemetryStatus{Jobs: 512, MaxJobs: 512, UnfollowedJobs: 3, UnfollowedJobsTotal: 5})
+	if s := b.String(); !strings.Contains(s, "512 jobs read (at most 512), 3 NOT FOLLOWED (telemetry.max_jobs reached)") {
+		t.Errorf("status at the bound:\n%s", s)
+	}
+	if s := describeQoS(api.QoSStatus{Enabled: true, Probes: "attached", ProbeSlots: 2, ProbeSlotsUsed: 2, UntimedJobs: 4}); !strings.Contains(s, "2 of 2 probe slots used, 4 jobs NOT TIMED (qos.max_jobs reached)") {
+		t.Errorf("QoS status at the bound: %s", s)
+	}
 }
 
 func TestForecastRefusesTraceWithoutTimes(t *testing.T) {

@@ -39,8 +39,15 @@ func telemetryLines(w io.Writer, t api.TelemetryStatus) {
 		}
 	}
 	fmt.Fprintf(w, "Power:\t%s\n", power)
-	tel := fmt.Sprintf("every %v (jobs every %v), %d of %d samples, %d GPUs, %d jobs read, %v per sample, rings bounded at %s; job PSI: %s",
-		time.Duration(t.Interval), time.Duration(t.JobInterval), t.Samples, t.Ring, t.GPUs, t.Jobs, time.Duration(t.SampleCost).Round(time.Microsecond), t.MemoryBound.Human(), t.JobPSI)
+	jobs := fmt.Sprintf("%d jobs read", t.Jobs)
+	if t.MaxJobs > 0 {
+		jobs = fmt.Sprintf("%d jobs read (at most %d)", t.Jobs, t.MaxJobs)
+	}
+	if t.UnfollowedJobs > 0 {
+		jobs += fmt.Sprintf(", %d NOT FOLLOWED (telemetry.max_jobs reached)", t.UnfollowedJobs)
+	}
+	tel := fmt.Sprintf("every %v (jobs every %v), %d of %d samples, %d GPUs, %s, %v per sample, rings bounded at %s; job PSI: %s",
+		time.Duration(t.Interval), time.Duration(t.JobInterval), t.Samples, t.Ring, t.GPUs, jobs, time.Duration(t.SampleCost).Round(time.Microsecond), t.MemoryBound.Human(), t.JobPSI)
 	if t.LastError != "" {
 		tel += "; last error: " + t.LastError
 	}

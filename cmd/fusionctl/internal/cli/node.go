@@ -184,6 +184,12 @@ func describeQoS(q api.QoSStatus) string {
 		be += ", memory high " + q.BestEffortMemoryHigh.Human()
 	}
 	s := fmt.Sprintf("running every %v, probes %s; %d protected jobs, %d over SLO; %s", q.Window, q.Probes, q.Protected, q.Breaching, be)
+	if q.ProbeSlots > 0 {
+		s += fmt.Sprintf("; %d of %d probe slots used", q.ProbeSlotsUsed, q.ProbeSlots)
+	}
+	if q.UntimedJobs > 0 {
+		s += fmt.Sprintf(", %d jobs NOT TIMED (qos.max_jobs reached)", q.UntimedJobs)
+	}
 	if q.ProbeEvents > 0 {
 		s += fmt.Sprintf("; probe cost %.0f ns/event over %d events", q.ProbeNsPerEvent, q.ProbeEvents)
 	}
