@@ -142,7 +142,8 @@ func isHwCPUType(t string) bool {
 
 // factsOfHwloc reduces an lstopo tree to treeFacts. An object's CPUs are
 // the PUs below it; a NUMA node's are its parent's (hwloc attaches memory
-// to the object whose CPUs are local to it). A PCI function's node is the
+// to the object whose CPUs are local to it), looking through memory-side
+// caches. A PCI function's node is the
 // single NUMA node found below its nearest CPU-side ancestor (walking up
 // until one has nodes below it); -1 when that ancestor has several.
 func factsOfHwloc(root *hwObj) treeFacts {
@@ -172,7 +173,13 @@ func factsOfHwloc(root *hwObj) treeFacts {
 	walk = func(o *hwObj, ancestors []*hwObj) {
 		switch {
 		case o.Type == "NUMANode" && o.OS >= 0 && len(ancestors) > 0:
-			f.nodes[o.OS] = pus[ancestors[len(ancestors)-1]].String()
+			// A memory-side cache (MemCache, hwloc 2.1+) sits between a
+			// node and the object it is attached to; it has no PUs.
+			p := len(ancestors) - 1
+			for p > 0 && ancestors[p].Type == "MemCache" {
+				p--
+			}
+			f.nodes[o.OS] = pus[ancestors[p]].String()
 		case o.Type == "Package":
 			f.packages = append(f.packages, pus[o].String())
 		case o.Type == "Die":
@@ -325,13 +332,23 @@ func compareFacts(ours, theirs treeFacts, h *Host, skip map[string]bool, subsetP
 	return out
 }
 
-// hwlocTree is one vendored machine.
+// hwlocTree is one vendored test: a tarball and the output lstopo
+// printed for it.
 type hwlocTree struct {
-	name    string
+	name    string // the test's name (unique across both sets)
+	dir     string // hwlocTreeDir or hwlocMasterDir
+	source  string // the tarball's name without .tar.bz2
 	output  string // the expected output file's name
 	options string
 	env     []string
 }
+
+// hwlocMasterDir holds hwloc master's trees that are new or renamed
+// relative to the 2.9.0 set (testdata/hwloc-master/PROVENANCE.md). Each
+// NAME.test names its tarball (source:), its expected output (target:,
+// NAME.console for `lstopo --of console`, NAME.xml for --of xml) and its
+// lstopo options: and env: lines, as hwloc's test-topology.sh reads them.
+const hwlocMasterDir = "testdata/hwloc-master"
 
 func hwlocTrees(t testing.TB) []hwlocTree {
 	t.Helper()
@@ -341,7 +358,8 @@ func hwlocTrees(t testing.TB) []hwlocTree {
 	}
 	var out []hwlocTree
 	for _, p := range tars {
-		tr := hwlocTree{name: strings.TrimSuffix(filepath.Base(p), ".tar.bz2")}
+		tr := hwlocTree{name: strings.TrimSuffix(filepath.Base(p), ".tar.bz2"), dir: hwlocTreeDir}
+		tr.source = tr.name
 		tr.output = tr.name + ".output"
 		opts := tr.name + ".options"
 		if _, err := os.Stat(filepath.Join(hwlocTreeDir, tr.output)); err != nil {
@@ -360,14 +378,78 @@ func hwlocTrees(t testing.TB) []hwlocTree {
 		}
 		out = append(out, tr)
 	}
+	tests, err := filepath.Glob(filepath.Join(hwlocMasterDir, "*.test"))
+	if err != nil || len(tests) == 0 {
+		t.Fatalf("no tests in %s: %v", hwlocMasterDir, err)
+	}
+	for _, p := range tests {
+		tr, err := parseHwlocTest(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, tr)
+	}
+	seen := map[string]bool{}
+	for _, tr := range out {
+		if seen[tr.name] {
+			t.Fatalf("test %s is in both %s and %s: allow-list keys would be ambiguous", tr.name, hwlocTreeDir, hwlocMasterDir)
+		}
+		seen[tr.name] = true
+	}
 	return out
+}
+
+// parseHwlocTest reads one hwloc master NAME.test file ("key: value"
+// lines, # comments). Its source and target must exist beside it.
+func parseHwlocTest(path string) (hwlocTree, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return hwlocTree{}, err
+	}
+	tr := hwlocTree{name: strings.TrimSuffix(filepath.Base(path), ".test"), dir: filepath.Dir(path)}
+	for i, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		key, val, ok := strings.Cut(l, ":")
+		if !ok {
+			return hwlocTree{}, fmt.Errorf("%s line %d: %q is not \"key: value\"", path, i+1, l)
+		}
+		val = strings.TrimSpace(val)
+		switch key {
+		case "source":
+			tr.source = strings.TrimSuffix(val, ".tar.bz2")
+		case "target":
+			tr.output = val
+		case "options":
+			tr.options = val
+		case "env":
+			if k, v, ok := strings.Cut(val, "="); ok && !strings.HasPrefix(val, "export") {
+				tr.env = append(tr.env, k+"="+strings.Trim(v, `"`))
+			}
+		case "exclude":
+			return hwlocTree{}, fmt.Errorf("%s: exclude: is not supported by this harness", path)
+		default:
+			return hwlocTree{}, fmt.Errorf("%s line %d: unknown key %q", path, i+1, key)
+		}
+	}
+	if tr.source == "" || tr.output == "" {
+		return hwlocTree{}, fmt.Errorf("%s: needs source: and target:", path)
+	}
+	for _, f := range []string{tr.source + ".tar.bz2", tr.output} {
+		if _, err := os.Stat(filepath.Join(tr.dir, f)); err != nil {
+			return hwlocTree{}, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return tr, nil
 }
 
 // unpackBz2Tree unpacks a vendored tree into a fresh directory and returns
 // the directory holding its sys/ and proc/.
-func unpackBz2Tree(t testing.TB, name string) string {
+func unpackBz2Tree(t testing.TB, srcDir, name string) string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(hwlocTreeDir, name+".tar.bz2"))
+	f, err := os.Open(filepath.Join(srcDir, name+".tar.bz2"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,11 +523,20 @@ func treeTempDir(t testing.TB) string {
 // lstopo) or "both".
 func hwlocAllow(t testing.TB) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(hwlocTreeDir, "allow.txt"))
+	out := map[string]string{}
+	for _, dir := range []string{hwlocTreeDir, hwlocMasterDir} {
+		readHwlocAllow(t, filepath.Join(dir, "allow.txt"), out)
+	}
+	return out
+}
+
+// readHwlocAllow adds the entries of one allow.txt to out.
+func readHwlocAllow(t testing.TB, path string, out map[string]string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
 	for i, l := range strings.Split(string(b), "\n") {
 		l = strings.TrimSpace(l)
 		if l == "" || strings.HasPrefix(l, "#") {
@@ -454,11 +545,14 @@ func hwlocAllow(t testing.TB) map[string]string {
 		key, reason, ok := strings.Cut(l, ":")
 		f := strings.Fields(key)
 		if !ok || len(f) != 3 || strings.TrimSpace(reason) == "" || !slices.Contains([]string{"expected", "live", "both"}, f[2]) {
-			t.Fatalf("allow.txt line %d: want \"TREE FIELD expected|live|both: reason\", got %q", i+1, l)
+			t.Fatalf("%s line %d: want \"TREE FIELD expected|live|both: reason\", got %q", path, i+1, l)
 		}
-		out[f[0]+" "+f[1]+" "+f[2]] = strings.TrimSpace(reason)
+		k := f[0] + " " + f[1] + " " + f[2]
+		if _, dup := out[k]; dup {
+			t.Fatalf("%s line %d: %q listed twice", path, i+1, k)
+		}
+		out[k] = strings.TrimSpace(reason)
 	}
-	return out
 }
 
 // skippedFields lists the fields an expected output lacks, from its options.
@@ -513,7 +607,7 @@ func TestHwlocTrees(t *testing.T) {
 		for _, tr := range hwlocTrees(t) {
 			t.Run(tr.name, func(t *testing.T) {
 				t.Parallel()
-				root := unpackBz2Tree(t, tr.name)
+				root := unpackBz2Tree(t, tr.dir, tr.source)
 				h, err := Discover(context.Background(), WithRoot(root), WithoutNames())
 				if err != nil {
 					t.Fatalf("Discover: %v", err)
@@ -541,7 +635,7 @@ func TestHwlocTrees(t *testing.T) {
 						}
 					}
 				}
-				b, err := os.ReadFile(filepath.Join(hwlocTreeDir, tr.output))
+				b, err := os.ReadFile(filepath.Join(tr.dir, tr.output))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -636,7 +730,7 @@ func agreementTable(results []treeResult, live bool) string {
 // is a "dies" disagreement.
 func TestHwlocTreeDiesCompared(t *testing.T) {
 	const name = "fakecpuid1f-64intel64-2p4d2n2c2t"
-	root := unpackBz2Tree(t, name)
+	root := unpackBz2Tree(t, hwlocTreeDir, name)
 	h, err := Discover(context.Background(), WithRoot(root), WithoutNames())
 	if err != nil {
 		t.Fatal(err)
