@@ -40,7 +40,17 @@ type hwObj struct {
 	OS       int // P#, -1 when not printed
 	BusID    string
 	Children []*hwObj
+	Kinds    []hwKind // the root's: the topology's CPU kinds
 }
+
+// hwKind is one hwloc CPU kind (hwloc_cpukinds): its PUs and its
+// efficiency rank (higher is more performant; -1 unknown).
+type hwKind struct {
+	cpus       CPUSet
+	efficiency int
+}
+
+var hwKindLine = regexp.MustCompile(`^CPU kind #\d+ efficiency (-?\d+) cpuset (\S+)$`)
 
 var (
 	hwTextLine = regexp.MustCompile(`^( *)([A-Za-z][A-Za-z0-9]*)(\([^)]*\))?(.*)$`)
@@ -58,7 +68,23 @@ func parseHwlocText(s string) (*hwObj, error) {
 			continue
 		}
 		if strings.HasPrefix(line, "depth ") {
-			break // the per-depth summary and matrices follow the tree
+			// The per-depth summary, CPU kinds and matrices follow the tree.
+			if root == nil {
+				break
+			}
+			for _, l := range strings.Split(s, "\n") {
+				km := hwKindLine.FindStringSubmatch(strings.TrimSpace(l))
+				if km == nil {
+					continue
+				}
+				eff, _ := strconv.Atoi(km[1])
+				cpus, err := parseHwlocBitmap(km[2])
+				if err != nil {
+					return nil, fmt.Errorf("%q: %w", l, err)
+				}
+				root.Kinds = append(root.Kinds, hwKind{cpus: cpus, efficiency: eff})
+			}
+			break
 		}
 		m := hwTextLine.FindStringSubmatch(line)
 		if m == nil || len(m[1])%2 != 0 {
@@ -99,9 +125,58 @@ func parseHwlocText(s string) (*hwObj, error) {
 func parseHwlocXML(b []byte) (*hwObj, error) {
 	var doc struct {
 		Objects []hwlocObject `xml:"object"`
+		Kinds   []struct {
+			CPUSet string `xml:"cpuset,attr"`
+			Forced string `xml:"forced_efficiency,attr"`
+			Infos  []struct {
+				Name  string `xml:"name,attr"`
+				Value string `xml:"value,attr"`
+			} `xml:"info"`
+		} `xml:"cpukind"`
 	}
 	if err := xml.Unmarshal(b, &doc); err != nil {
 		return nil, err
+	}
+	// The XML export keeps a kind's forced efficiency but not the rank
+	// hwloc computed; rank the others as hwloc does: by CoreType
+	// (IntelAtom below IntelCore), else base frequency, else max frequency.
+	var kinds []hwKind
+	rank := map[string]map[int]int{} // info name → kind index → value
+	for i, k := range doc.Kinds {
+		cpus, err := parseHwlocBitmap(k.CPUSet)
+		if err != nil {
+			return nil, fmt.Errorf("cpukind %q: %w", k.CPUSet, err)
+		}
+		eff := -1
+		if n, err := strconv.Atoi(k.Forced); err == nil {
+			eff = n
+		}
+		for _, in := range k.Infos {
+			v, err := strconv.Atoi(in.Value)
+			if in.Name == "CoreType" {
+				v, err = 0, nil
+				if in.Value == "IntelCore" {
+					v = 1
+				}
+			}
+			if err == nil {
+				if rank[in.Name] == nil {
+					rank[in.Name] = map[int]int{}
+				}
+				rank[in.Name][i] = v
+			}
+		}
+		kinds = append(kinds, hwKind{cpus: cpus, efficiency: eff})
+	}
+	if !slices.ContainsFunc(kinds, func(k hwKind) bool { return k.efficiency >= 0 }) {
+		for _, by := range []string{"CoreType", "FrequencyBaseMHz", "FrequencyMaxMHz"} {
+			if vs := rank[by]; len(vs) == len(kinds) {
+				for i := range kinds {
+					kinds[i].efficiency = vs[i]
+				}
+				break
+			}
+		}
 	}
 	if len(doc.Objects) != 1 {
 		return nil, fmt.Errorf("%d root objects", len(doc.Objects))
@@ -120,7 +195,9 @@ func parseHwlocXML(b []byte) (*hwObj, error) {
 		}
 		return o
 	}
-	return conv(doc.Objects[0]), nil
+	root := conv(doc.Objects[0])
+	root.Kinds = kinds
+	return root, nil
 }
 
 // treeFacts is what the comparison looks at, for our model and for hwloc.
@@ -131,7 +208,46 @@ type treeFacts struct {
 	dies     []string
 	cores    []string
 	l3       []string
+	kinds    string         // "performance CPUS efficiency CPUS"; "" when not hybrid
 	devices  map[string]int // PCI function → NUMA node (-1: none single)
+}
+
+// fmtKinds is the kinds fact: the performance CPUs and the others.
+func fmtKinds(perf, eff CPUSet) string {
+	if perf.IsEmpty() || eff.IsEmpty() {
+		return ""
+	}
+	return "performance " + perf.String() + " efficiency " + eff.String()
+}
+
+// hwlocKinds is hwloc's kinds fact: its most efficient-ranked kinds are
+// the performance CPUs, the rest efficiency CPUs; "" with fewer than two
+// kinds. Kinds hwloc could not rank are listed as such.
+func hwlocKinds(ks []hwKind) string {
+	if len(ks) < 2 {
+		return ""
+	}
+	top := -1
+	for _, k := range ks {
+		top = max(top, k.efficiency)
+	}
+	if top < 0 {
+		var parts []string
+		for _, k := range ks {
+			parts = append(parts, k.cpus.String())
+		}
+		slices.Sort(parts)
+		return "unranked " + strings.Join(parts, " ")
+	}
+	var perf, eff CPUSet
+	for _, k := range ks {
+		if k.efficiency == top {
+			perf = perf.Union(k.cpus)
+		} else {
+			eff = eff.Union(k.cpus)
+		}
+	}
+	return fmtKinds(perf, eff)
 }
 
 var hwCPUTypes = map[string]bool{"Machine": true, "Package": true, "Die": true, "Core": true, "PU": true, "Group": true, "NUMANode": true, "MemCache": true}
@@ -209,6 +325,7 @@ func factsOfHwloc(root *hwObj) treeFacts {
 		}
 	}
 	walk(root, nil)
+	f.kinds = hwlocKinds(root.Kinds)
 	slices.Sort(f.packages)
 	slices.Sort(f.dies)
 	slices.Sort(f.cores)
@@ -247,6 +364,7 @@ func factsOfModel(h *Host) treeFacts {
 	for _, d := range h.Devices {
 		f.devices[string(d.Addr)] = int(d.Node)
 	}
+	f.kinds = fmtKinds(h.CoreKindCPUs(CoreKindPerformance), h.CoreKindCPUs(CoreKindEfficiency))
 	slices.Sort(f.packages)
 	slices.Sort(f.dies)
 	slices.Sort(f.cores)
@@ -300,6 +418,7 @@ func compareFacts(ours, theirs treeFacts, h *Host, skip map[string]bool, subsetP
 	add("dies", fmt.Sprint(ours.dies), fmt.Sprint(theirs.dies))
 	add("cores", fmt.Sprint(ours.cores), fmt.Sprint(theirs.cores))
 	add("l3", fmt.Sprint(ours.l3), fmt.Sprint(theirs.l3))
+	add("kinds", ours.kinds, theirs.kinds)
 	// Cores spanning two nodes: a model error unless hwloc has that core.
 	for _, c := range h.Cores {
 		var in []string
@@ -696,7 +815,7 @@ func TestHwlocTrees(t *testing.T) {
 // agreementTable renders the results as the markdown table in
 // docs/topology.md (HWLOC_TREES_TABLE=1 go test ./topology -run TestHwlocTrees -v).
 func agreementTable(results []treeResult, live bool) string {
-	fields := []string{"nodes", "packages", "dies", "cores", "l3", "core-nodes", "pci"}
+	fields := []string{"nodes", "packages", "dies", "cores", "l3", "kinds", "core-nodes", "pci"}
 	var sb strings.Builder
 	sb.WriteString("| tree | " + strings.Join(fields, " | ") + " | discovery (median of 3) |\n|---|")
 	sb.WriteString(strings.Repeat("---|", len(fields)+1) + "\n")
