@@ -13,6 +13,11 @@ import (
 type Core struct {
 	Node int
 	CPUs []int
+	// Kind and Capacity are the topology model's core type on a hybrid
+	// CPU (topology.Core.Kind, .Capacity); unknown and 0 elsewhere. The
+	// placer takes performance cores first for guaranteed work.
+	Kind     topology.CoreKind
+	Capacity int
 }
 
 // CoresOf is the host's physical cores as the daemon's placer takes them
@@ -31,7 +36,7 @@ func CoresOf(h *topology.Host) []Core {
 		if len(cpus) == 0 {
 			continue
 		}
-		cores = append(cores, Core{Node: max(int(c.Node), 0), CPUs: cpus})
+		cores = append(cores, Core{Node: max(int(c.Node), 0), CPUs: cpus, Kind: c.Kind, Capacity: c.Capacity})
 	}
 	slices.SortFunc(cores, func(a, b Core) int { return cmp.Compare(a.CPUs[0], b.CPUs[0]) })
 	return cores

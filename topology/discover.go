@@ -90,6 +90,7 @@ func Discover(ctx context.Context, opts ...Option) (*Host, error) {
 		return nil, err
 	}
 	d.cores()
+	d.coreKinds()
 	d.sockets()
 	if err := ctx.Err(); err != nil {
 		return nil, err

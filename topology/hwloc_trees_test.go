@@ -40,7 +40,17 @@ type hwObj struct {
 	OS       int // P#, -1 when not printed
 	BusID    string
 	Children []*hwObj
+	Kinds    []hwKind // the root's: the topology's CPU kinds
 }
+
+// hwKind is one hwloc CPU kind (hwloc_cpukinds): its PUs and its
+// efficiency rank (higher is more performant; -1 unknown).
+type hwKind struct {
+	cpus       CPUSet
+	efficiency int
+}
+
+var hwKindLine = regexp.MustCompile(`^CPU kind #\d+ efficiency (-?\d+) cpuset (\S+)$`)
 
 var (
 	hwTextLine = regexp.MustCompile(`^( *)([A-Za-z][A-Za-z0-9]*)(\([^)]*\))?(.*)$`)
@@ -58,7 +68,23 @@ func parseHwlocText(s string) (*hwObj, error) {
 			continue
 		}
 		if strings.HasPrefix(line, "depth ") {
-			break // the per-depth summary and matrices follow the tree
+			// The per-depth summary, CPU kinds and matrices follow the tree.
+			if root == nil {
+				break
+			}
+			for _, l := range strings.Split(s, "\n") {
+				km := hwKindLine.FindStringSubmatch(strings.TrimSpace(l))
+				if km == nil {
+					continue
+				}
+				eff, _ := strconv.Atoi(km[1])
+				cpus, err := parseHwlocBitmap(km[2])
+				if err != nil {
+					return nil, fmt.Errorf("%q: %w", l, err)
+				}
+				root.Kinds = append(root.Kinds, hwKind{cpus: cpus, efficiency: eff})
+			}
+			break
 		}
 		m := hwTextLine.FindStringSubmatch(line)
 		if m == nil || len(m[1])%2 != 0 {
@@ -99,9 +125,58 @@ func parseHwlocText(s string) (*hwObj, error) {
 func parseHwlocXML(b []byte) (*hwObj, error) {
 	var doc struct {
 		Objects []hwlocObject `xml:"object"`
+		Kinds   []struct {
+			CPUSet string `xml:"cpuset,attr"`
+			Forced string `xml:"forced_efficiency,attr"`
+			Infos  []struct {
+				Name  string `xml:"name,attr"`
+				Value string `xml:"value,attr"`
+			} `xml:"info"`
+		} `xml:"cpukind"`
 	}
 	if err := xml.Unmarshal(b, &doc); err != nil {
 		return nil, err
+	}
+	// The XML export keeps a kind's forced efficiency but not the rank
+	// hwloc computed; rank the others as hwloc does: by CoreType
+	// (IntelAtom below IntelCore), else base frequency, else max frequency.
+	var kinds []hwKind
+	rank := map[string]map[int]int{} // info name → kind index → value
+	for i, k := range doc.Kinds {
+		cpus, err := parseHwlocBitmap(k.CPUSet)
+		if err != nil {
+			return nil, fmt.Errorf("cpukind %q: %w", k.CPUSet, err)
+		}
+		eff := -1
+		if n, err := strconv.Atoi(k.Forced); err == nil {
+			eff = n
+		}
+		for _, in := range k.Infos {
+			v, err := strconv.Atoi(in.Value)
+			if in.Name == "CoreType" {
+				v, err = 0, nil
+				if in.Value == "IntelCore" {
+					v = 1
+				}
+			}
+			if err == nil {
+				if rank[in.Name] == nil {
+					rank[in.Name] = map[int]int{}
+				}
+				rank[in.Name][i] = v
+			}
+		}
+		kinds = append(kinds, hwKind{cpus: cpus, efficiency: eff})
+	}
+	if !slices.ContainsFunc(kinds, func(k hwKind) bool { return k.efficiency >= 0 }) {
+		for _, by := range []string{"CoreType", "FrequencyBaseMHz", "FrequencyMaxMHz"} {
+			if vs := rank[by]; len(vs) == len(kinds) {
+				for i := range kinds {
+					kinds[i].efficiency = vs[i]
+				}
+				break
+			}
+		}
 	}
 	if len(doc.Objects) != 1 {
 		return nil, fmt.Errorf("%d root objects", len(doc.Objects))
@@ -120,7 +195,9 @@ func parseHwlocXML(b []byte) (*hwObj, error) {
 		}
 		return o
 	}
-	return conv(doc.Objects[0]), nil
+	root := conv(doc.Objects[0])
+	root.Kinds = kinds
+	return root, nil
 }
 
 // treeFacts is what the comparison looks at, for our model and for hwloc.
@@ -131,7 +208,46 @@ type treeFacts struct {
 	dies     []string
 	cores    []string
 	l3       []string
+	kinds    string         // "performance CPUS efficiency CPUS"; "" when not hybrid
 	devices  map[string]int // PCI function → NUMA node (-1: none single)
+}
+
+// fmtKinds is the kinds fact: the performance CPUs and the others.
+func fmtKinds(perf, eff CPUSet) string {
+	if perf.IsEmpty() || eff.IsEmpty() {
+		return ""
+	}
+	return "performance " + perf.String() + " efficiency " + eff.String()
+}
+
+// hwlocKinds is hwloc's kinds fact: its most efficient-ranked kinds are
+// the performance CPUs, the rest efficiency CPUs; "" with fewer than two
+// kinds. Kinds hwloc could not rank are listed as such.
+func hwlocKinds(ks []hwKind) string {
+	if len(ks) < 2 {
+		return ""
+	}
+	top := -1
+	for _, k := range ks {
+		top = max(top, k.efficiency)
+	}
+	if top < 0 {
+		var parts []string
+		for _, k := range ks {
+			parts = append(parts, k.cpus.String())
+		}
+		slices.Sort(parts)
+		return "unranked " + strings.Join(parts, " ")
+	}
+	var perf, eff CPUSet
+	for _, k := range ks {
+		if k.efficiency == top {
+			perf = perf.Union(k.cpus)
+		} else {
+			eff = eff.Union(k.cpus)
+		}
+	}
+	return fmtKinds(perf, eff)
 }
 
 var hwCPUTypes = map[string]bool{"Machine": true, "Package": true, "Die": true, "Core": true, "PU": true, "Group": true, "NUMANode": true, "MemCache": true}
@@ -142,7 +258,8 @@ func isHwCPUType(t string) bool {
 
 // factsOfHwloc reduces an lstopo tree to treeFacts. An object's CPUs are
 // the PUs below it; a NUMA node's are its parent's (hwloc attaches memory
-// to the object whose CPUs are local to it). A PCI function's node is the
+// to the object whose CPUs are local to it), looking through memory-side
+// caches. A PCI function's node is the
 // single NUMA node found below its nearest CPU-side ancestor (walking up
 // until one has nodes below it); -1 when that ancestor has several.
 func factsOfHwloc(root *hwObj) treeFacts {
@@ -172,7 +289,13 @@ func factsOfHwloc(root *hwObj) treeFacts {
 	walk = func(o *hwObj, ancestors []*hwObj) {
 		switch {
 		case o.Type == "NUMANode" && o.OS >= 0 && len(ancestors) > 0:
-			f.nodes[o.OS] = pus[ancestors[len(ancestors)-1]].String()
+			// A memory-side cache (MemCache, hwloc 2.1+) sits between a
+			// node and the object it is attached to; it has no PUs.
+			p := len(ancestors) - 1
+			for p > 0 && ancestors[p].Type == "MemCache" {
+				p--
+			}
+			f.nodes[o.OS] = pus[ancestors[p]].String()
 		case o.Type == "Package":
 			f.packages = append(f.packages, pus[o].String())
 		case o.Type == "Die":
@@ -202,6 +325,7 @@ func factsOfHwloc(root *hwObj) treeFacts {
 		}
 	}
 	walk(root, nil)
+	f.kinds = hwlocKinds(root.Kinds)
 	slices.Sort(f.packages)
 	slices.Sort(f.dies)
 	slices.Sort(f.cores)
@@ -240,6 +364,7 @@ func factsOfModel(h *Host) treeFacts {
 	for _, d := range h.Devices {
 		f.devices[string(d.Addr)] = int(d.Node)
 	}
+	f.kinds = fmtKinds(h.CoreKindCPUs(CoreKindPerformance), h.CoreKindCPUs(CoreKindEfficiency))
 	slices.Sort(f.packages)
 	slices.Sort(f.dies)
 	slices.Sort(f.cores)
@@ -293,6 +418,7 @@ func compareFacts(ours, theirs treeFacts, h *Host, skip map[string]bool, subsetP
 	add("dies", fmt.Sprint(ours.dies), fmt.Sprint(theirs.dies))
 	add("cores", fmt.Sprint(ours.cores), fmt.Sprint(theirs.cores))
 	add("l3", fmt.Sprint(ours.l3), fmt.Sprint(theirs.l3))
+	add("kinds", ours.kinds, theirs.kinds)
 	// Cores spanning two nodes: a model error unless hwloc has that core.
 	for _, c := range h.Cores {
 		var in []string
@@ -325,13 +451,23 @@ func compareFacts(ours, theirs treeFacts, h *Host, skip map[string]bool, subsetP
 	return out
 }
 
-// hwlocTree is one vendored machine.
+// hwlocTree is one vendored test: a tarball and the output lstopo
+// printed for it.
 type hwlocTree struct {
-	name    string
+	name    string // the test's name (unique across both sets)
+	dir     string // hwlocTreeDir or hwlocMasterDir
+	source  string // the tarball's name without .tar.bz2
 	output  string // the expected output file's name
 	options string
 	env     []string
 }
+
+// hwlocMasterDir holds hwloc master's trees that are new or renamed
+// relative to the 2.9.0 set (testdata/hwloc-master/PROVENANCE.md). Each
+// NAME.test names its tarball (source:), its expected output (target:,
+// NAME.console for `lstopo --of console`, NAME.xml for --of xml) and its
+// lstopo options: and env: lines, as hwloc's test-topology.sh reads them.
+const hwlocMasterDir = "testdata/hwloc-master"
 
 func hwlocTrees(t testing.TB) []hwlocTree {
 	t.Helper()
@@ -341,7 +477,8 @@ func hwlocTrees(t testing.TB) []hwlocTree {
 	}
 	var out []hwlocTree
 	for _, p := range tars {
-		tr := hwlocTree{name: strings.TrimSuffix(filepath.Base(p), ".tar.bz2")}
+		tr := hwlocTree{name: strings.TrimSuffix(filepath.Base(p), ".tar.bz2"), dir: hwlocTreeDir}
+		tr.source = tr.name
 		tr.output = tr.name + ".output"
 		opts := tr.name + ".options"
 		if _, err := os.Stat(filepath.Join(hwlocTreeDir, tr.output)); err != nil {
@@ -360,14 +497,78 @@ func hwlocTrees(t testing.TB) []hwlocTree {
 		}
 		out = append(out, tr)
 	}
+	tests, err := filepath.Glob(filepath.Join(hwlocMasterDir, "*.test"))
+	if err != nil || len(tests) == 0 {
+		t.Fatalf("no tests in %s: %v", hwlocMasterDir, err)
+	}
+	for _, p := range tests {
+		tr, err := parseHwlocTest(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, tr)
+	}
+	seen := map[string]bool{}
+	for _, tr := range out {
+		if seen[tr.name] {
+			t.Fatalf("test %s is in both %s and %s: allow-list keys would be ambiguous", tr.name, hwlocTreeDir, hwlocMasterDir)
+		}
+		seen[tr.name] = true
+	}
 	return out
+}
+
+// parseHwlocTest reads one hwloc master NAME.test file ("key: value"
+// lines, # comments). Its source and target must exist beside it.
+func parseHwlocTest(path string) (hwlocTree, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return hwlocTree{}, err
+	}
+	tr := hwlocTree{name: strings.TrimSuffix(filepath.Base(path), ".test"), dir: filepath.Dir(path)}
+	for i, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		key, val, ok := strings.Cut(l, ":")
+		if !ok {
+			return hwlocTree{}, fmt.Errorf("%s line %d: %q is not \"key: value\"", path, i+1, l)
+		}
+		val = strings.TrimSpace(val)
+		switch key {
+		case "source":
+			tr.source = strings.TrimSuffix(val, ".tar.bz2")
+		case "target":
+			tr.output = val
+		case "options":
+			tr.options = val
+		case "env":
+			if k, v, ok := strings.Cut(val, "="); ok && !strings.HasPrefix(val, "export") {
+				tr.env = append(tr.env, k+"="+strings.Trim(v, `"`))
+			}
+		case "exclude":
+			return hwlocTree{}, fmt.Errorf("%s: exclude: is not supported by this harness", path)
+		default:
+			return hwlocTree{}, fmt.Errorf("%s line %d: unknown key %q", path, i+1, key)
+		}
+	}
+	if tr.source == "" || tr.output == "" {
+		return hwlocTree{}, fmt.Errorf("%s: needs source: and target:", path)
+	}
+	for _, f := range []string{tr.source + ".tar.bz2", tr.output} {
+		if _, err := os.Stat(filepath.Join(tr.dir, f)); err != nil {
+			return hwlocTree{}, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	return tr, nil
 }
 
 // unpackBz2Tree unpacks a vendored tree into a fresh directory and returns
 // the directory holding its sys/ and proc/.
-func unpackBz2Tree(t testing.TB, name string) string {
+func unpackBz2Tree(t testing.TB, srcDir, name string) string {
 	t.Helper()
-	f, err := os.Open(filepath.Join(hwlocTreeDir, name+".tar.bz2"))
+	f, err := os.Open(filepath.Join(srcDir, name+".tar.bz2"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -441,11 +642,20 @@ func treeTempDir(t testing.TB) string {
 // lstopo) or "both".
 func hwlocAllow(t testing.TB) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(hwlocTreeDir, "allow.txt"))
+	out := map[string]string{}
+	for _, dir := range []string{hwlocTreeDir, hwlocMasterDir} {
+		readHwlocAllow(t, filepath.Join(dir, "allow.txt"), out)
+	}
+	return out
+}
+
+// readHwlocAllow adds the entries of one allow.txt to out.
+func readHwlocAllow(t testing.TB, path string, out map[string]string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]string{}
 	for i, l := range strings.Split(string(b), "\n") {
 		l = strings.TrimSpace(l)
 		if l == "" || strings.HasPrefix(l, "#") {
@@ -454,11 +664,14 @@ func hwlocAllow(t testing.TB) map[string]string {
 		key, reason, ok := strings.Cut(l, ":")
 		f := strings.Fields(key)
 		if !ok || len(f) != 3 || strings.TrimSpace(reason) == "" || !slices.Contains([]string{"expected", "live", "both"}, f[2]) {
-			t.Fatalf("allow.txt line %d: want \"TREE FIELD expected|live|both: reason\", got %q", i+1, l)
+			t.Fatalf("%s line %d: want \"TREE FIELD expected|live|both: reason\", got %q", path, i+1, l)
 		}
-		out[f[0]+" "+f[1]+" "+f[2]] = strings.TrimSpace(reason)
+		k := f[0] + " " + f[1] + " " + f[2]
+		if _, dup := out[k]; dup {
+			t.Fatalf("%s line %d: %q listed twice", path, i+1, k)
+		}
+		out[k] = strings.TrimSpace(reason)
 	}
-	return out
 }
 
 // skippedFields lists the fields an expected output lacks, from its options.
@@ -513,7 +726,7 @@ func TestHwlocTrees(t *testing.T) {
 		for _, tr := range hwlocTrees(t) {
 			t.Run(tr.name, func(t *testing.T) {
 				t.Parallel()
-				root := unpackBz2Tree(t, tr.name)
+				root := unpackBz2Tree(t, tr.dir, tr.source)
 				h, err := Discover(context.Background(), WithRoot(root), WithoutNames())
 				if err != nil {
 					t.Fatalf("Discover: %v", err)
@@ -541,7 +754,7 @@ func TestHwlocTrees(t *testing.T) {
 						}
 					}
 				}
-				b, err := os.ReadFile(filepath.Join(hwlocTreeDir, tr.output))
+				b, err := os.ReadFile(filepath.Join(tr.dir, tr.output))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -602,7 +815,7 @@ func TestHwlocTrees(t *testing.T) {
 // agreementTable renders the results as the markdown table in
 // docs/topology.md (HWLOC_TREES_TABLE=1 go test ./topology -run TestHwlocTrees -v).
 func agreementTable(results []treeResult, live bool) string {
-	fields := []string{"nodes", "packages", "dies", "cores", "l3", "core-nodes", "pci"}
+	fields := []string{"nodes", "packages", "dies", "cores", "l3", "kinds", "core-nodes", "pci"}
 	var sb strings.Builder
 	sb.WriteString("| tree | " + strings.Join(fields, " | ") + " | discovery (median of 3) |\n|---|")
 	sb.WriteString(strings.Repeat("---|", len(fields)+1) + "\n")
@@ -636,7 +849,7 @@ func agreementTable(results []treeResult, live bool) string {
 // is a "dies" disagreement.
 func TestHwlocTreeDiesCompared(t *testing.T) {
 	const name = "fakecpuid1f-64intel64-2p4d2n2c2t"
-	root := unpackBz2Tree(t, name)
+	root := unpackBz2Tree(t, hwlocTreeDir, name)
 	h, err := Discover(context.Background(), WithRoot(root), WithoutNames())
 	if err != nil {
 		t.Fatal(err)

@@ -47,6 +47,10 @@ type Host struct {
 	OfflineCPUs CPUSet `json:"offline_cpus,omitzero"`
 	// Devices is every PCI function, bridges included, in address order.
 	Devices []PCIDevice `json:"devices"`
+	// CoreKindSource says where Core.Kind came from on a hybrid CPU
+	// (CoreKindSourcePMU, CoreKindSourceCapacity, CoreKindSourceBaseFreq);
+	// empty when the host is not hybrid.
+	CoreKindSource string `json:"core_kind_source,omitempty"`
 	// Links are direct device-to-device interconnects (NVLink) reported by
 	// a LinkSource.
 	Links []devices.Link `json:"links,omitempty"`
@@ -117,6 +121,13 @@ type Core struct {
 	CPUs CPUSet `json:"cpus"`
 	// L3 indexes Host.L3; -1 when the cache is not known.
 	L3 CacheID `json:"l3"`
+	// Kind is performance or efficiency on a hybrid CPU, unknown (empty)
+	// elsewhere (coretype.go, docs/topology.md "Hybrid cores").
+	Kind CoreKind `json:"kind,omitempty"`
+	// Capacity is the core's capacity relative to the host's biggest
+	// core (MaxCoreCapacity = 1024) on a hybrid CPU, from cpu_capacity or
+	// base_frequency; 0 when not known or not hybrid.
+	Capacity int `json:"capacity,omitempty"`
 }
 
 // CacheGroup is a set of CPUs sharing one cache.

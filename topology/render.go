@@ -21,6 +21,9 @@ func WriteTree(w io.Writer, h *Host) error {
 		ew.printf(", offline %s", h.OfflineCPUs)
 	}
 	ew.printf("\n")
+	for _, l := range h.CoreKindLines() {
+		ew.printf("Hybrid cores (%s) %s\n", h.CoreKindSource, l)
+	}
 	for _, s := range h.Sockets {
 		ew.printf("Socket %d  cpus %s\n", s.ID, s.CPUs)
 		for _, d := range h.Dies {

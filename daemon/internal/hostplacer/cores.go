@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/sched"
+	"github.com/fusiond/fusiond/topology"
 )
 
 // Exclusive cores: a guaranteed job gets whole cores of its own, in the
@@ -18,6 +20,14 @@ import (
 // SMT siblings together, lowest first CPU first) and records them as the
 // job's Allocation.CPUSet. The engine's counts are always derived from the
 // concrete cores jobs hold, so the two cannot disagree.
+//
+// On a hybrid CPU (Hardware.Cores with kinds, from the topology model)
+// the choice within a node is scored by core type (coreScore): latency-
+// sensitive and guaranteed work takes performance cores first, throughput
+// work (batch, best effort) efficiency cores first; among cores of one
+// type the bigger capacity (or, for throughput work, the smaller) first,
+// then the lowest first CPU. On other hosts every core scores alike and
+// the order is the lowest first CPU, as before.
 
 // CoresFor is the number of whole cores a guaranteed CPU request in
 // millicores gets: fractions are rounded up.
@@ -49,7 +59,7 @@ next:
 		for _, cpu := range cpus {
 			seen[cpu] = true
 		}
-		out = append(out, cgroups.Core{Node: max(c.Node, 0), CPUs: cpus})
+		out = append(out, cgroups.Core{Node: max(c.Node, 0), CPUs: cpus, Kind: c.Kind, Capacity: c.Capacity})
 	}
 	slices.SortFunc(out, func(a, b cgroups.Core) int { return cmp.Compare(a.CPUs[0], b.CPUs[0]) })
 	return out
@@ -114,25 +124,86 @@ func (p *Placer) coresHeld(cpus []int) map[int]int {
 	return out
 }
 
-// takeCores picks the concrete cores of an engine assignment: perNUMA[n]
-// free cores on each node n, lowest first CPU first. It changes nothing.
-// The caller holds p.mu.
+// corePref is which core type a job's exclusive cores are taken from
+// first on a hybrid CPU.
+type corePref int
+
+const (
+	preferPerformance corePref = iota
+	preferEfficiency
+)
+
+func (c corePref) String() string {
+	if c == preferEfficiency {
+		return "efficiency"
+	}
+	return "performance"
+}
+
+// corePreference is a request's core type: best-effort and batch work
+// (throughput, not latency) prefers efficiency cores; everything else,
+// latency-sensitive classes (service, inference) and guaranteed jobs of
+// the other classes, performance cores. A guaranteed batch job still gets
+// whole exclusive cores: efficiency ones first, leaving the performance
+// cores to latency-sensitive work.
+func corePreference(req *sched.Request) corePref {
+	if req.Tier == sched.TierBestEffort || req.Class == sched.ClassBatch {
+		return preferEfficiency
+	}
+	return preferPerformance
+}
+
+// coreScore is how much a job with preference pref wants core c: higher
+// is taken first. Its type counts first (the preferred type, then unknown,
+// then the other), its relative capacity second (bigger first for
+// performance, smaller first for efficiency). Cores of a host without
+// core types all score 0.
+func coreScore(c cgroups.Core, pref corePref) int {
+	kind := 1 // unknown
+	switch c.Kind {
+	case topology.CoreKindPerformance:
+		kind = 2
+	case topology.CoreKindEfficiency:
+		kind = 0
+	}
+	capacity := c.Capacity
+	if pref == preferEfficiency {
+		kind, capacity = 2-kind, topology.MaxCoreCapacity-min(capacity, topology.MaxCoreCapacity)
+	}
+	if c.Kind == topology.CoreKindUnknown {
+		return kind * (topology.MaxCoreCapacity + 1)
+	}
+	return kind*(topology.MaxCoreCapacity+1) + capacity
+}
+
+// takeCores picks the concrete cores of an engine assignment for a
+// guaranteed job of a class without a throughput preference:
+// performance cores first (see takeCoresFor).
 func (p *Placer) takeCores(perNUMA map[int]int) ([]int, error) {
+	return p.takeCoresFor(perNUMA, preferPerformance)
+}
+
+// takeCoresFor picks the concrete cores of an engine assignment:
+// perNUMA[n] free cores on each node n, highest coreScore for pref first,
+// then lowest first CPU. It changes nothing. The caller holds p.mu.
+func (p *Placer) takeCoresFor(perNUMA map[int]int, pref corePref) ([]int, error) {
 	own := p.cpuOwners()
 	var cpus []int
 	for _, node := range slices.Sorted(maps.Keys(perNUMA)) {
 		need := perNUMA[node]
+		var free []cgroups.Core
 		for _, c := range p.cores {
-			if need == 0 {
-				break
-			}
 			if c.Node == node && coreFree(c, own) {
-				cpus = append(cpus, c.CPUs...)
-				need--
+				free = append(free, c)
 			}
 		}
-		if need > 0 {
-			return nil, fmt.Errorf("%d more free cores wanted on NUMA node %d than the host has", need, node)
+		// p.cores is in first-CPU order and the sort is stable.
+		slices.SortStableFunc(free, func(a, b cgroups.Core) int { return cmp.Compare(coreScore(b, pref), coreScore(a, pref)) })
+		if need > len(free) {
+			return nil, fmt.Errorf("%d more free cores wanted on NUMA node %d than the host has", need-len(free), node)
+		}
+		for _, c := range free[:need] {
+			cpus = append(cpus, c.CPUs...)
 		}
 	}
 	slices.Sort(cpus)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices"
+	"github.com/fusiond/fusiond/topology"
 )
 
 func TestGPUTable(t *testing.T) {
@@ -108,5 +109,35 @@ func TestNodeTableIsolation(t *testing.T) {
 		if !strings.Contains(b.String(), c.want) {
 			t.Errorf("node table for %+v lacks %q:\n%s", c.iso, c.want, b.String())
 		}
+	}
+}
+
+// fusionctl node says how many cores of each type a hybrid host has, and
+// says plainly when the host has one type.
+func TestNodeCoreTypes(t *testing.T) {
+	h := &topology.Host{OnlineCPUs: topology.NewCPUSet(0, 1, 2, 3), CoreKindSource: topology.CoreKindSourceCapacity, Cores: []topology.Core{
+		{CPUs: topology.NewCPUSet(0, 1), Kind: topology.CoreKindPerformance, Capacity: 1024},
+		{CPUs: topology.NewCPUSet(2), Kind: topology.CoreKindEfficiency, Capacity: 500},
+		{CPUs: topology.NewCPUSet(3), Kind: topology.CoreKindEfficiency, Capacity: 510},
+	}}
+	var b bytes.Buffer
+	if err := coreTypes(&b, h); err != nil {
+		t.Fatal(err)
+	}
+	want := "\nCores: 3 (CPUs 0-3), hybrid: core types from cpu_capacity\n" +
+		"  performance: 1 cores, CPUs 0-1, capacity 1024\n" +
+		"  efficiency: 2 cores, CPUs 2-3, capacity 500-510\n"
+	if b.String() != want {
+		t.Errorf("hybrid:\n%q\nwant\n%q", b.String(), want)
+	}
+	for i := range h.Cores {
+		h.Cores[i].Kind, h.Cores[i].Capacity = topology.CoreKindUnknown, 0
+	}
+	b.Reset()
+	if err := coreTypes(&b, h); err != nil {
+		t.Fatal(err)
+	}
+	if want := "\nCores: 3 (CPUs 0-3), one type: no hybrid core information\n"; b.String() != want {
+		t.Errorf("not hybrid: %q, want %q", b.String(), want)
 	}
 }

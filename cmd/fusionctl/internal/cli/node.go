@@ -11,6 +11,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/buildinfo"
+	"github.com/fusiond/fusiond/topology"
 )
 
 func newStatusCmd(o *options) *cobra.Command {
@@ -134,7 +135,27 @@ func newVersionCmd(o *options) *cobra.Command {
 func newNodeCmd(o *options) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "node",
-		Short: "Node administration (root or the admin group)",
+		Short: "Show the node and its CPU cores (core types on hybrid CPUs); administration (root or the admin group)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c := o.client()
+			defer c.Close()
+			n, err := c.Node(cmd.Context())
+			if err != nil {
+				return err
+			}
+			h, err := c.Topology(cmd.Context())
+			if err != nil {
+				return err
+			}
+			v := nodeView{Node: n, Cores: h.Cores, CoreKindSource: h.CoreKindSource}
+			return o.print(v, func(w io.Writer) error {
+				if err := nodeTable(w, n); err != nil {
+					return err
+				}
+				return coreTypes(w, h)
+			})
+		},
 	}
 	for _, on := range []bool{true, false} {
 		name, short := "cordon", "Stop placing new jobs on this node (running jobs continue)"
@@ -157,6 +178,33 @@ func newNodeCmd(o *options) *cobra.Command {
 		})
 	}
 	return cmd
+}
+
+// nodeView is what `fusionctl node -o json` prints.
+type nodeView struct {
+	Node           api.NodeStatus  `json:"node"`
+	Cores          []topology.Core `json:"cores"`
+	CoreKindSource string          `json:"core_kind_source,omitempty"`
+}
+
+// coreTypes prints the host's cores and, on a hybrid CPU, how many of
+// each kind (the kind guaranteed jobs' exclusive cores are taken from
+// first, docs/scheduling.md "Core types (hybrid CPUs)").
+func coreTypes(w io.Writer, h *topology.Host) error {
+	lines := h.CoreKindLines()
+	if len(lines) == 0 {
+		_, err := fmt.Fprintf(w, "\nCores: %d (CPUs %s), one type: no hybrid core information\n", len(h.Cores), h.OnlineCPUs)
+		return err
+	}
+	if _, err := fmt.Fprintf(w, "\nCores: %d (CPUs %s), hybrid: core types from %s\n", len(h.Cores), h.OnlineCPUs, esc(h.CoreKindSource)); err != nil {
+		return err
+	}
+	for _, l := range lines {
+		if _, err := fmt.Fprintf(w, "  %s\n", l); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // isolation is the node's job confinement in words.
