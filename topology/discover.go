@@ -120,14 +120,13 @@ func (d *discovery) cpus() error {
 	online, err := d.fs.readCPUList(sysCPU + "/online")
 	// An empty cpuN directory that neither cpu/present nor cpu/online
 	// names is not a CPU (hwloc makes no PU of it either).
-	if phantom := empty.Difference(online); presentErr == nil || err == nil {
-		if presentErr == nil {
-			phantom = phantom.Difference(listed)
-		}
-		if !phantom.IsEmpty() {
-			d.warn("%s/cpuN directories of CPUs %s are empty and named by neither %s/present nor online; not CPUs", sysCPU, phantom, sysCPU)
-			present = present.Difference(phantom)
-		}
+	phantom := empty.Difference(online)
+	if presentErr == nil {
+		phantom = phantom.Difference(listed)
+	}
+	if !phantom.IsEmpty() {
+		d.warn("%s/cpuN directories of CPUs %s are empty and named by neither %s/present nor online; not CPUs", sysCPU, phantom, sysCPU)
+		present = present.Difference(phantom)
 	}
 	if err != nil {
 		d.warn("%v; treating every cpuN directory without online=0 as online", err)
