@@ -150,6 +150,24 @@ func TestCgroupPlacement(t *testing.T) {
 	if _, err := cgroups.Plan(g); err != nil {
 		t.Errorf("guaranteed placement does not plan: %v", err)
 	}
+	// A memory-less node 1: its jobs allocate from node 0; an unknown
+	// answer (nil) leaves cpuset.mems unset.
+	nearest := func(n int) []int {
+		if n == 1 {
+			return []int{0}
+		}
+		return nil
+	}
+	if m, err := cgroupPlacement(req(api.TierGuaranteed, "2-3"), shared, nearest); err != nil || !reflect.DeepEqual(m.MemNodes, []int{0}) {
+		t.Errorf("memory-less node: MemNodes %v, %v", m.MemNodes, err)
+	}
+	u := req(api.TierGuaranteed, "2-3")
+	u.Allocation.NUMANode = 5
+	if m, err := cgroupPlacement(u, shared, nearest); err != nil || m.MemNodes != nil {
+		t.Errorf("unknown node: MemNodes %v, %v", m.MemNodes, err)
+	} else if lim, err := cgroups.Plan(m); err != nil || lim.Mems != "" {
+		t.Errorf("unknown node: mems %q, %v", lim.Mems, err)
+	}
 	if _, err := cgroupPlacement(req(api.TierGuaranteed, ""), shared, nil); !errors.Is(err, ErrNoExclusiveCPUs) {
 		t.Errorf("guaranteed without cores: %v", err)
 	}
