@@ -207,10 +207,14 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 		Needs: []string{"hardware", "cgroups", "telemetry-bus"},
 		Start: func(ctx context.Context) (err error) {
 			var cores func() []cgroups.Core
+			var memNodes func(int) []int
 			popts := placementOptions(d.hw)
 			popts.Logger = log
 			if cg != nil {
 				if cores, err = hostCores(ctx, d.hw); err != nil {
+					return err
+				}
+				if memNodes, err = hostMemNodes(ctx, d.hw); err != nil {
 					return err
 				}
 				popts.KeepSharedCores, popts.OnShared = 1, cg.SetSharedCPUs
@@ -225,7 +229,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 			popts.Profiles = cfg.Placement.profiles()
 			popts.Live = busLive{r: bus, over: liveOver}
 			engine = hostplacer.New(inventory(), popts)
-			if runner, err = newExecutor(cfg, cg, cgErr, engine.SharedCPUs, log); err != nil {
+			if runner, err = newExecutor(cfg, cg, cgErr, engine.SharedCPUs, memNodes, log); err != nil {
 				return err
 			}
 			if cg != nil {

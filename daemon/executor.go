@@ -20,7 +20,9 @@ import (
 // placer keeps. Without cgroups (cgErr says why) every job is refused, or
 // runs without cgroups when cfg.AllowUnisolatedJobs allows it (and the
 // daemon says so in its log and its node status).
-func newExecutor(cfg Config, cg *cgroups.Manager, cgErr error, shared func() []int, log *slog.Logger) (*executor.MonitorRunner, error) {
+// memNodes, when not nil, maps a job's NUMA node onto the nodes its
+// cpuset.mems names (hostMemNodes).
+func newExecutor(cfg Config, cg *cgroups.Manager, cgErr error, shared func() []int, memNodes func(int) []int, log *slog.Logger) (*executor.MonitorRunner, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("locating the fusiond binary for job monitors: %w", err)
@@ -42,7 +44,7 @@ func newExecutor(cfg Config, cg *cgroups.Manager, cgErr error, shared func() []i
 		log.Error("jobs cannot be isolated, and every job will be refused; set allow_unisolated_jobs: true to run them without limits or device isolation", "err", cgErr)
 	}
 	if cg != nil {
-		rcfg.Cgroups, rcfg.SharedCPUs = cg, shared
+		rcfg.Cgroups, rcfg.SharedCPUs, rcfg.MemNodes = cg, shared, memNodes
 	}
 	return executor.NewMonitorRunner(rcfg, log), nil
 }
@@ -86,4 +88,36 @@ func hostCores(ctx context.Context, h *hardware.Host) (func() []cgroups.Core, er
 		return func() []cgroups.Core { return cgroups.CoresOf(h.Topology()) }, nil
 	}
 	return func() []cgroups.Core { return cores }, nil
+}
+
+// hostMemNodes returns where a job aligned to a NUMA node allocates its
+// memory: the node itself, or for a memory-less node its nearest memory
+// nodes (topology.Host.MemoryNodesFor), from the same model hostCores
+// uses (the live hardware's, read again on every call, or one discovery
+// of this machine when the devices are simulated).
+func hostMemNodes(ctx context.Context, h *hardware.Host) (func(int) []int, error) {
+	t := h.Topology()
+	live := t != nil && h.Simulated() == ""
+	if !live {
+		var err error
+		if t, err = topology.Discover(ctx); err != nil {
+			return nil, fmt.Errorf("host memory nodes: %w", err)
+		}
+	}
+	of := func(t *topology.Host, node int) []int {
+		var out []int
+		for _, n := range t.MemoryNodesFor(topology.NodeID(node)) {
+			out = append(out, int(n))
+		}
+		return out
+	}
+	if live {
+		return func(node int) []int {
+			if cur := h.Topology(); cur != nil {
+				return of(cur, node)
+			}
+			return of(t, node)
+		}, nil
+	}
+	return func(node int) []int { return of(t, node) }, nil
 }

@@ -41,7 +41,7 @@ func (d *discovery) readCPUSetFile(dir string, names ...string) (CPUSet, string,
 // warning line listing the CPUs, never one line per CPU.
 type cpuProblems map[string][]int
 
-func (p cpuProblems) add(what string, cpu int) { p[what] = append(p[what], cpu) }
+func (p cpuProblems) add(what string, cpus ...int) { p[what] = append(p[what], cpus...) }
 
 func (d *discovery) flush(p cpuProblems) {
 	keys := make([]string, 0, len(p))
@@ -231,7 +231,7 @@ func (d *discovery) buildDies(infos []dieInfo, probs cpuProblems) []Die {
 		return nil
 	}
 	var dies []Die
-	var missing []int
+	var missing, alone []int
 	for _, di := range infos {
 		sid, scpus := socketOf(di.cpu)
 		if sid == NoSocket {
@@ -241,6 +241,17 @@ func (d *discovery) buildDies(infos []dieInfo, probs cpuProblems) []Die {
 		set := di.cpus.Intersection(scpus)
 		if di.none {
 			continue
+		}
+		if set.Equal(own) && scpus.Len() > 1 {
+			// die_cpus naming the CPU alone in a package of several
+			// CPUs (a kernel or VM reporting no real die): hwloc
+			// ignores such a die; here the CPU is grouped by die_id
+			// instead, and a die left with one CPU is dropped below.
+			alone = append(alone, di.cpu)
+			set, di.file = CPUSet{}, ""
+			if di.id < 0 {
+				continue // no die_id to group by either: in no die
+			}
 		}
 		if di.file == "" && di.id < 0 {
 			missing = append(missing, di.cpu)
@@ -265,6 +276,21 @@ func (d *discovery) buildDies(infos []dieInfo, probs cpuProblems) []Die {
 			dies = append(dies, Die{Socket: sid, ID: di.id, CPUs: set.Union(own)})
 		}
 	}
+	if len(alone) > 0 {
+		var dropped []int
+		dies = slices.DeleteFunc(dies, func(x Die) bool {
+			if x.CPUs.Len() == 1 && d.socketCPUs(x.Socket).Len() > 1 {
+				dropped = append(dropped, x.CPUs.List()[0])
+				return true
+			}
+			return false
+		})
+		what := "grouped by (package, die_id) where there is one"
+		if len(dropped) > 0 {
+			what = fmt.Sprintf("grouped by (package, die_id) where there is one; CPUs %s left in a die of one CPU are in no die (as hwloc)", NewCPUSet(dropped...))
+		}
+		probs.add(fmt.Sprintf("%s/cpuN/topology/die_cpus names only the CPU itself in a package of several CPUs; %s", sysCPU, what), alone...)
+	}
 	for _, c := range missing {
 		// Another CPU's die_cpus may name it: then it is in that die.
 		if !slices.ContainsFunc(dies, func(x Die) bool { return x.CPUs.Contains(c) }) {
@@ -275,6 +301,16 @@ func (d *discovery) buildDies(infos []dieInfo, probs cpuProblems) []Die {
 		return cmp.Or(cmp.Compare(a.Socket, b.Socket), cmp.Compare(a.ID, b.ID), cmp.Compare(a.CPUs.List()[0], b.CPUs.List()[0]))
 	})
 	return dies
+}
+
+// socketCPUs returns the CPUs of socket id (empty when unknown).
+func (d *discovery) socketCPUs(id SocketID) CPUSet {
+	for _, s := range d.host.Sockets {
+		if s.ID == id {
+			return s.CPUs
+		}
+	}
+	return CPUSet{}
 }
 
 // splitByCoreID returns the cores of one sibling set. Siblings normally

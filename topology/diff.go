@@ -20,6 +20,9 @@ const (
 	NodeAdded     EventKind = "node-added"
 	NodeRemoved   EventKind = "node-removed"
 	NodeChanged   EventKind = "node-changed"
+	DieAdded      EventKind = "die-added"
+	DieRemoved    EventKind = "die-removed"
+	DieChanged    EventKind = "die-changed"
 	LinkAdded     EventKind = "link-added"
 	LinkRemoved   EventKind = "link-removed"
 	LinkChanged   EventKind = "link-changed"
@@ -54,7 +57,7 @@ func (e Event) String() string {
 }
 
 // Diff returns the changes that turn old into new, in a stable order
-// (CPUs, nodes, devices by address, links). A nil Host is empty.
+// (CPUs, nodes, dies, devices by address, links). A nil Host is empty.
 func Diff(old, new *Host) []Event {
 	if old == nil {
 		old = &Host{}
@@ -70,6 +73,7 @@ func Diff(old, new *Host) []Event {
 		ev = append(ev, Event{Kind: CPUsOnline, CPUs: c})
 	}
 	ev = append(ev, diffNodes(old.Nodes, new.Nodes)...)
+	ev = append(ev, diffDies(old.Dies, new.Dies)...)
 	ev = append(ev, diffDevices(old.Devices, new.Devices)...)
 	ev = append(ev, diffLinks(old, new)...)
 	return ev
@@ -114,6 +118,44 @@ func diffNodes(old, new []Node) []Event {
 		}
 	}
 	slices.SortStableFunc(ev, func(a, b Event) int { return cmp.Compare(*a.Node, *b.Node) })
+	return ev
+}
+
+// dieKey identifies a die across readings: (socket, die_id); a die
+// without a die_id (-1) by its CPUs, so that its change reads as one die
+// removed and another added.
+func dieKey(d Die) string {
+	if d.ID < 0 {
+		return fmt.Sprintf("socket %d die cpus %s", d.Socket, d.CPUs)
+	}
+	return fmt.Sprintf("socket %d die %d", d.Socket, d.ID)
+}
+
+// diffDies reports dies appearing, vanishing or changing CPUs (a die's
+// CPUs going offline or online, a kernel update adding die files).
+func diffDies(old, new []Die) []Event {
+	byKey := make(map[string]Die, len(old))
+	for _, d := range old {
+		byKey[dieKey(d)] = d
+	}
+	var ev []Event
+	seen := map[string]bool{}
+	for _, n := range new {
+		k := dieKey(n)
+		seen[k] = true
+		o, ok := byKey[k]
+		switch {
+		case !ok:
+			ev = append(ev, Event{Kind: DieAdded, CPUs: n.CPUs, Detail: k})
+		case !o.CPUs.Equal(n.CPUs):
+			ev = append(ev, Event{Kind: DieChanged, CPUs: n.CPUs, Detail: fmt.Sprintf("%s: cpus %q -> %q", k, o.CPUs, n.CPUs)})
+		}
+	}
+	for _, o := range old {
+		if k := dieKey(o); !seen[k] {
+			ev = append(ev, Event{Kind: DieRemoved, CPUs: o.CPUs, Detail: k})
+		}
+	}
 	return ev
 }
 

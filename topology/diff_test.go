@@ -201,3 +201,25 @@ func TestWatcherOnTree(t *testing.T) {
 		t.Fatalf("events %v", ev)
 	}
 }
+
+func TestDiffDies(t *testing.T) {
+	old, new := baseHost(), baseHost()
+	old.Dies = []Die{{Socket: 0, ID: 0, CPUs: NewCPUSet(0, 1)}, {Socket: 1, ID: 0, CPUs: NewCPUSet(2, 3)}, {Socket: 1, ID: -1, CPUs: NewCPUSet(4)}}
+	new.Dies = []Die{{Socket: 0, ID: 0, CPUs: NewCPUSet(0)}, {Socket: 0, ID: 1, CPUs: NewCPUSet(1)}}
+	var got []string
+	for _, e := range Diff(old, new) {
+		got = append(got, e.String())
+	}
+	want := []string{
+		`die-changed cpus 0: socket 0 die 0: cpus "0-1" -> "0"`,
+		"die-added cpus 1: socket 0 die 1",
+		"die-removed cpus 2-3: socket 1 die 0",
+		"die-removed cpus 4: socket 1 die cpus 4",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("Diff = %q, want %q", got, want)
+	}
+	if ev := Diff(new, new); len(ev) != 0 {
+		t.Fatalf("no change: %v", ev)
+	}
+}

@@ -116,8 +116,19 @@ func (d *discovery) cpus() error {
 	if _, err := os.Stat(d.fs.path(sysCPU)); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrNoCPUs, sysCPU, err)
 	}
-	present := d.listedCPUs()
+	present, empty := d.listedCPUs()
+	listed, presentErr := d.fs.readCPUList(sysCPU + "/present")
 	online, err := d.fs.readCPUList(sysCPU + "/online")
+	// An empty cpuN directory that neither cpu/present nor cpu/online
+	// names is not a CPU (hwloc makes no PU of it either).
+	phantom := empty.Difference(online)
+	if presentErr == nil {
+		phantom = phantom.Difference(listed)
+	}
+	if !phantom.IsEmpty() {
+		d.warn("%s/cpuN directories of CPUs %s are empty and named by neither %s/present nor online; not CPUs", sysCPU, phantom, sysCPU)
+		present = present.Difference(phantom)
+	}
 	if err != nil {
 		d.warn("%v; treating every cpuN directory without online=0 as online", err)
 		online = CPUSet{}
@@ -131,9 +142,25 @@ func (d *discovery) cpus() error {
 	if online.IsEmpty() {
 		return fmt.Errorf("%w: %s lists no online CPU", ErrNoCPUs, sysCPU+"/online")
 	}
+	// An online CPU without cpuN/topology: the kernel does not say which
+	// core, package or die it is in, and other CPUs' sibling lists may
+	// still name it (it would land in two cores). It is left out of the
+	// model, as hwloc leaves it out — unless no CPU has a topology
+	// directory at all (then each CPU is its own core, warned later).
+	var noTopo CPUSet
+	for _, c := range online.List() {
+		if _, err := os.Stat(d.fs.path(fmt.Sprintf("%s/cpu%d/topology", sysCPU, c))); errors.Is(err, fs.ErrNotExist) {
+			noTopo = noTopo.Union(NewCPUSet(c))
+		}
+	}
+	if !noTopo.IsEmpty() && !noTopo.Equal(online) {
+		d.warn("%s/cpuN/topology is missing for online CPUs %s; they are left out of the model (as hwloc): no core, package or node", sysCPU, noTopo)
+		online = online.Difference(noTopo)
+		present = present.Difference(noTopo)
+	}
 	d.host.OnlineCPUs = online
-	if listed, err := d.fs.readCPUList(sysCPU + "/present"); err == nil {
-		present = present.Union(listed)
+	if presentErr == nil {
+		present = present.Union(listed.Difference(noTopo))
 	}
 	d.host.OfflineCPUs = present.Difference(online)
 	if !d.host.OfflineCPUs.IsEmpty() {
@@ -142,16 +169,20 @@ func (d *discovery) cpus() error {
 	return nil
 }
 
-// listedCPUs returns the CPUs that have a cpuN directory.
-func (d *discovery) listedCPUs() CPUSet {
+// listedCPUs returns the CPUs that have a cpuN directory, and those of
+// them whose directory is empty.
+func (d *discovery) listedCPUs() (all, empty CPUSet) {
 	ents, _ := os.ReadDir(d.fs.path(sysCPU))
-	var ids []int
+	var ids, empties []int
 	for _, e := range ents {
 		if n, ok := numberedEntry(e.Name(), "cpu"); ok {
 			ids = append(ids, n)
+			if sub, err := os.ReadDir(d.fs.path(sysCPU + "/" + e.Name())); err == nil && len(sub) == 0 {
+				empties = append(empties, n)
+			}
 		}
 	}
-	return NewCPUSet(ids...)
+	return NewCPUSet(ids...), NewCPUSet(empties...)
 }
 
 // numberedEntry parses names like "cpu12" or "node1".
@@ -174,6 +205,7 @@ func (d *discovery) nodes() {
 		}
 	}
 	sort.Ints(ids)
+	ids = d.realNodes(ids)
 	if err != nil || len(ids) == 0 {
 		d.warn("no NUMA nodes under %s (kernel without CONFIG_NUMA?); modelling one node 0 with all CPUs and /proc/meminfo's memory", sysNode)
 		n := Node{ID: 0, CPUs: d.host.OnlineCPUs, Distances: []int{10}}
@@ -189,6 +221,7 @@ func (d *discovery) nodes() {
 	}
 	var covered CPUSet
 	var overlaps []string
+	unknownCPUs := map[NodeID]bool{}
 	for _, id := range ids {
 		dir := fmt.Sprintf("%s/node%d", sysNode, id)
 		n := Node{ID: NodeID(id), Socket: NoSocket}
@@ -198,8 +231,15 @@ func (d *discovery) nodes() {
 			n.CPUs = m.Intersection(d.host.OnlineCPUs)
 		} else if c, err2 := d.fs.readCPUList(dir + "/cpulist"); err2 == nil {
 			n.CPUs = c.Intersection(d.host.OnlineCPUs)
+		} else if links := d.nodeCPULinks(dir); !links.IsEmpty() {
+			// The kernel also links each of the node's CPUs under it
+			// (nodeN/cpuM): better than dropping the node (hwloc drops
+			// it, memory and all) or calling it CPU-less.
+			n.CPUs = links.Intersection(d.host.OnlineCPUs)
+			d.warn("%v; %v; node%d CPUs %s taken from its cpuM links", err, err2, id, links)
 		} else {
-			d.warn("%v; %v; node%d has no CPUs in the model", err, err2, id)
+			unknownCPUs[NodeID(id)] = true
+			d.warn("%v; %v; no cpuM links either: node%d CPUs unknown, none in the model and no initiators guessed", err, err2, id)
 		}
 		// Overlapping node CPU lists (buggy firmware): the first node
 		// keeps them, later nodes lose the overlap.
@@ -230,10 +270,14 @@ func (d *discovery) nodes() {
 	if len(overlaps) > 0 {
 		d.warn("%s/nodeN/cpulist: %s list CPUs of an earlier node; the earlier node keeps them", sysNode, strings.Join(overlaps, ", "))
 	}
+	gpuMem := d.gpuMemoryNodes()
 	var cpuless []string
 	for i := range d.host.Nodes {
 		n := &d.host.Nodes[i]
-		if !n.CPUs.IsEmpty() {
+		if g, ok := gpuMem[n.ID]; ok {
+			n.GPU = g.addr
+		}
+		if !n.CPUs.IsEmpty() || unknownCPUs[n.ID] {
 			continue
 		}
 		cpuless = append(cpuless, fmt.Sprintf("node%d", n.ID))
@@ -252,6 +296,11 @@ func (d *discovery) nodes() {
 				}
 			}
 		}
+		if g, ok := gpuMem[n.ID]; ok && n.Initiators.IsEmpty() {
+			// GPU memory (POWER9 NVLink, Grace Hopper): the CPUs local
+			// to the GPU whose memory it is, as hwloc does.
+			n.Initiators = g.cpus
+		}
 		if n.Initiators.IsEmpty() {
 			// No initiators (older kernels, KNL's MCDRAM nodes): the
 			// CPUs of the strictly nearest nodes by SLIT distance.
@@ -264,6 +313,123 @@ func (d *discovery) nodes() {
 	if rest := d.host.OnlineCPUs.Difference(covered); !rest.IsEmpty() {
 		d.warn("online CPUs %s belong to no NUMA node", rest)
 	}
+}
+
+// realNodes drops nodeN directories that are no NUMA node: with
+// node/online (the kernel's list, which hwloc reads), those it does not
+// name; without it, those holding none of cpumap, cpulist, meminfo and
+// distance. A stray directory would otherwise add a phantom node and
+// make every distance row one entry short.
+func (d *discovery) realNodes(ids []int) []int {
+	var stray []string
+	online, err := d.fs.readCPUList(sysNode + "/online")
+	keep := ids[:0:0]
+	for _, id := range ids {
+		dir := fmt.Sprintf("%s/node%d", sysNode, id)
+		switch {
+		case err == nil && !online.Contains(id):
+			stray = append(stray, fmt.Sprintf("node%d", id))
+		case err != nil && !slices.ContainsFunc([]string{"cpumap", "cpulist", "meminfo", "distance"}, func(f string) bool {
+			_, e := os.Stat(d.fs.path(dir + "/" + f))
+			return e == nil
+		}):
+			stray = append(stray, fmt.Sprintf("node%d", id))
+		default:
+			keep = append(keep, id)
+		}
+	}
+	if len(stray) > 0 {
+		why := "hold none of cpumap, cpulist, meminfo, distance"
+		if err == nil {
+			why = fmt.Sprintf("are not in %s/online (%s)", sysNode, online)
+		}
+		d.warn("%s: %s %s; not NUMA nodes, ignored", sysNode, abbreviate(stray, 6), why)
+	}
+	return keep
+}
+
+// nodeCPULinks returns the CPUs linked under a node directory (cpuM).
+func (d *discovery) nodeCPULinks(dir string) CPUSet {
+	ents, err := os.ReadDir(d.fs.path(dir))
+	if err != nil {
+		return CPUSet{}
+	}
+	var ids []int
+	for _, e := range ents {
+		if n, ok := numberedEntry(e.Name(), "cpu"); ok {
+			ids = append(ids, n)
+		}
+	}
+	return NewCPUSet(ids...)
+}
+
+// gpuMemory is an NVIDIA GPU's memory exposed as a NUMA node.
+type gpuMemory struct {
+	addr PCIAddr
+	cpus CPUSet // the GPU's local CPUs (online); empty when unknown
+}
+
+// gpuMemoryNodes reads /proc/driver/nvidia/gpus/ADDR/numa_status
+// ("Node: 250"): the NUMA node holding that GPU's memory (POWER9 with
+// NVLink to the CPU, Grace Hopper). The node's locality is the GPU's
+// local_cpulist (else local_cpus), as hwloc takes it. A node the kernel
+// does not have, or a file without a Node line, is warned about once.
+func (d *discovery) gpuMemoryNodes() map[NodeID]gpuMemory {
+	const dir = "/proc/driver/nvidia/gpus"
+	ents, err := os.ReadDir(d.fs.path(dir))
+	if err != nil {
+		return nil
+	}
+	out := map[NodeID]gpuMemory{}
+	var bad []string
+	for _, e := range ents {
+		addr, err := ParsePCIAddr(e.Name())
+		if err != nil {
+			continue
+		}
+		p := dir + "/" + e.Name() + "/numa_status"
+		s, err := d.fs.read(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // older drivers, or a GPU without coherent memory
+		}
+		if err != nil {
+			bad = append(bad, err.Error())
+			continue
+		}
+		node, ok := numaStatusNode(s)
+		switch {
+		case !ok:
+			bad = append(bad, fmt.Sprintf("%s: no \"Node: N\" line", p))
+			continue
+		case node < 0:
+			continue // the driver has not onlined the memory
+		case d.host.Node(NodeID(node)) == nil:
+			bad = append(bad, fmt.Sprintf("%s: Node %d is not a NUMA node here", p, node))
+			continue
+		}
+		g := gpuMemory{addr: addr}
+		if c, file, err := d.readCPUSetFile(sysPCI+"/"+e.Name(), "local_cpulist", "local_cpus"); err == nil && file != "" {
+			g.cpus = c.Intersection(d.host.OnlineCPUs)
+		}
+		out[NodeID(node)] = g
+	}
+	if len(bad) > 0 {
+		d.warn("NVIDIA GPU memory nodes: %s; those GPUs' memory is not located", abbreviate(bad, 2))
+	}
+	return out
+}
+
+// numaStatusNode parses the "Node:" line of an NVIDIA numa_status file.
+func numaStatusNode(s string) (int, bool) {
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(k) != "Node" {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		return n, err == nil
+	}
+	return 0, false
 }
 
 // blockMemory sums the node's online memory blocks; 0 when the kernel
@@ -365,14 +531,14 @@ func (d *discovery) pci() {
 		return
 	}
 	names := d.pciNames()
-	var unknownNode, noPath []string
+	var unknownNode, noPath, badNode []string
 	for _, e := range ents {
 		addr, err := ParsePCIAddr(e.Name())
 		if err != nil {
 			d.warn("%s/%s: %v; skipped", sysPCI, e.Name(), err)
 			continue
 		}
-		dev, ok := d.pciDevice(addr, names, &noPath)
+		dev, ok := d.pciDevice(addr, names, &noPath, &badNode)
 		if !ok {
 			continue
 		}
@@ -385,13 +551,16 @@ func (d *discovery) pci() {
 	if len(noPath) > 0 {
 		d.warn("%s: %d entries are not symlinks to a /sys/devices/pciDDDD:BB/... path (%s); kept with unknown host bridge and upstream bridges", sysPCI, len(noPath), abbreviate(noPath, 6))
 	}
+	if len(badNode) > 0 {
+		d.warn("%s, naming no NUMA node here (nodes: %s), for %d devices; placed by local_cpulist instead where it names one node", abbreviate(badNode, 3), d.nodeList(), len(badNode))
+	}
 	if len(unknownNode) > 0 {
 		d.warn("%s/*/numa_node is -1 and local_cpulist names no single node for %d devices (%s); their NUMA node is unknown", sysPCI, len(unknownNode), abbreviate(unknownNode, 6))
 	}
 }
 
 // pciDevice reads one device; ok is false when it must be skipped.
-func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath *[]string) (PCIDevice, bool) {
+func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath, badNode *[]string) (PCIDevice, bool) {
 	dir := sysPCI + "/" + string(addr)
 	dev := PCIDevice{Addr: addr, Node: NoNode}
 	// A /sys/bus/pci/devices entry is normally a symlink into
@@ -449,7 +618,7 @@ func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath *[]string
 	} else if file != "" {
 		dev.LocalCPUs = c
 	}
-	dev.Node = d.deviceNode(dir, dev.LocalCPUs)
+	dev.Node = d.deviceNode(dir, dev.LocalCPUs, badNode)
 	if s, err := d.fs.read(dir + "/current_link_speed"); err == nil && !strings.HasPrefix(s, "Unknown") {
 		dev.LinkSpeed = s
 	}
@@ -479,15 +648,17 @@ func (d *discovery) linkWidth(p string) int {
 // deviceNode resolves a device's NUMA node: numa_node when the kernel
 // knows it; on a single-node host node 0; otherwise the one node whose
 // CPUs contain local_cpulist, else NoNode.
-func (d *discovery) deviceNode(dir string, local CPUSet) NodeID {
+func (d *discovery) deviceNode(dir string, local CPUSet, badNode *[]string) NodeID {
 	n, err := d.fs.readInt(dir + "/numa_node")
 	switch {
 	case err == nil && n >= 0:
-		if d.host.Node(NodeID(n)) == nil {
-			d.warn("%s/numa_node: node %d does not exist", dir, n)
-			return NoNode
+		if d.host.Node(NodeID(n)) != nil {
+			return NodeID(n)
 		}
-		return NodeID(n)
+		// A node the kernel does not have (firmware _PXM naming an
+		// absent or offline node): place the device by its local
+		// CPUs below, as hwloc does (it reads only local_cpus).
+		*badNode = append(*badNode, fmt.Sprintf("%s/numa_node is %d", dir, n))
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		d.warn("%v", err)
 	}
@@ -508,6 +679,15 @@ func (d *discovery) deviceNode(dir string, local CPUSet) NodeID {
 		}
 	}
 	return found
+}
+
+// nodeList is the model's node IDs as a list ("0-1,250-255").
+func (d *discovery) nodeList() string {
+	ids := make([]int, len(d.host.Nodes))
+	for i, n := range d.host.Nodes {
+		ids[i] = int(n.ID)
+	}
+	return NewCPUSet(ids...).String()
 }
 
 // pciNames loads pci.ids; nil (with a warning) when none is found.

@@ -130,8 +130,12 @@ func TestDiscoverDamagedTrees(t *testing.T) {
 				write("/sys/devices/system/node/node1/cpulist", "4-x\n")(t, root)
 				write("/sys/devices/system/node/node1/cpumap", "zz\n")(t, root)
 			},
-			warn:  "/sys/devices/system/node/node1/cpulist",
-			check: func(h *Host) error { return expect(h.Nodes[1].CPUs.IsEmpty() && !h.Nodes[0].CPUs.IsEmpty(), "cpus") },
+			// The node's cpuM links still say which CPUs it has.
+			warn: "taken from its cpuM links",
+			check: func(h *Host) error {
+				n0, n1 := h.Nodes[0].CPUs, h.Nodes[1].CPUs
+				return expect(n1.Len() == simhost.ThreadsPerCore*simCores && n0.Len() == n1.Len() && !n0.Intersects(n1), "cpus")
+			},
 		},
 		{
 			name:   "numa_node malformed falls back to local_cpulist",
@@ -140,10 +144,12 @@ func TestDiscoverDamagedTrees(t *testing.T) {
 			check:  func(h *Host) error { return expect(h.Device(PCIAddr(gpu)).Node == 1, "node not derived") },
 		},
 		{
-			name:   "numa_node names a missing node",
+			// As hwloc, the device is placed by its local CPUs; the
+			// warning names the value the file holds.
+			name:   "numa_node names a missing node falls back to local_cpulist",
 			damage: write(dev+"/numa_node", "7\n"),
-			warn:   dev + "/numa_node: node 7 does not exist",
-			check:  func(h *Host) error { return expect(h.Device(PCIAddr(gpu)).Node == NoNode, "node kept") },
+			warn:   dev + "/numa_node is 7, naming no NUMA node here (nodes: 0-1)",
+			check:  func(h *Host) error { return expect(h.Device(PCIAddr(gpu)).Node == 1, "node not derived") },
 		},
 		{
 			name: "numa_node -1 and local_cpulist spanning sockets",
@@ -293,6 +299,7 @@ func TestDiscoverOfflineCPU(t *testing.T) {
 func TestDiscoverMemoryOnlyNode(t *testing.T) {
 	root := writeSimhost(t)
 	n2 := "/sys/devices/system/node/node2"
+	writeFile(t, root, "/sys/devices/system/node/online", "0-2\n")
 	writeFile(t, root, n2+"/cpulist", "\n")
 	writeFile(t, root, n2+"/meminfo", "Node 2 MemTotal: 268435456 kB\n")
 	writeFile(t, root, n2+"/distance", "60 60 10\n")

@@ -3,6 +3,7 @@ package topology
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -241,4 +242,48 @@ func (l *Locality) Matrix(addrs []PCIAddr) ([][]Distance, error) {
 		}
 	}
 	return out, nil
+}
+
+// MemoryNodesFor returns the NUMA nodes a job running on node id's CPUs
+// should allocate from (its cpuset.mems): the node itself when it has
+// memory; for a memory-less CPU node (SNC or firmware setups, POWER),
+// the nearest nodes with memory by SLIT distance, else (no distances)
+// those whose initiators (access1/access0, HMAT) include the node's CPUs.
+// GPU memory nodes (Node.GPU) are never chosen for a CPU node: that
+// memory belongs to the GPU's jobs. It returns nil when the node is
+// unknown or nothing says where its memory is, meaning "do not
+// restrict" (the job may use every node its parent allows).
+func (h *Host) MemoryNodesFor(id NodeID) []NodeID {
+	i := slices.IndexFunc(h.Nodes, func(n Node) bool { return n.ID == id })
+	if i < 0 {
+		return nil
+	}
+	n := &h.Nodes[i]
+	if n.MemoryBytes > 0 {
+		return []NodeID{id}
+	}
+	usable := func(j int) bool { return j != i && h.Nodes[j].MemoryBytes > 0 && h.Nodes[j].GPU == "" }
+	var out []NodeID
+	if len(n.Distances) == len(h.Nodes) {
+		best := -1
+		for j, d := range n.Distances {
+			if usable(j) && (best < 0 || d < best) {
+				best = d
+			}
+		}
+		for j, d := range n.Distances {
+			if usable(j) && d == best {
+				out = append(out, h.Nodes[j].ID)
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	for j := range h.Nodes {
+		if usable(j) && !n.CPUs.IsEmpty() && n.CPUs.IsSubsetOf(h.Nodes[j].Initiators) {
+			out = append(out, h.Nodes[j].ID)
+		}
+	}
+	return out
 }

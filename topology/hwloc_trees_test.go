@@ -692,18 +692,29 @@ func skippedFields(options string) map[string]bool {
 	return skip
 }
 
-func liveHwloc(root string) (*hwObj, error) {
+// liveHwloc runs lstopo on root (with env added, e.g.
+// HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES=1) and parses its XML.
+func liveHwloc(root string, env ...string) (*hwObj, error) {
+	out, err := liveHwlocXML(root, env...)
+	if err != nil {
+		return nil, err
+	}
+	return parseHwlocXML(out)
+}
+
+// liveHwlocXML is lstopo's XML for root.
+func liveHwlocXML(root string, env ...string) ([]byte, error) {
 	bin, err := exec.LookPath("lstopo-no-graphics")
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, "--of", "xml", "--whole-io", "-")
-	cmd.Env = append(os.Environ(), "HWLOC_COMPONENTS=linux,stop", "HWLOC_FSROOT="+root, "HWLOC_DUMPED_HWDATA_DIR=/nonexistent")
+	cmd.Env = append(append(os.Environ(), "HWLOC_COMPONENTS=linux,stop", "HWLOC_FSROOT="+root, "HWLOC_DUMPED_HWDATA_DIR=/nonexistent"), env...)
 	out, err := cmd.Output()
 	if err != nil {
 		return nil, fmt.Errorf("HWLOC_COMPONENTS=linux,stop HWLOC_FSROOT=%s %s --of xml --whole-io -: %w", root, bin, err)
 	}
-	return parseHwlocXML(out)
+	return out, nil
 }
 
 // treeResult is the outcome of one tree, for the agreement table.

@@ -42,7 +42,9 @@ type Host struct {
 	Cores []Core `json:"cores"`
 	// L3 holds the last-level cache groups; Core.L3 indexes it.
 	L3 []CacheGroup `json:"l3,omitempty"`
-	// OnlineCPUs and OfflineCPUs partition the possible CPUs.
+	// OnlineCPUs and OfflineCPUs partition the present CPUs, except an
+	// online CPU without a cpuN/topology directory, which is in neither
+	// (left out of the model, as hwloc does; a warning names it).
 	OnlineCPUs  CPUSet `json:"online_cpus"`
 	OfflineCPUs CPUSet `json:"offline_cpus,omitzero"`
 	// Devices is every PCI function, bridges included, in address order.
@@ -92,6 +94,11 @@ type Node struct {
 	// nodes strictly nearest by SLIT distance (as hwloc); empty when
 	// neither says.
 	Initiators CPUSet `json:"initiators,omitzero"`
+	// GPU, for an NVIDIA GPU's memory exposed as a NUMA node, is that
+	// GPU (from /proc/driver/nvidia/gpus/ADDR/numa_status); its
+	// Initiators are then the GPU's local CPUs unless access1/access0
+	// initiators say otherwise.
+	GPU PCIAddr `json:"gpu,omitempty"`
 	// MemoryBytes is MemTotal from the node's own meminfo
 	// (/sys/devices/system/node/nodeN/meminfo): the memory the kernel can
 	// allocate on this node, which is what a cpuset.mems placement gets.

@@ -128,6 +128,7 @@ func TestDiscoverPackageIDMinusOne(t *testing.T) {
 func TestDiscoverCPULessNodeInitiators(t *testing.T) {
 	root := writeSimhost(t)
 	n2 := "/sys/devices/system/node/node2"
+	writeFile(t, root, "/sys/devices/system/node/online", "0-2\n")
 	writeFile(t, root, n2+"/cpulist", "\n")
 	writeFile(t, root, n2+"/cpumap", "00000000\n")
 	writeFile(t, root, n2+"/meminfo", "Node 2 MemTotal: 1048576 kB\n")
@@ -244,6 +245,7 @@ func TestDiscoverDies(t *testing.T) {
 func TestDiscoverCPULessNodeByDistance(t *testing.T) {
 	root := writeSimhost(t, simhost.WithCoresPerSocket(4))
 	n2 := "/sys/devices/system/node/node2"
+	writeFile(t, root, "/sys/devices/system/node/online", "0-2\n")
 	writeFile(t, root, n2+"/cpulist", "\n")
 	writeFile(t, root, n2+"/cpumap", "00000000\n")
 	writeFile(t, root, n2+"/meminfo", "Node 2 MemTotal: 1048576 kB\n")

@@ -50,6 +50,18 @@ func runHelper(mode string, args []string) int {
 			}
 		}
 		fmt.Println("affinity", cgroups.FormatCPUList(cpus))
+	case "mems":
+		// The NUMA nodes the job may allocate from (its cpuset.mems).
+		b, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Mems_allowed_list:"); ok {
+				fmt.Println("mems", strings.TrimSpace(v))
+			}
+		}
 	case "alloc":
 		n, _ := strconv.Atoi(args[0])
 		var keep [][]byte

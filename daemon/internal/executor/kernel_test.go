@@ -21,6 +21,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/devices"
 	"github.com/fusiond/fusiond/topology"
+	"github.com/fusiond/fusiond/topology/simhost"
 )
 
 const mib = api.Bytes(1) << 20
@@ -328,4 +329,86 @@ func TestKernelStartRefusesLiveAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitExit(t, p, 15*time.Second)
+}
+
+// TestKernelMemoryLessNode: a guaranteed job aligned to a NUMA node that
+// has no memory gets its nearest memory node in cpuset.mems. The model
+// is the simhost tree with node 1's memory gone (its nearest memory node
+// is node 0, which this host has); the job, on one of this host's real
+// cores, reads its Mems_allowed_list. Without the mapping cpuset.mems
+// would name node 1, which the kernel refuses here (no memory there).
+func TestKernelMemoryLessNode(t *testing.T) {
+	r := newTestRunner(t)
+	ctx := context.Background()
+	host, err := topology.Discover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cores := cgroups.CoresOf(host)
+	if len(cores) < 2 {
+		t.Fatalf("need 2 cores, host has %d", len(cores))
+	}
+	if n := host.Node(1); n != nil && n.MemoryBytes > 0 {
+		t.Fatalf("this host has memory on node 1: the control below needs a host without")
+	}
+	dir := filepath.Join(t.TempDir(), "root")
+	if err := simhost.Plan(simhost.WithCoresPerSocket(2)).Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sys/devices/system/node/node1/meminfo"), []byte("Node 1 MemTotal:       0 kB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fixture, err := topology.Discover(ctx, topology.WithRoot(dir), topology.WithoutNames())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine, shared := cores[len(cores)-1].CPUs, cores[0].CPUs
+	if err := r.cg.SetSharedCPUs(shared); err != nil {
+		t.Fatal(err)
+	}
+	r.cfg.SharedCPUs = func() []int { return shared }
+	r.cfg.MemNodes = func(node int) []int {
+		var out []int
+		for _, n := range fixture.MemoryNodesFor(topology.NodeID(node)) {
+			out = append(out, int(n))
+		}
+		return out
+	}
+	g := r.helperRequest("g", api.TierGuaranteed, 1000, 64*mib, "mems")
+	g.Allocation.CPUSet = cgroups.FormatCPUList(mine)
+	g.Allocation.NUMANode = 1
+	if e := waitExit(t, r.start(g), 20*time.Second); e.Code != 0 {
+		t.Fatalf("exit %+v: %s", e, readLog(t, g))
+	}
+	if got := strings.TrimSpace(readLog(t, g)); got != "mems 0" {
+		t.Errorf("job on memory-less node 1: %q, want \"mems 0\"", got)
+	}
+
+	// The control: the job's own node in cpuset.mems. A refused
+	// cpuset.mems leaves the job's directories in the hierarchies written
+	// before cpuset (v1): removed here, before the runner's cleanup.
+	t.Cleanup(func() {
+		for _, d := range parentDirs(r.parent) {
+			left, _ := filepath.Glob(filepath.Join(d, "*", "*", "c"))
+			for _, l := range left {
+				if err := os.Remove(l); err != nil {
+					t.Errorf("cleanup %s: %v", l, err)
+				}
+			}
+		}
+	})
+	r.cfg.MemNodes = nil
+	c := r.helperRequest("c", api.TierGuaranteed, 1000, 64*mib, "mems")
+	c.Allocation.CPUSet = cgroups.FormatCPUList(mine)
+	c.Allocation.NUMANode = 1
+	p, err := r.Start(t.Context(), c)
+	if err == nil {
+		e := waitExit(t, p, 20*time.Second)
+		if out := strings.TrimSpace(readLog(t, c)); e.Code == 0 && out == "mems 1" {
+			t.Fatalf("the kernel ran a job with cpuset.mems 1 on a host without memory on node 1: %q", out)
+		}
+		t.Logf("control: exit %+v, %q", e, readLog(t, c))
+	} else {
+		t.Logf("control: cpuset.mems 1 refused: %v", err)
+	}
 }

@@ -42,6 +42,12 @@ type MonitorConfig struct {
 	// SharedCPUs returns the shared CPU pool burstable and best-effort
 	// jobs run on (all CPUs when nil).
 	SharedCPUs func() []int
+	// MemNodes maps the NUMA node a job is aligned to onto the nodes its
+	// cpuset.mems names: the node itself when it has memory, its nearest
+	// memory nodes when it has none (topology.Host.MemoryNodesFor); nil
+	// or an empty answer leaves cpuset.mems unset. When MemNodes is nil
+	// the job's node is used as it is.
+	MemNodes func(node int) []int
 	// Grace is what a monitor waits after SIGTERM before killing the job.
 	Grace time.Duration
 	// LogMaxBytes caps output.log before rotation (DefaultLogMaxBytes).
@@ -127,7 +133,12 @@ var ErrAttemptRunning = errors.New("a monitor of this attempt is still running")
 // their memory as limit; best-effort jobs on the shared pool with a CPU
 // quota at their request (changeable with SetCPUQuota) and their memory as
 // limit.
-func cgroupPlacement(req jobs.RunRequest, shared []int) (cgroups.Placement, error) {
+//
+// A job aligned to a NUMA node allocates from that node, or, through
+// memNodes (MonitorConfig.MemNodes) when the node has no memory, from its
+// nearest memory nodes: a memory-less node in cpuset.mems is refused by
+// the kernel (cgroup v1) or silently widened to every node (v2).
+func cgroupPlacement(req jobs.RunRequest, shared []int, memNodes func(int) []int) (cgroups.Placement, error) {
 	a := req.Allocation
 	cpu := int64(a.CPU)
 	mem := int64(a.Memory)
@@ -141,6 +152,9 @@ func cgroupPlacement(req jobs.RunRequest, shared []int) (cgroups.Placement, erro
 	}
 	if a.NUMANode >= 0 && a.CPUSet != "" {
 		p.MemNodes = []int{a.NUMANode}
+		if memNodes != nil {
+			p.MemNodes = memNodes(a.NUMANode)
+		}
 	}
 	switch p.Tier {
 	case cgroups.Guaranteed:
@@ -190,7 +204,7 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 		if len(shared) == 0 {
 			shared = onlineCPUs()
 		}
-		p, err := cgroupPlacement(req, shared)
+		p, err := cgroupPlacement(req, shared, r.cfg.MemNodes)
 		if err != nil {
 			return nil, err
 		}

@@ -139,7 +139,7 @@ func TestCgroupPlacement(t *testing.T) {
 		return jobs.RunRequest{Tier: tier, Devices: []devices.DeviceNode{dev},
 			Allocation: api.Allocation{CPU: 1500, Memory: 1 << 30, CPUSet: cpuset, NUMANode: 1}}
 	}
-	g, err := cgroupPlacement(req(api.TierGuaranteed, "2-3"), shared)
+	g, err := cgroupPlacement(req(api.TierGuaranteed, "2-3"), shared, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,14 +150,32 @@ func TestCgroupPlacement(t *testing.T) {
 	if _, err := cgroups.Plan(g); err != nil {
 		t.Errorf("guaranteed placement does not plan: %v", err)
 	}
-	if _, err := cgroupPlacement(req(api.TierGuaranteed, ""), shared); !errors.Is(err, ErrNoExclusiveCPUs) {
+	// A memory-less node 1: its jobs allocate from node 0; an unknown
+	// answer (nil) leaves cpuset.mems unset.
+	nearest := func(n int) []int {
+		if n == 1 {
+			return []int{0}
+		}
+		return nil
+	}
+	if m, err := cgroupPlacement(req(api.TierGuaranteed, "2-3"), shared, nearest); err != nil || !reflect.DeepEqual(m.MemNodes, []int{0}) {
+		t.Errorf("memory-less node: MemNodes %v, %v", m.MemNodes, err)
+	}
+	u := req(api.TierGuaranteed, "2-3")
+	u.Allocation.NUMANode = 5
+	if m, err := cgroupPlacement(u, shared, nearest); err != nil || m.MemNodes != nil {
+		t.Errorf("unknown node: MemNodes %v, %v", m.MemNodes, err)
+	} else if lim, err := cgroups.Plan(m); err != nil || lim.Mems != "" {
+		t.Errorf("unknown node: mems %q, %v", lim.Mems, err)
+	}
+	if _, err := cgroupPlacement(req(api.TierGuaranteed, ""), shared, nil); !errors.Is(err, ErrNoExclusiveCPUs) {
 		t.Errorf("guaranteed without cores: %v", err)
 	}
-	b, err := cgroupPlacement(req(api.TierBurstable, ""), shared)
+	b, err := cgroupPlacement(req(api.TierBurstable, ""), shared, nil)
 	if err != nil || b.CPULimitMilli != 0 || b.CPURequestMilli != 1500 || !reflect.DeepEqual(b.SharedCPUs, shared) || b.MemNodes != nil {
 		t.Errorf("burstable placement %+v, %v", b, err)
 	}
-	be, err := cgroupPlacement(req(api.TierBestEffort, ""), shared)
+	be, err := cgroupPlacement(req(api.TierBestEffort, ""), shared, nil)
 	if err != nil || be.CPULimitMilli != 1500 {
 		t.Errorf("besteffort placement %+v, %v", be, err)
 	}
