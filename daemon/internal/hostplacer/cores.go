@@ -176,13 +176,6 @@ func coreScore(c cgroups.Core, pref corePref) int {
 	return kind*(topology.MaxCoreCapacity+1) + capacity
 }
 
-// takeCores picks the concrete cores of an engine assignment for a
-// guaranteed job of a class without a throughput preference:
-// performance cores first (see takeCoresFor).
-func (p *Placer) takeCores(perNUMA map[int]int) ([]int, error) {
-	return p.takeCoresFor(perNUMA, preferPerformance)
-}
-
 // takeCoresFor picks the concrete cores of an engine assignment:
 // perNUMA[n] free cores on each node n, highest coreScore for pref first,
 // then lowest first CPU. It changes nothing. The caller holds p.mu.

@@ -141,21 +141,26 @@ func TestExclusiveCoresHybrid(t *testing.T) {
 	if allocs[0].CPUSet != "8-11" {
 		t.Errorf("guaranteed service job got %q, want P-cores 8-11", allocs[0].CPUSet)
 	}
-	// A batch job takes E-cores first (takeCoresFor with its preference).
-	p.mu.Lock()
-	batch, err := p.takeCoresFor(map[int]int{0: 3}, corePreference(&sched.Request{Tier: sched.TierGuaranteed, Class: sched.ClassBatch}))
-	perf, err2 := p.takeCoresFor(map[int]int{0: 3}, preferPerformance)
-	p.mu.Unlock()
-	if err != nil || err2 != nil {
-		t.Fatal(err, err2)
+	// A guaranteed batch job takes E-cores (Place with its preference).
+	bj := cpuJob("batch", api.TierGuaranteed, 3000)
+	bj.Spec.Class = api.ClassBatch
+	allocs, why, ok = p.Place([]*api.Job{bj})
+	if !ok {
+		t.Fatal(why)
 	}
-	if got := cgroups.FormatCPUList(batch); got != "0-2" {
-		t.Errorf("batch cores %s, want E-cores 0-2", got)
+	if allocs[0].CPUSet != "0-2" {
+		t.Errorf("guaranteed batch job got %q, want E-cores 0-2", allocs[0].CPUSet)
+	}
+	p.mu.Lock()
+	perf, err := p.takeCoresFor(map[int]int{0: 3}, preferPerformance)
+	p.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
 	}
 	if got := cgroups.FormatCPUList(perf); got != "12-17" {
 		t.Errorf("performance cores %s, want the next free P-cores 12-17", got)
 	}
-	if shared := cgroups.FormatCPUList(p.SharedCPUs()); shared != "0-7,12-19" {
-		t.Errorf("shared pool %s, want every core but the service job's", shared)
+	if shared := cgroups.FormatCPUList(p.SharedCPUs()); shared != "3-7,12-19" {
+		t.Errorf("shared pool %s, want every core but the service and batch jobs'", shared)
 	}
 }

@@ -735,7 +735,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 	// those cores, member by member.
 	out := make([]api.Allocation, len(group))
 	for i, j := range group {
-		cpus, err := p.takeCores(assigns[i].Cores)
+		cpus, err := p.takeCoresFor(assigns[i].Cores, corePreference(&reqs[i]))
 		if err != nil {
 			for k := range group {
 				delete(p.held, group[k].ID)
