@@ -151,7 +151,7 @@ func rm(t *testing.T, root string, paths ...string) {
 // CPU was its own core while its sibling's core_cpus still named it: one
 // CPU in two cores; and the empty directory was an offline CPU).
 func TestDegradedCPUWithoutTopology(t *testing.T) {
-	root := unpackBz2Tree(t, "16em64t-4s2c2t")
+	root := unpackBz2Tree(t, hwlocTreeDir, "16em64t-4s2c2t")
 	rm(t, root, sysCPU+"/cpu3/topology")
 	mkdir(t, root, sysCPU+"/cpu16")
 	h := discoverAt(t, root, WithoutNames())
@@ -192,7 +192,7 @@ func TestDegradedCPUWithoutTopology(t *testing.T) {
 // directory without any node file and keeps the distances, which the
 // test compares with hwloc's on the undamaged tree.
 func TestDegradedStrayNodeDirectory(t *testing.T) {
-	root := unpackBz2Tree(t, "16ia64-8n2s")
+	root := unpackBz2Tree(t, hwlocTreeDir, "16ia64-8n2s")
 	truth := hwlocDistances(t, root)
 	if len(truth) != 64 {
 		t.Fatalf("hwloc has %d distances on the undamaged tree, want 64", len(truth))
@@ -240,7 +240,7 @@ func TestDegradedNumaNodeMissingNode(t *testing.T) {
 // as every SLIT distance from them is equal).
 func TestDegradedNvidiaGPUMemoryNodes(t *testing.T) {
 	const keep = "HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES=1"
-	root := unpackBz2Tree(t, "nvidiagpunumanodes")
+	root := unpackBz2Tree(t, hwlocTreeDir, "nvidiagpunumanodes")
 	h := discoverAt(t, root, WithoutNames())
 	ours, theirs := factsOfModel(h), hwlocLiveFacts(t, root, keep)
 	if fmtNodes(ours.nodes) != fmtNodes(theirs.nodes) {
@@ -283,7 +283,7 @@ func TestDegradedNvidiaGPUMemoryNodes(t *testing.T) {
 // guessed by distance (before: the SLIT-nearest nodes' CPUs, which left
 // out its own).
 func TestDegradedNodeCPUFilesUnreadable(t *testing.T) {
-	root := unpackBz2Tree(t, "16amd64-8n2c")
+	root := unpackBz2Tree(t, hwlocTreeDir, "16amd64-8n2c")
 	truth := hwlocLiveFacts(t, root)
 	n1 := sysNode + "/node1"
 	rm(t, root, n1+"/cpumap", n1+"/cpulist")
@@ -296,7 +296,7 @@ func TestDegradedNodeCPUFilesUnreadable(t *testing.T) {
 	}
 	warned(t, h, n1+"/cpumap", "node1 CPUs 2-3 taken from its cpuM links")
 
-	root = unpackBz2Tree(t, "16ia64-8n2s")
+	root = unpackBz2Tree(t, hwlocTreeDir, "16ia64-8n2s")
 	rm(t, root, n1+"/cpumap", n1+"/cpulist")
 	mkdir(t, root, n1+"/cpumap")
 	if ents, _ := filepath.Glob(filepath.Join(root, n1, "cpu[0-9]*")); len(ents) > 0 {
@@ -320,7 +320,7 @@ func TestDegradedNodeCPUFilesUnreadable(t *testing.T) {
 // dies of the undamaged tree. Without die_id as well, no dies, as hwloc.
 func TestDegradedSingleCPUDies(t *testing.T) {
 	const name = "fakecpuid1f-64intel64-2p4d2n2c2t"
-	root := unpackBz2Tree(t, name)
+	root := unpackBz2Tree(t, hwlocTreeDir, name)
 	truth := hwlocLiveFacts(t, root)
 	if len(truth.dies) != 8 {
 		t.Fatalf("hwloc has %d dies on the undamaged tree, want 8", len(truth.dies))
@@ -355,7 +355,7 @@ func TestDegradedSingleCPUDies(t *testing.T) {
 // Die changes are Watcher events: on hwloc's multi-die tree, die 1 of
 // package 0 splits in two (CPUs 12-15 get die_id 9).
 func TestWatcherDieEvents(t *testing.T) {
-	root := unpackBz2Tree(t, "fakecpuid1f-64intel64-2p4d2n2c2t")
+	root := unpackBz2Tree(t, hwlocTreeDir, "fakecpuid1f-64intel64-2p4d2n2c2t")
 	w := NewWatcher(WatcherConfig{Options: []Option{WithRoot(root), WithoutNames()}})
 	ch, cancel := w.Subscribe()
 	defer cancel()
@@ -418,7 +418,7 @@ func TestMemoryNodesFor(t *testing.T) {
 
 	// POWER9 with GPU memory nodes nearer than the other socket's DRAM:
 	// still the DRAM.
-	root = unpackBz2Tree(t, "nvidiagpunumanodes")
+	root = unpackBz2Tree(t, hwlocTreeDir, "nvidiagpunumanodes")
 	writeFile(t, root, sysNode+"/node8/meminfo", "Node 8 MemTotal:       0 kB\n")
 	writeFile(t, root, sysNode+"/node8/distance", "40 10 20 20 20 80 80 80\n")
 	h = discoverAt(t, root, WithoutNames())
