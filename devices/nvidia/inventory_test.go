@@ -67,7 +67,7 @@ func TestInventoryAllMocks(t *testing.T) {
 	models := map[string]string{"dgxa100": "A100", "dgxh100": "H100", "dgxh200": "H200", "dgxb200": "B200"}
 	cc := map[string]string{"dgxa100": "8.0", "dgxh100": "9.0", "dgxh200": "9.0", "dgxb200": "10.0"}
 	bdfRE := regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
-	for _, name := range SimulatedHosts() {
+	for _, name := range dgxHosts() {
 		t.Run(name, func(t *testing.T) {
 			m, _ := openSim(t, name)
 			gs := m.GPUs()

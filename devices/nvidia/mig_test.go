@@ -79,8 +79,20 @@ func countProfiles(g GPUState) map[string]int {
 	return out
 }
 
+// dgxHosts are the simulated 8-GPU DGX hosts, every GPU MIG-capable
+// (the mixed host's L4s are not; TestSimulatedMixedHost covers it).
+func dgxHosts() []string {
+	var out []string
+	for _, h := range SimulatedHosts() {
+		if h != "mixed" {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 func TestPlanApplyAllMocks(t *testing.T) {
-	for _, host := range SimulatedHosts() {
+	for _, host := range dgxHosts() {
 		t.Run(host, func(t *testing.T) {
 			p := hostProfiles[host]
 			m, _ := openSim(t, host)
@@ -161,7 +173,7 @@ func TestPlanApplyAllMocks(t *testing.T) {
 }
 
 func TestCapacityLimits(t *testing.T) {
-	for _, host := range SimulatedHosts() {
+	for _, host := range dgxHosts() {
 		t.Run(host, func(t *testing.T) {
 			m, _ := openSim(t, host)
 			lf, err := ParseLayout([]byte(layoutFor(host)))
@@ -251,7 +263,7 @@ func TestBusyGPURefusesMIGModeChange(t *testing.T) {
 }
 
 func TestOnDemandRepartition(t *testing.T) {
-	for _, host := range SimulatedHosts() {
+	for _, host := range dgxHosts() {
 		t.Run(host, func(t *testing.T) {
 			p := hostProfiles[host]
 			m, _ := openSim(t, host)
@@ -376,7 +388,7 @@ func TestParseLayoutErrors(t *testing.T) {
 
 // Plans are minimal: instances that the target keeps are not recreated.
 func TestPlanMinimal(t *testing.T) {
-	for _, host := range SimulatedHosts() {
+	for _, host := range dgxHosts() {
 		t.Run(host, func(t *testing.T) {
 			p := hostProfiles[host]
 			m, _ := openSim(t, host)

@@ -62,6 +62,7 @@ type simGPU struct {
 	dbe        uint64
 	powerLimit uint32 // milliwatts
 	tdp        uint32 // milliwatts
+	power      uint32 // the draw it reports, milliwatts
 	migDevs    map[string]*mock.Device
 }
 
@@ -96,7 +97,7 @@ func NewSimHost(name string) (*SimHost, error) {
 	h := &SimHost{Server: s, name: name, events: make(chan nvml.EventData, 64)}
 	for i, d := range s.Devices {
 		tdp := simTDP(name, d.(*server.Device).Config)
-		h.state = append(h.state, &simGPU{powerLimit: tdp, tdp: tdp, migDevs: map[string]*mock.Device{}})
+		h.state = append(h.state, &simGPU{powerLimit: tdp, tdp: tdp, power: simPower(tdp, d.(*server.Device).Config), migDevs: map[string]*mock.Device{}})
 		sd := &simDevice{Device: d.(*server.Device), h: h, i: i}
 		// The mock draws random UUIDs at every start; a real GPU keeps its
 		// UUID, and so must a simulated one, or jobs re-attached after a
@@ -162,7 +163,7 @@ func (d *simDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 }
 
 func (d *simDevice) GetPowerUsage() (uint32, nvml.Return) {
-	return d.h.state[d.i].tdp / 5, d.h.lostOr(d.i)
+	return d.h.state[d.i].power, d.h.lostOr(d.i)
 }
 
 func (d *simDevice) GetPowerManagementLimit() (uint32, nvml.Return) {
@@ -203,6 +204,17 @@ func (d *simDevice) GetTotalEccErrors(t nvml.MemoryErrorType, c nvml.EccCounterT
 
 // Name is the simulated host's name.
 func (h *SimHost) Name() string { return h.name }
+
+// simPower is what a simulated GPU reports drawing: awake at a light
+// load, a fifth of its board limit (about twice the idle draw of the
+// DGX parts); an L4, whose fifth (14 W) is below its idle draw, twice
+// its 16 W idle.
+func simPower(tdp uint32, c gpus.Config) uint32 {
+	if c.Name == simL4.Name {
+		return 32_000
+	}
+	return tdp / 5
+}
 
 // simTDP is the board power limit of a simulated GPU in milliwatts.
 func simTDP(name string, c gpus.Config) uint32 {

@@ -1,11 +1,13 @@
 package exectest
 
 import (
+	"errors"
 	"fmt"
 	osexec "os/exec"
 	"os/user"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // User is an unprivileged account of the host for a test.
@@ -26,8 +28,22 @@ func NeedUser(t testing.TB, name string) User {
 			t.Fatalf("useradd %s: %v: %s", name, err, out)
 		}
 		t.Cleanup(func() {
-			if out, err := osexec.Command("userdel", name).CombinedOutput(); err != nil {
+			// userdel refuses (exit 8) while a process of the user is
+			// still there: a child the test started may not have been
+			// reaped yet on a loaded host. Wait for it a while.
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				out, err := osexec.Command("userdel", name).CombinedOutput()
+				var ee *osexec.ExitError
+				switch {
+				case err == nil:
+					return
+				case errors.As(err, &ee) && ee.ExitCode() == 8 && time.Now().Before(deadline):
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
 				t.Errorf("userdel %s: %v: %s", name, err, out)
+				return
 			}
 		})
 		if u, err = user.Lookup(name); err != nil {
