@@ -279,3 +279,29 @@ func writeBigTree(t testing.TB) string {
 	put("/proc/sys/kernel/hostname", "synthetic-1024\n")
 	return root
 }
+
+// BenchmarkDiscoverTree runs Discover (default options) on one tree per
+// sub-benchmark, for profiling a tree:
+//
+//	go test ./topology -run '^$' -bench 'DiscoverTree/256ppc' -cpuprofile /tmp/cpu.out
+func BenchmarkDiscoverTree(b *testing.B) {
+	names := []string{bigTreeName}
+	for _, tr := range hwlocTrees(b) {
+		names = append(names, tr.name)
+	}
+	for _, name := range names {
+		b.Run(name, func(b *testing.B) {
+			var root string
+			if name == bigTreeName {
+				root = writeBigTree(b)
+			} else {
+				root = unpackBz2Tree(b, name)
+			}
+			for b.Loop() {
+				if _, err := Discover(context.Background(), WithRoot(root)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -57,7 +57,7 @@ func WithoutNames() Option { return func(o *options) { o.noNames = true } }
 // discovery carries the state of one Discover call.
 type discovery struct {
 	ctx  context.Context
-	fs   fsRoot
+	fs   *fsRoot
 	o    options
 	log  *slog.Logger
 	host *Host
@@ -81,18 +81,22 @@ func Discover(ctx context.Context, opts ...Option) (*Host, error) {
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	d := &discovery{ctx: ctx, fs: fsRoot{root: o.root}, o: o, log: o.logger, host: &Host{}}
+	d := &discovery{ctx: ctx, fs: newFSRoot(ctx, o.root), o: o, log: o.logger, host: &Host{}}
+	defer d.fs.close()
 	if err := d.cpus(); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("topology: discovery stopped: %w", cerr)
+		}
 		return nil, err
 	}
 	d.nodes()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("topology: discovery stopped: %w", err)
 	}
 	d.cores()
 	d.sockets()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("topology: discovery stopped: %w", err)
 	}
 	d.pci()
 	d.deviceLinks()
@@ -101,7 +105,10 @@ func Discover(ctx context.Context, opts ...Option) (*Host, error) {
 	}
 	slices.Sort(d.host.Warnings)
 	d.host.Warnings = slices.Compact(d.host.Warnings)
-	return d.host, ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("topology: discovery stopped: %w", err)
+	}
+	return d.host, nil
 }
 
 const (
@@ -143,7 +150,7 @@ func (d *discovery) cpus() error {
 
 // listedCPUs returns the CPUs that have a cpuN directory.
 func (d *discovery) listedCPUs() CPUSet {
-	ents, _ := os.ReadDir(d.fs.path(sysCPU))
+	ents, _ := d.fs.readDir(sysCPU)
 	var ids []int
 	for _, e := range ents {
 		if n, ok := numberedEntry(e.Name(), "cpu"); ok {
@@ -165,7 +172,7 @@ func numberedEntry(name, prefix string) (int, bool) {
 
 // nodes reads NUMA nodes: CPUs, memory and distances.
 func (d *discovery) nodes() {
-	ents, err := os.ReadDir(d.fs.path(sysNode))
+	ents, err := d.fs.readDir(sysNode)
 	var ids []int
 	for _, e := range ents {
 		if n, ok := numberedEntry(e.Name(), "node"); ok {
@@ -238,9 +245,9 @@ func (d *discovery) nodes() {
 		cpuless = append(cpuless, fmt.Sprintf("node%d", n.ID))
 		// access1/initiators/nodeM: the CPU nodes with the best access
 		// (what hwloc reads); else access0 (best initiator of any kind).
-		ents, err := os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access1/initiators", sysNode, n.ID)))
+		ents, err := d.fs.readDir(fmt.Sprintf("%s/node%d/access1/initiators", sysNode, n.ID))
 		if err != nil {
-			ents, err = os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID)))
+			ents, err = d.fs.readDir(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID))
 		}
 		if err == nil {
 			for _, e := range ents {
@@ -268,7 +275,7 @@ func (d *discovery) nodes() {
 // blockMemory sums the node's online memory blocks; 0 when the kernel
 // has no memory block devices (or the files are unreadable, warned).
 func (d *discovery) blockMemory(nodeDir string) uint64 {
-	ents, err := os.ReadDir(d.fs.path(nodeDir))
+	ents, err := d.fs.readDir(nodeDir)
 	if err != nil {
 		return 0
 	}
@@ -356,7 +363,7 @@ func (d *discovery) sockets() {
 
 // pci walks /sys/bus/pci/devices.
 func (d *discovery) pci() {
-	ents, err := os.ReadDir(d.fs.path(sysPCI))
+	ents, err := d.fs.readDir(sysPCI)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			d.warn("%s: %v; no PCI devices in the model", sysPCI, err)
