@@ -15,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jaypipes/pcidb"
-
 	"github.com/fusiond/fusiond/devices"
 )
 
@@ -370,7 +368,6 @@ func (d *discovery) pci() {
 		}
 		return
 	}
-	names := d.pciNames()
 	var unknownNode, noPath []string
 	for _, e := range ents {
 		addr, err := ParsePCIAddr(e.Name())
@@ -378,7 +375,7 @@ func (d *discovery) pci() {
 			d.warn("%s/%s: %v; skipped", sysPCI, e.Name(), err)
 			continue
 		}
-		dev, ok := d.pciDevice(addr, names, &noPath)
+		dev, ok := d.pciDevice(addr, &noPath)
 		if !ok {
 			continue
 		}
@@ -388,6 +385,13 @@ func (d *discovery) pci() {
 		d.host.Devices = append(d.host.Devices, dev)
 	}
 	slices.SortFunc(d.host.Devices, func(a, b PCIDevice) int { return cmp.Compare(a.Addr, b.Addr) })
+	if len(d.host.Devices) > 0 && !d.o.noNames {
+		if names, ok := d.pciNames(d.host.Devices); ok {
+			for i := range d.host.Devices {
+				names.name(&d.host.Devices[i])
+			}
+		}
+	}
 	if len(noPath) > 0 {
 		d.warn("%s: %d entries are not symlinks to a /sys/devices/pciDDDD:BB/... path (%s); kept with unknown host bridge and upstream bridges", sysPCI, len(noPath), abbreviate(noPath, 6))
 	}
@@ -397,7 +401,7 @@ func (d *discovery) pci() {
 }
 
 // pciDevice reads one device; ok is false when it must be skipped.
-func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath *[]string) (PCIDevice, bool) {
+func (d *discovery) pciDevice(addr PCIAddr, noPath *[]string) (PCIDevice, bool) {
 	dir := sysPCI + "/" + string(addr)
 	dev := PCIDevice{Addr: addr, Node: NoNode}
 	// A /sys/bus/pci/devices entry is normally a symlink into
@@ -447,7 +451,6 @@ func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath *[]string
 	}
 	dev.Class, dev.VendorID, dev.DeviceID = uint32(class), uint16(vendor), uint16(device)
 	dev.Kind = classify(dev.Class, dev.VendorID)
-	d.nameDevice(&dev, names)
 	// local_cpulist, else the local_cpus mask (the only file on older
 	// kernels and what hwloc reads).
 	if c, file, err := d.readCPUSetFile(dir, "local_cpulist", "local_cpus"); err != nil {
@@ -516,11 +519,10 @@ func (d *discovery) deviceNode(dir string, local CPUSet) NodeID {
 	return found
 }
 
-// pciNames loads pci.ids; nil (with a warning) when none is found.
-func (d *discovery) pciNames() *pcidb.PCIDB {
-	if d.o.noNames {
-		return nil
-	}
+// pciNames looks devs' names up in pci.ids (PCIDB_PATH, else the usual
+// places below the root, then on the host); ok is false (with a warning)
+// when none is readable.
+func (d *discovery) pciNames(devs []PCIDevice) (pciNames, bool) {
 	var candidates []string
 	if p := os.Getenv("PCIDB_PATH"); p != "" {
 		candidates = append(candidates, p)
@@ -531,42 +533,17 @@ func (d *discovery) pciNames() *pcidb.PCIDB {
 		}
 	}
 	for _, p := range candidates {
-		if _, err := os.Stat(p); err != nil {
+		b, err := d.fs.readHostFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		db, err := pcidb.New(pcidb.WithDirectPath(p), pcidb.WithCacheOnly())
 		if err == nil {
-			return db
+			return lookupPCINames(b, devs), true
 		}
-		d.warn("pci.ids %s: %v", p, err)
+		d.warn("pci.ids: %v", err)
 	}
 	d.warn("no pci.ids found (install the pci.ids package or set PCIDB_PATH); device names are empty")
-	return nil
-}
-
-func (d *discovery) nameDevice(dev *PCIDevice, db *pcidb.PCIDB) {
-	if db == nil {
-		return
-	}
-	vid := fmt.Sprintf("%04x", dev.VendorID)
-	if v, ok := db.Vendors[vid]; ok {
-		dev.VendorName = v.Name
-		for _, p := range v.Products {
-			if p.ID == fmt.Sprintf("%04x", dev.DeviceID) {
-				dev.DeviceName = p.Name
-				break
-			}
-		}
-	}
-	if c, ok := db.Classes[fmt.Sprintf("%02x", dev.Class>>16)]; ok {
-		dev.ClassName = c.Name
-		for _, s := range c.Subclasses {
-			if s.ID == fmt.Sprintf("%02x", (dev.Class>>8)&0xff) {
-				dev.ClassName = s.Name
-				break
-			}
-		}
-	}
+	return pciNames{}, false
 }
 
 func (d *discovery) deviceLinks() {

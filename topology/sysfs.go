@@ -163,6 +163,23 @@ func (r *fsRoot) cached(dir string) int {
 	return -1
 }
 
+// readHostFile reads the file at the real path p (not below the root),
+// with read's checks; the buffer is reused by the next read.
+func (r *fsRoot) readHostFile(p string) ([]byte, error) {
+	if err := r.ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	fd, err := openNoEINTR(unix.AT_FDCWD, p, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("%s: %w", p, fs.ErrNotExist)
+		}
+		return nil, fmt.Errorf("%s: %w", p, err)
+	}
+	defer unix.Close(fd)
+	return r.readFD(p, fd)
+}
+
 func (r *fsRoot) readFD(p string, fd int) ([]byte, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -171,8 +188,8 @@ func (r *fsRoot) readFD(p string, fd int) ([]byte, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, fmt.Errorf("%s: %w (%s); not read", p, ErrNotRegular, fileKind(st.Mode))
 	}
-	if r.buf == nil {
-		r.buf = make([]byte, 4096)
+	if want := min(st.Size+1, maxFileBytes); int64(len(r.buf)) < want {
+		r.buf = make([]byte, max(want, 4096))
 	}
 	n := 0
 	for {
