@@ -277,6 +277,11 @@ func (d *discovery) blockMemory(nodeDir string) uint64 {
 	if err != nil {
 		return 0
 	}
+	// block_size_bytes first: without it the sum is 0 whatever the
+	// blocks say, and one online block decides whether that is warned;
+	// the per-block online files (thousands on a large host, often
+	// dangling links in captured trees) are then not read.
+	size, sizeErr := d.fs.readHex("/sys/devices/system/memory/block_size_bytes", 64)
 	var blocks uint64
 	for _, e := range ents {
 		if _, ok := numberedEntry(e.Name(), "memory"); !ok {
@@ -287,13 +292,15 @@ func (d *discovery) blockMemory(nodeDir string) uint64 {
 			continue
 		}
 		blocks++
+		if sizeErr != nil {
+			break
+		}
 	}
 	if blocks == 0 {
 		return 0
 	}
-	size, err := d.fs.readHex("/sys/devices/system/memory/block_size_bytes", 64)
-	if err != nil {
-		d.warn("%v; memory block sizes unknown", err)
+	if sizeErr != nil {
+		d.warn("%v; memory block sizes unknown", sizeErr)
 		return 0
 	}
 	return blocks * size
@@ -408,17 +415,12 @@ func (d *discovery) pciDevice(addr PCIAddr, noPath *[]string) (PCIDevice, bool) 
 	// /sys/devices/pciDDDD:BB/...; some trees (and some platforms) have a
 	// plain directory or an unparsable target: the device is kept with an
 	// unknown host bridge and upstream path.
-	st, err := os.Lstat(d.fs.path(dir))
+	isLink, target, err := d.fs.resolveLink(dir)
 	if err != nil {
 		d.warn("%s: %v; device skipped", dir, err)
 		return dev, false
 	}
-	if st.Mode()&fs.ModeSymlink != 0 {
-		target, err := filepath.EvalSymlinks(d.fs.path(dir))
-		if err != nil {
-			d.warn("%s: %v; device skipped", dir, err)
-			return dev, false
-		}
+	if isLink {
 		rel, err := filepath.Rel(d.fs.path("/"), target)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
 			d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -80,13 +81,8 @@ func (r *fsRoot) dir(p string) (int, error) {
 	if j := r.cached(p); j >= 0 {
 		return r.dirs[j].fd, r.dirs[j].err
 	}
-	slot := &r.dirs[r.next]
-	r.next = (r.next + 1) % len(r.dirs)
-	if slot.path != "" && slot.err == nil {
-		unix.Close(slot.fd)
-	}
 	fd, err := openNoEINTR(unix.AT_FDCWD, r.path(p), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC)
-	*slot = openDir{path: p, fd: fd, err: err}
+	r.hold(p, fd, err)
 	return fd, err
 }
 
@@ -161,6 +157,80 @@ func (r *fsRoot) cached(dir string) int {
 		}
 	}
 	return -1
+}
+
+// resolveLink says whether the in-host path p is a symbolic link and, if
+// so, returns its fully resolved real path, as os.Lstat and
+// filepath.EvalSymlinks would (their errors are returned). Fast path, for
+// the /sys/bus/pci/devices links: one readlinkat and one openat2 that
+// refuses any symlink on the way (RESOLVE_NO_SYMLINKS), so the lexical
+// target is the resolved one; the directory opened is then held as p's,
+// so that p's files are opened relative to it. Anything else (an absolute
+// or escaping target, a link on the way, an old kernel) takes the slow
+// path.
+func (r *fsRoot) resolveLink(p string) (bool, string, error) {
+	if err := r.ctx.Err(); err != nil {
+		return false, "", fmt.Errorf("%s: %w", p, err)
+	}
+	i := strings.LastIndexByte(p, '/')
+	if i > 0 {
+		if dfd, err := r.dir(p[:i]); err == nil {
+			var buf [unix.PathMax]byte
+			n, err := unix.Readlinkat(dfd, p[i+1:], buf[:])
+			if err == unix.EINVAL {
+				return false, "", nil // not a link
+			}
+			if err == nil && n > 0 && n < len(buf) && buf[0] != '/' {
+				real := filepath.Join(r.path(p[:i]), string(buf[:n]))
+				if fd, ok := r.openNoSymlinks(real); ok {
+					r.hold(p, fd, nil)
+					return true, real, nil
+				}
+			}
+		}
+	}
+	st, err := os.Lstat(r.path(p))
+	if err != nil || st.Mode()&fs.ModeSymlink == 0 {
+		return false, "", err
+	}
+	target, err := filepath.EvalSymlinks(r.path(p))
+	return err == nil, target, err
+}
+
+// openNoSymlinks opens the real directory path real, below the root,
+// when no component below the root is a symbolic link.
+func (r *fsRoot) openNoSymlinks(real string) (int, bool) {
+	rel, err := filepath.Rel(r.path("/"), real)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return -1, false
+	}
+	rootFD, err := r.dir("/")
+	if err != nil {
+		return -1, false
+	}
+	how := unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NONBLOCK | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH}
+	for {
+		fd, err := unix.Openat2(rootFD, rel, &how)
+		if err == unix.EINTR {
+			continue
+		}
+		return fd, err == nil
+	}
+}
+
+// hold keeps fd open as the in-host directory p, or remembers that
+// opening it failed with err (see dir), in place of the least recently
+// added directory.
+func (r *fsRoot) hold(p string, fd int, err error) {
+	j := r.cached(p)
+	if j < 0 {
+		j = r.next
+		r.next = (r.next + 1) % len(r.dirs)
+	}
+	if slot := r.dirs[j]; slot.path != "" && slot.err == nil {
+		unix.Close(slot.fd)
+	}
+	r.dirs[j] = openDir{path: p, fd: fd, err: err}
 }
 
 // readHostFile reads the file at the real path p (not below the root),
