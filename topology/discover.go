@@ -535,12 +535,13 @@ func (d *discovery) pciNames(devs []PCIDevice) (pciNames, bool) {
 		}
 	}
 	for _, p := range candidates {
-		b, err := d.fs.readHostFile(p)
+		var names pciNames
+		err := d.fs.withHostFile(p, func(b []byte) { names = lookupPCINames(b, devs) })
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err == nil {
-			return lookupPCINames(b, devs), true
+			return names, true
 		}
 		d.warn("pci.ids: %v", err)
 	}
