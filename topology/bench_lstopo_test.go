@@ -273,7 +273,7 @@ func writeBigTree(t testing.TB) string {
 			put(dev.path+"/current_link_width", "4\n")
 			put(dev.path+"/max_link_width", "4\n")
 			put(dev.path+"/config", config(vendor, dev.device, dev.class, dev.bridge, bus+1))
-			link("/sys/bus/pci/devices/"+dev.addr, "../../.."+dev.path)
+			link("/sys/bus/pci/devices/"+dev.addr, "../../.."+strings.TrimPrefix(dev.path, "/sys"))
 		}
 	}
 	put("/proc/sys/kernel/hostname", "synthetic-1024\n")
@@ -303,5 +303,32 @@ func BenchmarkDiscoverTree(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// The synthetic benchmark tree is what it says, and hwloc reads it as
+// fusiond does: 1,024 CPUs in 512 cores, 8 packages, 16 nodes and L3s,
+// 32 PCI functions on their nodes.
+func TestBigTree(t *testing.T) {
+	root := writeBigTree(t)
+	h, err := Discover(context.Background(), WithRoot(root))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.OnlineCPUs.Len() != 1024 || len(h.Cores) != 512 || len(h.Sockets) != 8 || len(h.Nodes) != 16 || len(h.L3) != 16 || len(h.Devices) != 32 || len(h.Warnings) != 0 {
+		t.Fatalf("model: %d CPUs, %d cores, %d sockets, %d nodes, %d L3, %d devices, warnings %q",
+			h.OnlineCPUs.Len(), len(h.Cores), len(h.Sockets), len(h.Nodes), len(h.L3), len(h.Devices), h.Warnings)
+	}
+	for _, d := range h.Devices {
+		if d.Node == NoNode || d.VendorName == "" {
+			t.Errorf("device %s: node %d, vendor name %q", d.Addr, d.Node, d.VendorName)
+		}
+	}
+	live, err := liveHwloc(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diffs := compareFacts(factsOfModel(h), factsOfHwloc(live), h, nil, false); len(diffs) > 0 {
+		t.Errorf("fusiond and lstopo disagree on the synthetic tree: %+v", diffs)
 	}
 }

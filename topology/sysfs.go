@@ -295,9 +295,10 @@ func (r *fsRoot) readFD(p string, fd int) ([]byte, error) {
 		}
 		n += m
 		// A regular file read up to its size is complete: tmpfs and disk
-		// trees report the true size (sysfs reports 4096 and procfs 0, and
-		// are read to the end).
-		if int64(n) == st.Size && n < len(r.buf) {
+		// trees report the true size. A sysfs attribute reports a page and
+		// no blocks, and gives its whole value (at most a page) to the
+		// first read. procfs reports 0 and is read to the end.
+		if int64(n) == st.Size || st.Blocks == 0 && st.Size == int64(os.Getpagesize()) && int64(n) < st.Size {
 			return r.buf[:n], nil
 		}
 	}
