@@ -99,6 +99,14 @@ func TestLookupPCINamesMatchesPcidb(t *testing.T) {
 	if cx7.DeviceName != "MT2910 Family [ConnectX-7]" || strings.ContainsAny(cx7.VendorName+cx7.DeviceName, "\r\n") {
 		t.Errorf("CRLF lines: %q %q", cx7.VendorName, cx7.DeviceName)
 	}
+	// A vendor on the first line, listed again later: the first name.
+	first := lookupPCINames([]byte("10de  NVIDIA\n\t2335  H200\n\t2335  again\n10de  Dup\n\t2335  Dup H200\nC 03  Display\n\t02  3D\n"), []PCIDevice{h200})
+	if g := (PCIDevice{VendorID: 0x10de, DeviceID: 0x2335, Class: 0x030200}); true {
+		first.name(&g)
+		if g.VendorName != "NVIDIA" || g.DeviceName != "H200" || g.ClassName != "3D" {
+			t.Errorf("first-line vendor: %q %q %q", g.VendorName, g.DeviceName, g.ClassName)
+		}
+	}
 	// A scan for one device keeps only what that device needs.
 	one := lookupPCINames([]byte(pciIDsSample), []PCIDevice{h200})
 	if len(one.vendors) != 1 || len(one.devices) != 1 || len(one.classes) != 1 || len(one.subclasses) != 1 {
