@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"slices"
 	"strings"
 )
@@ -350,7 +349,7 @@ func (d *discovery) splitByCoreID(sib CPUSet, first, firstID int) []Core {
 // core-wide cache, as hwloc assumes: the group is the CPU's core.
 func (d *discovery) l3Of(c int, core CPUSet) (CacheGroup, bool) {
 	base := fmt.Sprintf("%s/cpu%d/cache", sysCPU, c)
-	ents, err := os.ReadDir(d.fs.path(base))
+	ents, err := d.fs.readDir(base)
 	if err != nil {
 		return CacheGroup{}, false
 	}

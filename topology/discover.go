@@ -15,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jaypipes/pcidb"
-
 	"github.com/fusiond/fusiond/devices"
 )
 
@@ -57,7 +55,7 @@ func WithoutNames() Option { return func(o *options) { o.noNames = true } }
 // discovery carries the state of one Discover call.
 type discovery struct {
 	ctx  context.Context
-	fs   fsRoot
+	fs   *fsRoot
 	o    options
 	log  *slog.Logger
 	host *Host
@@ -81,19 +79,23 @@ func Discover(ctx context.Context, opts ...Option) (*Host, error) {
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	d := &discovery{ctx: ctx, fs: fsRoot{root: o.root}, o: o, log: o.logger, host: &Host{}}
+	d := &discovery{ctx: ctx, fs: newFSRoot(ctx, o.root), o: o, log: o.logger, host: &Host{}}
+	defer d.fs.close()
 	if err := d.cpus(); err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, fmt.Errorf("topology: discovery stopped: %w", cerr)
+		}
 		return nil, err
 	}
 	d.nodes()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("topology: discovery stopped: %w", err)
 	}
 	d.cores()
 	d.coreKinds()
 	d.sockets()
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("topology: discovery stopped: %w", err)
 	}
 	d.pci()
 	d.deviceLinks()
@@ -102,7 +104,10 @@ func Discover(ctx context.Context, opts ...Option) (*Host, error) {
 	}
 	slices.Sort(d.host.Warnings)
 	d.host.Warnings = slices.Compact(d.host.Warnings)
-	return d.host, ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("topology: discovery stopped: %w", err)
+	}
+	return d.host, nil
 }
 
 const (
@@ -172,12 +177,12 @@ func (d *discovery) cpus() error {
 // listedCPUs returns the CPUs that have a cpuN directory, and those of
 // them whose directory is empty.
 func (d *discovery) listedCPUs() (all, empty CPUSet) {
-	ents, _ := os.ReadDir(d.fs.path(sysCPU))
+	ents, _ := d.fs.readDir(sysCPU)
 	var ids, empties []int
 	for _, e := range ents {
 		if n, ok := numberedEntry(e.Name(), "cpu"); ok {
 			ids = append(ids, n)
-			if sub, err := os.ReadDir(d.fs.path(sysCPU + "/" + e.Name())); err == nil && len(sub) == 0 {
+			if sub, err := d.fs.readDir(sysCPU + "/" + e.Name()); err == nil && len(sub) == 0 {
 				empties = append(empties, n)
 			}
 		}
@@ -197,7 +202,7 @@ func numberedEntry(name, prefix string) (int, bool) {
 
 // nodes reads NUMA nodes: CPUs, memory and distances.
 func (d *discovery) nodes() {
-	ents, err := os.ReadDir(d.fs.path(sysNode))
+	ents, err := d.fs.readDir(sysNode)
 	var ids []int
 	for _, e := range ents {
 		if n, ok := numberedEntry(e.Name(), "node"); ok {
@@ -283,9 +288,9 @@ func (d *discovery) nodes() {
 		cpuless = append(cpuless, fmt.Sprintf("node%d", n.ID))
 		// access1/initiators/nodeM: the CPU nodes with the best access
 		// (what hwloc reads); else access0 (best initiator of any kind).
-		ents, err := os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access1/initiators", sysNode, n.ID)))
+		ents, err := d.fs.readDir(fmt.Sprintf("%s/node%d/access1/initiators", sysNode, n.ID))
 		if err != nil {
-			ents, err = os.ReadDir(d.fs.path(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID)))
+			ents, err = d.fs.readDir(fmt.Sprintf("%s/node%d/access0/initiators", sysNode, n.ID))
 		}
 		if err == nil {
 			for _, e := range ents {
@@ -350,7 +355,7 @@ func (d *discovery) realNodes(ids []int) []int {
 
 // nodeCPULinks returns the CPUs linked under a node directory (cpuM).
 func (d *discovery) nodeCPULinks(dir string) CPUSet {
-	ents, err := os.ReadDir(d.fs.path(dir))
+	ents, err := d.fs.readDir(dir)
 	if err != nil {
 		return CPUSet{}
 	}
@@ -376,7 +381,7 @@ type gpuMemory struct {
 // does not have, or a file without a Node line, is warned about once.
 func (d *discovery) gpuMemoryNodes() map[NodeID]gpuMemory {
 	const dir = "/proc/driver/nvidia/gpus"
-	ents, err := os.ReadDir(d.fs.path(dir))
+	ents, err := d.fs.readDir(dir)
 	if err != nil {
 		return nil
 	}
@@ -435,10 +440,15 @@ func numaStatusNode(s string) (int, bool) {
 // blockMemory sums the node's online memory blocks; 0 when the kernel
 // has no memory block devices (or the files are unreadable, warned).
 func (d *discovery) blockMemory(nodeDir string) uint64 {
-	ents, err := os.ReadDir(d.fs.path(nodeDir))
+	ents, err := d.fs.readDir(nodeDir)
 	if err != nil {
 		return 0
 	}
+	// block_size_bytes first: without it the sum is 0 whatever the
+	// blocks say, and one online block decides whether that is warned;
+	// the per-block online files (thousands on a large host, often
+	// dangling links in captured trees) are then not read.
+	size, sizeErr := d.fs.readHex("/sys/devices/system/memory/block_size_bytes", 64)
 	var blocks uint64
 	for _, e := range ents {
 		if _, ok := numberedEntry(e.Name(), "memory"); !ok {
@@ -449,13 +459,15 @@ func (d *discovery) blockMemory(nodeDir string) uint64 {
 			continue
 		}
 		blocks++
+		if sizeErr != nil {
+			break
+		}
 	}
 	if blocks == 0 {
 		return 0
 	}
-	size, err := d.fs.readHex("/sys/devices/system/memory/block_size_bytes", 64)
-	if err != nil {
-		d.warn("%v; memory block sizes unknown", err)
+	if sizeErr != nil {
+		d.warn("%v; memory block sizes unknown", sizeErr)
 		return 0
 	}
 	return blocks * size
@@ -523,14 +535,13 @@ func (d *discovery) sockets() {
 
 // pci walks /sys/bus/pci/devices.
 func (d *discovery) pci() {
-	ents, err := os.ReadDir(d.fs.path(sysPCI))
+	ents, err := d.fs.readDir(sysPCI)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			d.warn("%s: %v; no PCI devices in the model", sysPCI, err)
 		}
 		return
 	}
-	names := d.pciNames()
 	var unknownNode, noPath, badNode []string
 	for _, e := range ents {
 		addr, err := ParsePCIAddr(e.Name())
@@ -538,7 +549,7 @@ func (d *discovery) pci() {
 			d.warn("%s/%s: %v; skipped", sysPCI, e.Name(), err)
 			continue
 		}
-		dev, ok := d.pciDevice(addr, names, &noPath, &badNode)
+		dev, ok := d.pciDevice(addr, &noPath, &badNode)
 		if !ok {
 			continue
 		}
@@ -548,6 +559,13 @@ func (d *discovery) pci() {
 		d.host.Devices = append(d.host.Devices, dev)
 	}
 	slices.SortFunc(d.host.Devices, func(a, b PCIDevice) int { return cmp.Compare(a.Addr, b.Addr) })
+	if len(d.host.Devices) > 0 && !d.o.noNames {
+		if names, ok := d.pciNames(d.host.Devices); ok {
+			for i := range d.host.Devices {
+				names.name(&d.host.Devices[i])
+			}
+		}
+	}
 	if len(noPath) > 0 {
 		d.warn("%s: %d entries are not symlinks to a /sys/devices/pciDDDD:BB/... path (%s); kept with unknown host bridge and upstream bridges", sysPCI, len(noPath), abbreviate(noPath, 6))
 	}
@@ -560,24 +578,19 @@ func (d *discovery) pci() {
 }
 
 // pciDevice reads one device; ok is false when it must be skipped.
-func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath, badNode *[]string) (PCIDevice, bool) {
+func (d *discovery) pciDevice(addr PCIAddr, noPath, badNode *[]string) (PCIDevice, bool) {
 	dir := sysPCI + "/" + string(addr)
 	dev := PCIDevice{Addr: addr, Node: NoNode}
 	// A /sys/bus/pci/devices entry is normally a symlink into
 	// /sys/devices/pciDDDD:BB/...; some trees (and some platforms) have a
 	// plain directory or an unparsable target: the device is kept with an
 	// unknown host bridge and upstream path.
-	st, err := os.Lstat(d.fs.path(dir))
+	isLink, target, err := d.fs.resolveLink(dir)
 	if err != nil {
 		d.warn("%s: %v; device skipped", dir, err)
 		return dev, false
 	}
-	if st.Mode()&fs.ModeSymlink != 0 {
-		target, err := filepath.EvalSymlinks(d.fs.path(dir))
-		if err != nil {
-			d.warn("%s: %v; device skipped", dir, err)
-			return dev, false
-		}
+	if isLink {
 		rel, err := filepath.Rel(d.fs.path("/"), target)
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
 			d.warn("%s resolves to %s, outside the tree; device skipped", dir, target)
@@ -610,7 +623,6 @@ func (d *discovery) pciDevice(addr PCIAddr, names *pcidb.PCIDB, noPath, badNode 
 	}
 	dev.Class, dev.VendorID, dev.DeviceID = uint32(class), uint16(vendor), uint16(device)
 	dev.Kind = classify(dev.Class, dev.VendorID)
-	d.nameDevice(&dev, names)
 	// local_cpulist, else the local_cpus mask (the only file on older
 	// kernels and what hwloc reads).
 	if c, file, err := d.readCPUSetFile(dir, "local_cpulist", "local_cpus"); err != nil {
@@ -690,11 +702,10 @@ func (d *discovery) nodeList() string {
 	return NewCPUSet(ids...).String()
 }
 
-// pciNames loads pci.ids; nil (with a warning) when none is found.
-func (d *discovery) pciNames() *pcidb.PCIDB {
-	if d.o.noNames {
-		return nil
-	}
+// pciNames looks devs' names up in pci.ids (PCIDB_PATH, else the usual
+// places below the root, then on the host); ok is false (with a warning)
+// when none is readable.
+func (d *discovery) pciNames(devs []PCIDevice) (pciNames, bool) {
 	var candidates []string
 	if p := os.Getenv("PCIDB_PATH"); p != "" {
 		candidates = append(candidates, p)
@@ -705,42 +716,18 @@ func (d *discovery) pciNames() *pcidb.PCIDB {
 		}
 	}
 	for _, p := range candidates {
-		if _, err := os.Stat(p); err != nil {
+		var names pciNames
+		err := d.fs.withHostFile(p, func(b []byte) { names = lookupPCINames(b, devs) })
+		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		db, err := pcidb.New(pcidb.WithDirectPath(p), pcidb.WithCacheOnly())
 		if err == nil {
-			return db
+			return names, true
 		}
-		d.warn("pci.ids %s: %v", p, err)
+		d.warn("pci.ids: %v", err)
 	}
 	d.warn("no pci.ids found (install the pci.ids package or set PCIDB_PATH); device names are empty")
-	return nil
-}
-
-func (d *discovery) nameDevice(dev *PCIDevice, db *pcidb.PCIDB) {
-	if db == nil {
-		return
-	}
-	vid := fmt.Sprintf("%04x", dev.VendorID)
-	if v, ok := db.Vendors[vid]; ok {
-		dev.VendorName = v.Name
-		for _, p := range v.Products {
-			if p.ID == fmt.Sprintf("%04x", dev.DeviceID) {
-				dev.DeviceName = p.Name
-				break
-			}
-		}
-	}
-	if c, ok := db.Classes[fmt.Sprintf("%02x", dev.Class>>16)]; ok {
-		dev.ClassName = c.Name
-		for _, s := range c.Subclasses {
-			if s.ID == fmt.Sprintf("%02x", (dev.Class>>8)&0xff) {
-				dev.ClassName = s.Name
-				break
-			}
-		}
-	}
+	return pciNames{}, false
 }
 
 func (d *discovery) deviceLinks() {
