@@ -121,14 +121,21 @@ func (d *discovery) cpus() error {
 	if _, err := os.Stat(d.fs.path(sysCPU)); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrNoCPUs, sysCPU, err)
 	}
-	present, empty := d.listedCPUs()
+	present := d.listedCPUs()
 	listed, presentErr := d.fs.readCPUList(sysCPU + "/present")
 	online, err := d.fs.readCPUList(sysCPU + "/online")
 	// An empty cpuN directory that neither cpu/present nor cpu/online
-	// names is not a CPU (hwloc makes no PU of it either).
-	phantom := empty.Difference(online)
+	// names is not a CPU (hwloc makes no PU of it either). Only those
+	// directories are looked into.
+	unnamed := present.Difference(online)
 	if presentErr == nil {
-		phantom = phantom.Difference(listed)
+		unnamed = unnamed.Difference(listed)
+	}
+	var phantom CPUSet
+	for _, c := range unnamed.List() {
+		if sub, err := d.fs.readDir(fmt.Sprintf("%s/cpu%d", sysCPU, c)); err == nil && len(sub) == 0 {
+			phantom = phantom.Union(NewCPUSet(c))
+		}
 	}
 	if !phantom.IsEmpty() {
 		d.warn("%s/cpuN directories of CPUs %s are empty and named by neither %s/present nor online; not CPUs", sysCPU, phantom, sysCPU)
@@ -174,20 +181,16 @@ func (d *discovery) cpus() error {
 	return nil
 }
 
-// listedCPUs returns the CPUs that have a cpuN directory, and those of
-// them whose directory is empty.
-func (d *discovery) listedCPUs() (all, empty CPUSet) {
+// listedCPUs returns the CPUs that have a cpuN directory.
+func (d *discovery) listedCPUs() CPUSet {
 	ents, _ := d.fs.readDir(sysCPU)
-	var ids, empties []int
+	var ids []int
 	for _, e := range ents {
 		if n, ok := numberedEntry(e.Name(), "cpu"); ok {
 			ids = append(ids, n)
-			if sub, err := d.fs.readDir(sysCPU + "/" + e.Name()); err == nil && len(sub) == 0 {
-				empties = append(empties, n)
-			}
 		}
 	}
-	return NewCPUSet(ids...), NewCPUSet(empties...)
+	return NewCPUSet(ids...)
 }
 
 // numberedEntry parses names like "cpu12" or "node1".
