@@ -211,12 +211,14 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 			popts := placementOptions(d.hw)
 			popts.Logger = log
 			if cg != nil {
-				if cores, err = hostCores(ctx, d.hw); err != nil {
+				topo, err := jobTopology(ctx, d.hw)
+				if err != nil {
 					return err
 				}
-				if memNodes, err = hostMemNodes(ctx, d.hw); err != nil {
+				if cores, err = hostCores(topo); err != nil {
 					return err
 				}
+				memNodes = hostMemNodes(topo)
 				popts.KeepSharedCores, popts.OnShared = 1, cg.SetSharedCPUs
 			}
 			inventory = func() hostplacer.Hardware {

@@ -65,59 +65,47 @@ func jobCgroups(cfg Config, log *slog.Logger) (*cgroups.Manager, error) {
 	return cg, nil
 }
 
-// hostCores returns the cores guaranteed jobs take exclusively: the cores
-// of the topology model of the machine jobs really run on. That is the
-// hardware's model when it is live (read again on every inventory, so a
-// topology refresh reaches the placer), and one discovery of this machine
-// when the devices are simulated (their topology is the simulated host's,
-// but jobs run on this machine's CPUs) or the hardware has none.
-func hostCores(ctx context.Context, h *hardware.Host) (func() []cgroups.Core, error) {
-	t := h.Topology()
-	live := t != nil && h.Simulated() == ""
-	if !live {
-		var err error
-		if t, err = topology.Discover(ctx); err != nil {
-			return nil, fmt.Errorf("host cores: %w", err)
-		}
+// jobTopology returns the topology model of the machine jobs really run
+// on: the hardware's model when it is live (read again on every call, so
+// a topology refresh reaches the placer and the executor), and one
+// discovery of this machine when the devices are simulated (their
+// topology is the simulated host's, but jobs run on this machine's CPUs
+// and memory) or the hardware has none.
+func jobTopology(ctx context.Context, h *hardware.Host) (func() *topology.Host, error) {
+	if t := h.Topology(); t != nil && h.Simulated() == "" {
+		return func() *topology.Host {
+			if cur := h.Topology(); cur != nil {
+				return cur
+			}
+			return t
+		}, nil
 	}
-	cores := cgroups.CoresOf(t)
-	if len(cores) == 0 {
+	t, err := topology.Discover(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("this machine's topology: %w", err)
+	}
+	return func() *topology.Host { return t }, nil
+}
+
+// hostCores returns the cores guaranteed jobs take exclusively: the cores
+// of the model of the machine jobs run on (jobTopology).
+func hostCores(topo func() *topology.Host) (func() []cgroups.Core, error) {
+	if len(cgroups.CoresOf(topo())) == 0 {
 		return nil, fmt.Errorf("host cores: the topology model has no cores")
 	}
-	if live {
-		return func() []cgroups.Core { return cgroups.CoresOf(h.Topology()) }, nil
-	}
-	return func() []cgroups.Core { return cores }, nil
+	return func() []cgroups.Core { return cgroups.CoresOf(topo()) }, nil
 }
 
 // hostMemNodes returns where a job aligned to a NUMA node allocates its
 // memory: the node itself, or for a memory-less node its nearest memory
-// nodes (topology.Host.MemoryNodesFor), from the same model hostCores
-// uses (the live hardware's, read again on every call, or one discovery
-// of this machine when the devices are simulated).
-func hostMemNodes(ctx context.Context, h *hardware.Host) (func(int) []int, error) {
-	t := h.Topology()
-	live := t != nil && h.Simulated() == ""
-	if !live {
-		var err error
-		if t, err = topology.Discover(ctx); err != nil {
-			return nil, fmt.Errorf("host memory nodes: %w", err)
-		}
-	}
-	of := func(t *topology.Host, node int) []int {
+// nodes (topology.Host.MemoryNodesFor), in the model of the machine jobs
+// run on (jobTopology).
+func hostMemNodes(topo func() *topology.Host) func(int) []int {
+	return func(node int) []int {
 		var out []int
-		for _, n := range t.MemoryNodesFor(topology.NodeID(node)) {
+		for _, n := range topo().MemoryNodesFor(topology.NodeID(node)) {
 			out = append(out, int(n))
 		}
 		return out
 	}
-	if live {
-		return func(node int) []int {
-			if cur := h.Topology(); cur != nil {
-				return of(cur, node)
-			}
-			return of(t, node)
-		}, nil
-	}
-	return func(node int) []int { return of(t, node) }, nil
 }

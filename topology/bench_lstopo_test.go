@@ -130,13 +130,7 @@ func writeBigTree(t testing.TB) string {
 	root := filepath.Join(treeTempDir(t), "root")
 	put := func(p, content string) {
 		t.Helper()
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeFile(t, root, p, content)
 	}
 	link := func(p, target string) {
 		t.Helper()

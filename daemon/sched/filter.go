@@ -150,32 +150,27 @@ func (n *Node) anyModelAllowed(req *Request) bool {
 
 // gpusOfOneModel is the most GPUs of one model req allows, free or not.
 func (n *Node) gpusOfOneModel(req *Request) int {
+	return n.mostOfOneModel(func(i int) bool { return req.ModelAllowed(n.ModelOf(i)) })
+}
+
+// fitOfOneModel is the most GPUs of one model that can each give req its
+// share, on NUMA node numa (-1: anywhere).
+func (n *Node) fitOfOneModel(req *Request, numa int) int {
+	return n.mostOfOneModel(func(i int) bool { return (numa < 0 || n.GPUs[i].NUMA == numa) && n.gpuFits(req, i) })
+}
+
+// mostOfOneModel is the most GPUs of one model that keep holds for (the
+// GPUs of one request are of one model).
+func (n *Node) mostOfOneModel(keep func(i int) bool) int {
 	var set uint64
 	for i := range min(len(n.GPUs), 64) {
-		if req.ModelAllowed(n.ModelOf(i)) {
+		if keep(i) {
 			set |= 1 << uint(i)
 		}
 	}
 	var buf [8]uint64
 	best := 0
 	for _, g := range n.modelMasks(set, buf[:0]) {
-		best = max(best, bits.OnesCount64(g))
-	}
-	return best
-}
-
-// fitOfOneModel is the most GPUs of one model that can each give req its
-// share, on NUMA node numa (-1: anywhere).
-func (n *Node) fitOfOneModel(req *Request, numa int) int {
-	var fit uint64
-	for i := range min(len(n.GPUs), 64) {
-		if (numa < 0 || n.GPUs[i].NUMA == numa) && n.gpuFits(req, i) {
-			fit |= 1 << uint(i)
-		}
-	}
-	var buf [8]uint64
-	best := 0
-	for _, g := range n.modelMasks(fit, buf[:0]) {
 		best = max(best, bits.OnesCount64(g))
 	}
 	return best
@@ -217,17 +212,10 @@ func anyNUMAFits(req *Request, n *Node) bool {
 // are considered).
 func numaCouldEverHold(req *Request, n *Node) bool {
 	for numa := range n.numaCount() {
-		var set uint64
-		for i := range min(len(n.GPUs), 64) {
-			if n.GPUs[i].MIG == nil && n.GPUs[i].NUMA == numa && req.ModelAllowed(n.ModelOf(i)) {
-				set |= 1 << uint(i)
-			}
-		}
-		var buf [8]uint64
-		for _, g := range n.modelMasks(set, buf[:0]) {
-			if bits.OnesCount64(g) >= req.GPUs {
-				return true
-			}
+		if n.mostOfOneModel(func(i int) bool {
+			return n.GPUs[i].MIG == nil && n.GPUs[i].NUMA == numa && req.ModelAllowed(n.ModelOf(i))
+		}) >= req.GPUs {
+			return true
 		}
 	}
 	return false
