@@ -86,6 +86,9 @@ type Device struct {
 	// ReconfigMs is the expected time to reconfigure the device for new
 	// work: program a bitstream into a region, create a MIG instance.
 	ReconfigMs float64 `json:"reconfig_ms,omitempty"`
+	// MPS is set for a GPU whose shares run under CUDA MPS: one user's
+	// shares at a time (its control daemon runs one server per user).
+	MPS bool `json:"mps,omitempty"`
 }
 
 // MIG is a MIG-mode GPU's slots, the profiles it supports and the

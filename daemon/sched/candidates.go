@@ -63,7 +63,7 @@ func (c *Choice) Assignment(req *Request, n *Node, idx int) Assignment {
 	if req.ExclusiveCores > 0 {
 		a.Cores, _ = pickCores(req, n, c.home)
 	}
-	a.GPUModel = n.gpuModelOf(&a)
+	a.GPUModel, a.Owner = n.gpuModelOf(&a), req.Owner
 	return a
 }
 

@@ -47,17 +47,17 @@ func assign(req *Request, n *Node, idx, sharedGPU int) (Assignment, float64) {
 			loc *= 1 / float64(spread)
 		}
 	}
-	a.GPUModel = n.gpuModelOf(&a)
+	a.GPUModel, a.Owner = n.gpuModelOf(&a), req.Owner
 	return a, loc
 }
 
 // gpuFits reports whether GPU i can give req its share (or be one of its
 // whole GPUs): not in MIG mode, of an allowed model, with the share and
-// memory free.
+// memory free, and for a share on an MPS GPU, serving no other owner.
 func (n *Node) gpuFits(req *Request, i int) bool {
 	g := &n.GPUs[i]
 	return g.MIG == nil && g.MilliFree >= req.GPUMilli && (g.MemMiB == 0 || g.MemFreeMiB >= req.GPUMemMiB) &&
-		(len(req.GPUModels) == 0 || req.ModelAllowed(n.ModelOf(i)))
+		(len(req.GPUModels) == 0 || req.ModelAllowed(n.ModelOf(i))) && g.ownerFits(req.Owner, req.GPUMilli)
 }
 
 // modelMasks splits a set of GPUs (bit i: GPU i) by model: on a node of

@@ -15,6 +15,7 @@ const (
 	ReasonGPUs         FilterReason = "not enough free whole gpus"
 	ReasonGPUShare     FilterReason = "no gpu with enough free share"
 	ReasonGPUMemory    FilterReason = "no gpu with enough free memory"
+	ReasonMPSOwner     FilterReason = "the MPS gpus with room serve another user's shares (MPS runs one user's clients at a time)"
 	ReasonMIG          FilterReason = "no free or creatable MIG instance of the profile"
 	ReasonFPGA         FilterReason = "no free fpga region"
 	ReasonTopology     FilterReason = "topology policy cannot be met"
@@ -24,7 +25,7 @@ const (
 
 // allReasons lists every non-empty FilterReason, for counting.
 var allReasons = [...]FilterReason{ReasonCPU, ReasonMemory, ReasonCores, ReasonGPUModel, ReasonGPUs, ReasonGPUShare,
-	ReasonGPUMemory, ReasonMIG, ReasonFPGA, ReasonTopology, ReasonInvalidInput, ReasonReserved}
+	ReasonGPUMemory, ReasonMPSOwner, ReasonMIG, ReasonFPGA, ReasonTopology, ReasonInvalidInput, ReasonReserved}
 
 func reasonIndex(r FilterReason) int {
 	for i, x := range allReasons {
@@ -59,7 +60,7 @@ func Filter(req *Request, n *Node) FilterReason {
 		}
 	}
 	if req.GPUs > 0 {
-		fit, memShort := 0, false
+		fit, memShort, ownerShort := 0, false, false
 		for i := range n.GPUs {
 			g := &n.GPUs[i]
 			if g.MIG != nil || g.MilliFree < req.GPUMilli || (len(req.GPUModels) > 0 && !req.ModelAllowed(n.ModelOf(i))) {
@@ -69,6 +70,10 @@ func Filter(req *Request, n *Node) FilterReason {
 				memShort = true
 				continue
 			}
+			if !g.ownerFits(req.Owner, req.GPUMilli) {
+				ownerShort = true
+				continue
+			}
 			fit++
 		}
 		if fit >= req.GPUs && req.GPUs > 1 && !n.Homogeneous() {
@@ -76,6 +81,8 @@ func Filter(req *Request, n *Node) FilterReason {
 		}
 		if fit < req.GPUs {
 			switch {
+			case ownerShort:
+				return ReasonMPSOwner
 			case memShort:
 				return ReasonGPUMemory
 			case req.Shared():

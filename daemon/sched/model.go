@@ -129,6 +129,19 @@ type GPU struct {
 	// PowerW is the measured power draw in watts, 0 when not measured;
 	// with IdleWatts it tells how deeply idle the GPU is (its wake cost).
 	PowerW float64 `json:"power_w,omitempty"`
+	// MPS is set for a GPU shared through CUDA MPS, whose control daemon
+	// runs one server per user and makes a second user's clients wait
+	// until the first user's server exits: its shares belong to one user
+	// at a time, ShareOwner (the Request.Owner of the shares it holds, ""
+	// while it holds none).
+	MPS        bool   `json:"mps,omitempty"`
+	ShareOwner string `json:"share_owner,omitempty"`
+}
+
+// ownerFits reports whether a share of milli for owner may go on g: any
+// whole-GPU request, any GPU but an MPS one serving another owner.
+func (g *GPU) ownerFits(owner string, milli int64) bool {
+	return !g.MPS || milli >= MilliPerGPU || g.ShareOwner == "" || g.ShareOwner == owner
 }
 
 // FPGARegion is one reconfigurable region of an FPGA.
@@ -267,6 +280,9 @@ type Request struct {
 	MIGSlices  int    `json:"mig_slices,omitempty"`
 	// Bitstream asks for one FPGA region holding (or programmed with) it.
 	Bitstream string `json:"bitstream,omitempty"`
+	// Owner names the job's user (shares of two owners never meet on an
+	// MPS GPU); "" is no one in particular (admission, a peer's view).
+	Owner string `json:"owner,omitempty"`
 	// GPUModels, when set, restricts the GPU models allowed. The GPUs of
 	// one request are always of one model (a node with several models
 	// gives a multi-GPU request the GPUs of one of them).
@@ -328,8 +344,11 @@ type Assignment struct {
 	GPUMemMiB int64       `json:"gpu_mem_mib,omitempty"`
 	// GPUModel is the model of the GPUs (or of the MIG instance's GPU)
 	// taken, "" without GPUs.
-	GPUModel string   `json:"gpu_model,omitempty"`
-	MIG      *MIGPick `json:"mig,omitempty"`
+	GPUModel string `json:"gpu_model,omitempty"`
+	// Owner is the request's Owner: a share it takes on an MPS GPU makes
+	// the GPU that owner's until its last share is released.
+	Owner string   `json:"owner,omitempty"`
+	MIG   *MIGPick `json:"mig,omitempty"`
 	// FPGA is the region index, -1 for none; Program is true when the
 	// region must be (re)programmed.
 	FPGA      int    `json:"fpga"`
@@ -351,6 +370,9 @@ func (n *Node) Apply(a *Assignment) error {
 	for _, g := range a.GPUs {
 		n.GPUs[g].MilliFree -= a.GPUMilli
 		n.GPUs[g].MemFreeMiB -= a.GPUMemMiB
+		if n.GPUs[g].MPS && a.GPUMilli < MilliPerGPU {
+			n.GPUs[g].ShareOwner = a.Owner
+		}
 	}
 	if p := a.MIG; p != nil {
 		m := n.GPUs[p.GPU].MIG
@@ -386,6 +408,9 @@ func (n *Node) Release(a *Assignment) {
 		if g >= 0 && g < len(n.GPUs) {
 			n.GPUs[g].MilliFree = min(MilliPerGPU, n.GPUs[g].MilliFree+a.GPUMilli)
 			n.GPUs[g].MemFreeMiB = min(n.GPUs[g].MemMiB, n.GPUs[g].MemFreeMiB+a.GPUMemMiB)
+			if n.GPUs[g].MilliFree == MilliPerGPU {
+				n.GPUs[g].ShareOwner = ""
+			}
 		}
 	}
 	if p := a.MIG; p != nil && p.GPU >= 0 && p.GPU < len(n.GPUs) && n.GPUs[p.GPU].MIG != nil {
@@ -412,6 +437,9 @@ func (n *Node) checkFits(a *Assignment) error {
 		}
 	}
 	for i, g := range a.GPUs {
+		if g >= 0 && g < len(n.GPUs) && !n.GPUs[g].ownerFits(a.Owner, a.GPUMilli) {
+			return fmt.Errorf("%w: %s gpu %d (MPS) serves another user's shares", ErrDoesNotFit, n.Name, g)
+		}
 		if g < 0 || g >= len(n.GPUs) || n.GPUs[g].MIG != nil || n.GPUs[g].MilliFree < a.GPUMilli ||
 			(n.GPUs[g].MemMiB > 0 && n.GPUs[g].MemFreeMiB < a.GPUMemMiB) || slices.Contains(a.GPUs[:i], g) {
 			return fmt.Errorf("%w: %s gpu %d", ErrDoesNotFit, n.Name, g)

@@ -99,6 +99,10 @@ func (d *Driver) Inventory(ctx context.Context) (devices.Inventory, error) {
 	if stateErr != nil {
 		stateErr = fmt.Errorf("reading MIG state: %w", stateErr)
 	}
+	mode := map[string]ShareMode{}
+	for _, gs := range d.m.Status().GPUs {
+		mode[gs.UUID] = gs.ShareMode
+	}
 	for _, g := range d.m.GPUs() {
 		h := d.m.Health(g.UUID)
 		h.Healthy = d.m.Healthy(g.UUID)
@@ -107,7 +111,7 @@ func (d *Driver) Inventory(ctx context.Context) (devices.Inventory, error) {
 		}
 		dev := devices.Device{
 			ID: g.UUID, Kind: devices.GPU, Model: g.Model, PCI: g.BDF, NUMA: g.NUMANode,
-			MemoryMB: int64(g.MemoryMB), Health: h,
+			MemoryMB: int64(g.MemoryMB), Health: h, MPS: mode[g.UUID] == ModeMPS && !g.MIGEnabled,
 		}
 		if g.MIGEnabled {
 			// MIG GPUs are modelled in memory slots, the unit NVIDIA

@@ -33,5 +33,10 @@ func (p *Placer) explain(d *sched.Decision) string {
 			}
 		}
 	}
+	for i, g := range p.node.GPUs {
+		if g.MPS && g.ShareOwner != "" && i < len(p.hw.GPUs) {
+			fmt.Fprintf(&b, "\n  gpu %d (MPS: one user's shares at a time) serves %s", i, g.ShareOwner)
+		}
+	}
 	return b.String()
 }

@@ -450,7 +450,7 @@ func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 	for _, g := range hw.GPUs {
 		// The engine reads the model's efficiency from its table; the
 		// table's typical idle draw stands until telemetry reports one.
-		sg := sched.GPU{Model: g.Model, MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: max(g.NUMA, 0)}
+		sg := sched.GPU{Model: g.Model, MilliFree: sched.MilliPerGPU, MemMiB: g.MemoryMB, MemFreeMiB: g.MemoryMB, NUMA: max(g.NUMA, 0), MPS: g.MPS}
 		if spec, ok := sched.LookupGPU(g.Model); ok {
 			sg.IdleWatts = spec.IdleW
 		}
@@ -480,6 +480,17 @@ func cmpOr(a, b string) string {
 }
 
 var migSlicesRE = regexp.MustCompile(`^([1-8])g\.`)
+
+// jobRequest is a job's engine request against this host, its owner
+// included (the user an MPS GPU's shares belong to).
+func (p *Placer) jobRequest(j *api.Job) sched.Request {
+	r := p.request(j.ID, j.Spec, j.Tier)
+	r.Owner = OwnerKey(j.Owner)
+	return r
+}
+
+// OwnerKey is how the engine names a job's user (Request.Owner): by uid.
+func OwnerKey(o api.Owner) string { return fmt.Sprintf("uid:%d", o.UID) }
 
 // request converts a job (its spec and effective tier) to an engine request
 // against this host.
@@ -690,7 +701,7 @@ func (p *Placer) Place(group []*api.Job) ([]api.Allocation, string, bool) {
 func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string) ([]api.Allocation, string, bool) {
 	reqs := make([]sched.Request, len(group))
 	for i, j := range group {
-		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
+		reqs[i] = p.jobRequest(j)
 		p.observe(&reqs[i])
 	}
 	p.estimateProgramming(reqs)
@@ -855,8 +866,8 @@ func (p *Placer) Reclaim(j *api.Job) error {
 	if _, ok := p.held[j.ID]; ok {
 		return nil
 	}
-	req := p.request(j.ID, j.Spec, j.Tier)
-	as := sched.Assignment{Node: p.node.Name, CPUMilli: int64(a.CPU), MemMiB: a.Memory.WholeMiB(), FPGA: -1}
+	req := p.jobRequest(j)
+	as := sched.Assignment{Node: p.node.Name, CPUMilli: int64(a.CPU), MemMiB: a.Memory.WholeMiB(), FPGA: -1, Owner: req.Owner}
 	// Its exclusive cores are the ones its cgroup was made with; a job
 	// recorded without a cpuset (placed where the host had no exclusive
 	// cores) holds CPU only.

@@ -42,12 +42,12 @@ func (p *Placer) PlaceBehind(group, head []*api.Job) ([]api.Allocation, string, 
 // caller holds p.mu.
 func (p *Placer) headRequests(group []*api.Job) []sched.Request {
 	if len(group) == 1 {
-		return []sched.Request{p.request(group[0].ID, group[0].Spec, group[0].Tier)}
+		return []sched.Request{p.jobRequest(group[0])}
 	}
 	sum := sched.Request{ID: group[0].ID, GPUMilli: sched.MilliPerGPU}
 	var out []sched.Request
 	for _, j := range group {
-		r := p.request(j.ID, j.Spec, j.Tier)
+		r := p.jobRequest(j)
 		sum.CPUMilli += r.CPUMilli
 		sum.ExclusiveCores += r.ExclusiveCores
 		sum.MemMiB += r.MemMiB
@@ -78,7 +78,7 @@ func (p *Placer) FitsEmpty(group []*api.Job) (ever, now bool) {
 	defer p.mu.Unlock()
 	reqs := make([]sched.Request, len(group))
 	for i, j := range group {
-		reqs[i] = p.request(j.ID, j.Spec, j.Tier)
+		reqs[i] = p.jobRequest(j)
 	}
 	fits := func(n *sched.Node) bool {
 		eng := sched.NewEngine(sched.Options{Policy: sched.NewWeighted(p.opts.Profiles, nil), Seed: p.opts.Seed})
@@ -111,7 +111,7 @@ func (p *Placer) FitsEmpty(group []*api.Job) (ever, now bool) {
 func (p *Placer) PlanPreemption(j *api.Job, costs map[string]float64, budget int) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	req := p.request(j.ID, j.Spec, j.Tier)
+	req := p.jobRequest(j)
 	running := make([]sched.Running, 0, len(costs))
 	for _, id := range slices.Sorted(maps.Keys(costs)) {
 		h, ok := p.held[id]
