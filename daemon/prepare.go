@@ -26,7 +26,7 @@ type devicePreparer struct {
 // start slot).
 func (d *devicePreparer) Prepare(ctx context.Context, j *api.Job) (devices.Grant, error) {
 	var grant devices.Grant
-	per := driverAllocations(j.Allocation)
+	per := driverAllocations(j.Allocation, j.Owner)
 	if len(per) == 0 {
 		return grant, nil
 	}
@@ -68,8 +68,9 @@ func (d *devicePreparer) driver(kind devices.Kind) devices.Driver {
 }
 
 // driverAllocations splits a job's allocation into each driver kind's part
-// in the drivers' hardware-neutral terms.
-func driverAllocations(a *api.Allocation) map[devices.Kind]devices.Allocation {
+// in the drivers' hardware-neutral terms; a GPU share carries the job
+// owner's uid and gid (the user its processes run as).
+func driverAllocations(a *api.Allocation, owner api.Owner) map[devices.Kind]devices.Allocation {
 	out := map[devices.Kind]devices.Allocation{}
 	if a == nil {
 		return out
@@ -77,7 +78,7 @@ func driverAllocations(a *api.Allocation) map[devices.Kind]devices.Allocation {
 	if a.GPUs != nil || a.GPUShare != nil || a.MIG != nil {
 		g := devices.Allocation{Devices: a.GPUs}
 		if s := a.GPUShare; s != nil {
-			g.Share = &devices.Share{Device: s.GPU, Milli: s.Milli, MemoryMB: s.MemoryMB}
+			g.Share = &devices.Share{Device: s.GPU, Milli: s.Milli, MemoryMB: s.MemoryMB, UID: owner.UID, GID: owner.GID}
 		}
 		if m := a.MIG; m != nil {
 			g.MIG = &devices.MIGAllocation{GPU: m.GPU, Profile: m.Profile, Start: m.Start, Instance: m.Instance}
@@ -93,7 +94,7 @@ func driverAllocations(a *api.Allocation) map[devices.Kind]devices.Allocation {
 // Reclaim has every driver take again what it holds for a job re-attached
 // after a daemon restart (a GPU share, so share admission counts it).
 func (d *devicePreparer) Reclaim(j *api.Job) error {
-	per := driverAllocations(j.Allocation)
+	per := driverAllocations(j.Allocation, j.Owner)
 	for _, drv := range d.drivers {
 		a, ok := per[drv.Kind()]
 		if !ok {

@@ -128,11 +128,14 @@ type Allocation struct {
 }
 
 // Share is a fraction of one device: Milli thousandths of its compute and
-// MemoryMB of its memory.
+// MemoryMB of its memory, for processes running as UID:GID (a driver may
+// keep a device to one user's shares at a time, as NVIDIA MPS does).
 type Share struct {
 	Device   string `json:"device"`
 	Milli    int    `json:"milli"`
 	MemoryMB int64  `json:"memory_mb,omitempty"`
+	UID      uint32 `json:"uid"`
+	GID      uint32 `json:"gid"`
 }
 
 // MIGAllocation is a MIG instance of Profile on GPU, at slot Start;

@@ -150,7 +150,7 @@ func (d *Driver) Inventory(ctx context.Context) (devices.Inventory, error) {
 func (d *Driver) Prepare(ctx context.Context, jobID string, a *devices.Allocation) (devices.Grant, error) {
 	alloc := Alloc{GPUs: a.Devices}
 	if s := a.Share; s != nil {
-		share := Share{ID: jobID, GPU: s.Device, Milli: s.Milli, MemoryMB: uint64(max(s.MemoryMB, 0))}
+		share := shareOf(jobID, *s)
 		if err := d.m.AdmitShare(ctx, share); err != nil {
 			return devices.Grant{}, fmt.Errorf("GPU share: %w", err)
 		}
@@ -174,6 +174,11 @@ func (d *Driver) Prepare(ctx context.Context, jobID string, a *devices.Allocatio
 		return devices.Grant{}, fmt.Errorf("GPU grant: %w", err)
 	}
 	return g, nil
+}
+
+// shareOf is the manager's share for job jobID's device share.
+func shareOf(jobID string, s devices.Share) Share {
+	return Share{ID: jobID, GPU: s.Device, Milli: s.Milli, MemoryMB: uint64(max(s.MemoryMB, 0)), UID: s.UID, GID: s.GID}
 }
 
 // createMIG creates one instance of the profile on the allocated GPU, at
@@ -242,7 +247,7 @@ func (d *Driver) Reclaim(ctx context.Context, jobID string, a devices.Allocation
 	if s == nil {
 		return nil
 	}
-	if err := d.m.AdmitShare(ctx, Share{ID: jobID, GPU: s.Device, Milli: s.Milli, MemoryMB: uint64(max(s.MemoryMB, 0))}); err != nil {
+	if err := d.m.AdmitShare(ctx, shareOf(jobID, *s)); err != nil {
 		return fmt.Errorf("GPU share: %w", err)
 	}
 	d.noteShare(jobID, s.Device)

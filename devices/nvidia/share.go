@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/yaml"
 )
@@ -21,6 +23,11 @@ var (
 	// ErrShareExceeded means admitting the share would oversubscribe the
 	// GPU's compute or memory, or its configured replicas.
 	ErrShareExceeded = errors.New("nvidia: GPU share exceeds what is left on the device")
+	// ErrShareUser means the share's user is not the user an MPS GPU
+	// serves: an MPS GPU serves one user's shares at a time (the control
+	// daemon runs one server per user, and a second user's clients would
+	// wait for the first user's server to exit).
+	ErrShareUser = errors.New("nvidia: MPS GPU serves another user")
 	// ErrSharingConfig marks an invalid sharing configuration.
 	ErrSharingConfig = errors.New("nvidia: invalid sharing config")
 )
@@ -47,8 +54,13 @@ type Share struct {
 	GPU string `json:"gpu"`
 	// Milli is the compute share, 1..1000.
 	Milli int `json:"milli"`
-	// MemoryMB is the device-memory cap.
+	// MemoryMB is the device-memory cap; 0 is no cap.
 	MemoryMB uint64 `json:"memoryMB"`
+	// UID and GID are the user the share's processes run as: an MPS GPU
+	// serves one UID at a time and its pipe and log directories are
+	// owned by UID:GID while it does.
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
 }
 
 // ShareStatus is the sharing state of one GPU, for status output.
@@ -62,41 +74,69 @@ type ShareStatus struct {
 }
 
 type shareState struct {
+	// op serialises admissions and releases on the GPU, so that the MPS
+	// daemon is started, limited and stopped in the order the shares
+	// were counted. Taken before Manager.mu, never while holding it.
+	op       sync.Mutex
 	mode     ShareMode
 	replicas int
 	shares   map[string]Share
 }
 
-// MPSControl starts and stops the CUDA MPS control daemon of one GPU.
+// MPSOwner is the user a GPU's MPS server runs as.
+type MPSOwner struct {
+	UID, GID uint32
+}
+
+// MPSLimits are the limits fusiond sets on a GPU's MPS server through the
+// control pipe: the sum of the shares of the user the GPU serves.
+type MPSLimits struct {
+	// ThreadPercentage is the active-thread percentage, 1..100.
+	ThreadPercentage int
+	// PinnedMemMB is the device-memory limit of each client, in MiB.
+	PinnedMemMB uint64
+}
+
+// MPSControl runs the CUDA MPS control daemon of one GPU and sets the
+// limits of its server.
 type MPSControl interface {
 	// Available reports whether MPS can be used on this host.
 	Available() bool
-	// Start runs the control daemon for the GPU (idempotent).
-	Start(ctx context.Context, gpuUUID string) error
-	// Stop asks the GPU's control daemon to quit (idempotent).
+	// Start gives the GPU's pipe and log directories to owner (mode
+	// 0700) and runs the control daemon for the GPU (idempotent).
+	Start(ctx context.Context, gpuUUID string, owner MPSOwner) error
+	// SetLimits writes the limits through the control pipe: the defaults
+	// for a server still to start and, for each running server, the
+	// per-server limits.
+	SetLimits(ctx context.Context, gpuUUID string, lim MPSLimits) error
+	// Stop asks the GPU's control daemon to quit and gives the
+	// directories back to root (idempotent).
 	Stop(ctx context.Context, gpuUUID string) error
 	// Dirs are the pipe and log directories clients of the GPU must use.
 	Dirs(gpuUUID string) (pipe, log string)
 }
 
-// Runner runs a command with extra environment and stdin.
-type Runner func(ctx context.Context, env []string, stdin string, name string, args ...string) error
+// Runner runs a command with extra environment and stdin and returns what
+// it wrote to stdout.
+type Runner func(ctx context.Context, env []string, stdin string, name string, args ...string) (string, error)
 
 // ExecRunner runs commands with os/exec.
-func ExecRunner(ctx context.Context, env []string, stdin string, name string, args ...string) error {
+func ExecRunner(ctx context.Context, env []string, stdin string, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %v: %w: %s", name, args, err, strings.TrimSpace(out.String()))
+		return out.String(), fmt.Errorf("%s %v: %w: %s", name, args, err, strings.TrimSpace(out.String()+" "+errOut.String()))
 	}
-	return nil
+	return out.String(), nil
 }
 
 // MPSDaemon controls nvidia-cuda-mps-control, one daemon per GPU with its
-// own pipe and log directory under Root.
+// own pipe and log directory under Root. Commands reach the daemon through
+// the control program's stdin, one invocation per command, as in
+// "echo quit | nvidia-cuda-mps-control".
 type MPSDaemon struct {
 	// Root holds <gpu-uuid>/pipe and <gpu-uuid>/log (e.g. /run/fusiond/mps).
 	Root string
@@ -138,27 +178,176 @@ func (d *MPSDaemon) env(gpu string) []string {
 	return []string{"CUDA_VISIBLE_DEVICES=" + gpu, "CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + log}
 }
 
-// Start implements MPSControl.
-func (d *MPSDaemon) Start(ctx context.Context, gpu string) error {
+func (d *MPSDaemon) running(gpu string) bool {
+	pipe, _ := d.Dirs(gpu)
+	_, err := os.Stat(filepath.Join(pipe, "control"))
+	return err == nil
+}
+
+// command sends one command line to the GPU's control daemon.
+func (d *MPSDaemon) command(ctx context.Context, gpu, line string) (string, error) {
+	out, err := d.runner()(ctx, d.env(gpu), line+"\n", d.binary())
+	if err != nil {
+		return out, fmt.Errorf("mps %s: %q: %w", gpu, line, err)
+	}
+	return out, nil
+}
+
+// Start implements MPSControl. The GPU directory (<root>/<gpu>) stays
+// root's, mode 0755; its pipe and log directories are owner's, mode 0700,
+// so only owner and root reach them. A log left by an earlier daemon is
+// kept as log.prev, root's, mode 0700.
+func (d *MPSDaemon) Start(ctx context.Context, gpu string, owner MPSOwner) error {
+	if gpu == "" || strings.ContainsAny(gpu, "/\x00") || gpu == "." || gpu == ".." {
+		return fmt.Errorf("mps: GPU %q is not a UUID: %w", gpu, ErrUnknownDevice)
+	}
 	pipe, log := d.Dirs(gpu)
-	for _, dir := range []string{pipe, log} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+	base := filepath.Dir(pipe)
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return fmt.Errorf("mps %s: %w", gpu, err)
+	}
+	running := d.running(gpu)
+	if !running {
+		if err := rotateLog(log); err != nil {
 			return fmt.Errorf("mps %s: %w", gpu, err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(pipe, "control")); err == nil {
-		return nil // already running
+	for _, dir := range []string{pipe, log} {
+		if err := ownDir(dir, int(owner.UID), int(owner.GID)); err != nil {
+			return fmt.Errorf("mps %s: %w", gpu, err)
+		}
 	}
-	return d.runner()(ctx, d.env(gpu), "", d.binary(), "-d")
+	if running {
+		return nil
+	}
+	_, err := d.runner()(ctx, d.env(gpu), "", d.binary(), "-d")
+	if err != nil {
+		return fmt.Errorf("mps %s: start control daemon: %w", gpu, err)
+	}
+	return nil
+}
+
+// SetLimits implements MPSControl. The device index is 0: the daemon is
+// started with CUDA_VISIBLE_DEVICES set to the one GPU, so that is the
+// only device its servers and clients see.
+func (d *MPSDaemon) SetLimits(ctx context.Context, gpu string, lim MPSLimits) error {
+	if lim.ThreadPercentage < 1 || lim.ThreadPercentage > 100 || lim.PinnedMemMB == 0 {
+		return fmt.Errorf("mps %s: limits %+v: want 1..100 percent and a memory limit: %w", gpu, lim, ErrShareExceeded)
+	}
+	pct := strconv.Itoa(lim.ThreadPercentage)
+	mem := fmt.Sprintf("%dM", lim.PinnedMemMB)
+	for _, line := range []string{
+		"set_default_active_thread_percentage " + pct,
+		"set_default_device_pinned_mem_limit 0 " + mem,
+	} {
+		if _, err := d.command(ctx, gpu, line); err != nil {
+			return err
+		}
+	}
+	out, err := d.command(ctx, gpu, "get_server_list")
+	if err != nil {
+		return err
+	}
+	pids, err := parseServerList(out)
+	if err != nil {
+		return fmt.Errorf("mps %s: get_server_list: %w", gpu, err)
+	}
+	for _, pid := range pids {
+		for _, line := range []string{
+			"set_active_thread_percentage " + pid + " " + pct,
+			"set_device_pinned_mem_limit " + pid + " 0 " + mem,
+		} {
+			if _, err := d.command(ctx, gpu, line); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// parseServerList reads get_server_list's answer: one server PID a line.
+func parseServerList(out string) ([]string, error) {
+	var pids []string
+	for _, f := range strings.Fields(out) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a server PID", f)
+		}
+		pids = append(pids, strconv.Itoa(n))
+	}
+	return pids, nil
 }
 
 // Stop implements MPSControl.
 func (d *MPSDaemon) Stop(ctx context.Context, gpu string) error {
-	pipe, _ := d.Dirs(gpu)
-	if _, err := os.Stat(filepath.Join(pipe, "control")); errors.Is(err, os.ErrNotExist) {
+	var err error
+	if d.running(gpu) {
+		_, err = d.command(ctx, gpu, "quit")
+	}
+	pipe, log := d.Dirs(gpu)
+	for _, dir := range []string{pipe, log} {
+		if _, serr := os.Stat(dir); serr == nil {
+			err = errors.Join(err, ownTree(dir, 0, 0))
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("mps %s: stop: %w", gpu, err)
+	}
+	return nil
+}
+
+// ownDir creates dir if needed and makes it uid:gid's, mode 0700.
+func ownDir(dir string, uid, gid int) error {
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+// ownTree gives dir and everything in it to uid:gid and sets dir's mode
+// to 0700 (links are changed, not followed).
+func ownTree(dir string, uid, gid int) error {
+	err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
+	if err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+// rotateLog moves a non-empty log directory to log.prev (replacing an
+// older one), root's and mode 0700, so a new user never reads an earlier
+// user's server log.
+func rotateLog(log string) error {
+	ents, err := os.ReadDir(log)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && len(ents) == 0) {
 		return nil
 	}
-	return d.runner()(ctx, d.env(gpu), "quit\n", d.binary())
+	if err != nil {
+		return err
+	}
+	prev := log + ".prev"
+	if err := os.RemoveAll(prev); err != nil {
+		return err
+	}
+	if err := os.Rename(log, prev); err != nil {
+		return err
+	}
+	return ownTree(prev, 0, 0)
 }
 
 // SetReplicas limits the number of shares on a GPU (from the device
@@ -186,8 +375,13 @@ func (m *Manager) shareOf(gpu string) *shareState {
 }
 
 // AdmitShare admits a share if the sums of compute shares and memory caps
-// on its GPU stay within the device, and starts the GPU's MPS daemon for
-// the first share in MPS mode. Admitting the same ID again is a no-op.
+// on its GPU stay within the device. In MPS mode a GPU serves one user at
+// a time: a share of another user than the one its shares belong to is
+// refused (ErrShareUser); the first share starts the GPU's control daemon
+// with the pipe and log directories given to the share's user, and every
+// admission sets the server's limits through the control pipe to the sum
+// of the shares (see mpsLimits). Admitting the same share again is a
+// no-op; on error nothing stays admitted.
 func (m *Manager) AdmitShare(ctx context.Context, s Share) error {
 	g, _, err := m.gpu(s.GPU)
 	if err != nil {
@@ -204,19 +398,30 @@ func (m *Manager) AdmitShare(ctx context.Context, s Share) error {
 	}
 	m.mu.Lock()
 	st := m.shareOf(s.GPU)
+	m.mu.Unlock()
+	st.op.Lock()
+	defer st.op.Unlock()
+
+	m.mu.Lock()
 	if old, ok := st.shares[s.ID]; ok && old == s {
 		m.mu.Unlock()
 		return nil
 	}
 	milli, mem := s.Milli, s.MemoryMB
+	var other *Share
 	for id, o := range st.shares {
 		if id != s.ID {
 			milli += o.Milli
 			mem += o.MemoryMB
+			if o.UID != s.UID && other == nil {
+				other = &o
+			}
 		}
 	}
-	_, replace := st.shares[s.ID]
+	old, replace := st.shares[s.ID]
 	switch {
+	case st.mode == ModeMPS && other != nil:
+		err = fmt.Errorf("share %s: uid %d: GPU %s is in MPS mode and serves uid %d (share %s): %w", s.ID, s.UID, s.GPU, other.UID, other.ID, ErrShareUser)
 	case milli > MilliGPU:
 		err = fmt.Errorf("share %s: compute %d of %d milli-GPU: %w", s.ID, milli, MilliGPU, ErrShareExceeded)
 	case mem > g.MemoryMB:
@@ -224,41 +429,96 @@ func (m *Manager) AdmitShare(ctx context.Context, s Share) error {
 	case st.replicas > 0 && !replace && len(st.shares)+1 > st.replicas:
 		err = fmt.Errorf("share %s: %d replicas configured: %w", s.ID, st.replicas, ErrShareExceeded)
 	}
-	first := len(st.shares) == 0
+	first := len(st.shares) == 0 || (replace && len(st.shares) == 1)
 	mode := st.mode
 	if err == nil {
 		st.shares[s.ID] = s
 	}
+	lim := mpsLimits(st.shares, g.MemoryMB)
 	m.mu.Unlock()
-	if err != nil {
+	if err != nil || mode != ModeMPS {
 		return err
 	}
-	if first && mode == ModeMPS {
-		if err := m.mps.Start(ctx, s.GPU); err != nil {
-			m.mu.Lock()
+	undo := func() {
+		m.mu.Lock()
+		if replace {
+			st.shares[s.ID] = old
+		} else {
 			delete(st.shares, s.ID)
-			m.mu.Unlock()
+		}
+		m.mu.Unlock()
+	}
+	if first {
+		if err := m.mps.Start(ctx, s.GPU, MPSOwner{UID: s.UID, GID: s.GID}); err != nil {
+			undo()
 			return fmt.Errorf("share %s: start MPS: %w", s.ID, err)
 		}
 	}
+	if err := m.mps.SetLimits(ctx, s.GPU, lim); err != nil {
+		undo()
+		if first && !replace {
+			if serr := m.mps.Stop(ctx, s.GPU); serr != nil {
+				m.log.Warn("nvidia: stopping MPS after failed limits", "gpu", s.GPU, "err", serr)
+			}
+		}
+		return fmt.Errorf("share %s: MPS limits: %w", s.ID, err)
+	}
+	m.log.Info("nvidia: MPS limits set through the control pipe", "gpu", s.GPU, "uid", s.UID,
+		"active_thread_percentage", lim.ThreadPercentage, "pinned_mem_mb", lim.PinnedMemMB, "shares", len(st.shares))
 	return nil
 }
 
-// ReleaseShare removes a share; the last one stops the GPU's MPS daemon.
+// mpsLimits are the limits of the MPS server of the user a GPU serves: the
+// active-thread percentage of the sum of its shares (rounded up, at most
+// 100) and the sum of their memory caps, or all of the GPU's memory when
+// any share has no cap. Caller holds m.mu.
+func mpsLimits(shares map[string]Share, gpuMemMB uint64) MPSLimits {
+	milli, mem, capped := 0, uint64(0), true
+	for _, s := range shares {
+		milli += s.Milli
+		mem += s.MemoryMB
+		capped = capped && s.MemoryMB > 0
+	}
+	if !capped || mem > gpuMemMB {
+		mem = gpuMemMB
+	}
+	return MPSLimits{ThreadPercentage: min(percentOf(milli), 100), PinnedMemMB: mem}
+}
+
+// percentOf is a compute share in whole percent, rounded up.
+func percentOf(milli int) int { return (milli + 9) / 10 }
+
+// ReleaseShare removes a share; the last one stops the GPU's MPS daemon
+// (which gives its directories back to root), any other lowers the
+// server's limits to the shares left.
 func (m *Manager) ReleaseShare(ctx context.Context, gpu, id string) error {
 	m.mu.Lock()
 	st, ok := m.shares[gpu]
+	m.mu.Unlock()
 	if !ok {
-		m.mu.Unlock()
 		return nil
 	}
+	g, _, gerr := m.gpu(gpu)
+	st.op.Lock()
+	defer st.op.Unlock()
+	m.mu.Lock()
 	_, had := st.shares[id]
 	delete(st.shares, id)
-	last := had && len(st.shares) == 0
+	left := len(st.shares)
 	mode := st.mode
+	lim := mpsLimits(st.shares, g.MemoryMB)
 	m.mu.Unlock()
-	if last && mode == ModeMPS {
+	if !had || mode != ModeMPS {
+		return nil
+	}
+	if left == 0 {
 		return m.mps.Stop(ctx, gpu)
+	}
+	if gerr != nil {
+		return fmt.Errorf("share %s released: %w", id, gerr)
+	}
+	if err := m.mps.SetLimits(ctx, gpu, lim); err != nil {
+		return fmt.Errorf("share %s released: MPS limits: %w", id, err)
 	}
 	return nil
 }
@@ -302,7 +562,7 @@ func (m *Manager) shareEnv(s Share) (map[string]string, error) {
 	pipe, log := m.mps.Dirs(s.GPU)
 	env["CUDA_MPS_PIPE_DIRECTORY"] = pipe
 	env["CUDA_MPS_LOG_DIRECTORY"] = log
-	env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = strconv.Itoa((got.Milli + 9) / 10)
+	env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = strconv.Itoa(percentOf(got.Milli))
 	if got.MemoryMB > 0 {
 		env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = fmt.Sprintf("0=%dM", got.MemoryMB)
 	}

@@ -20,13 +20,20 @@ import (
 type fakeMPS struct {
 	mu           sync.Mutex
 	starts, stop []string
+	limits       []MPSLimits
 }
 
 func (f *fakeMPS) Available() bool { return true }
-func (f *fakeMPS) Start(_ context.Context, g string) error {
+func (f *fakeMPS) Start(_ context.Context, g string, _ MPSOwner) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.starts = append(f.starts, g)
+	return nil
+}
+func (f *fakeMPS) SetLimits(_ context.Context, _ string, l MPSLimits) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.limits = append(f.limits, l)
 	return nil
 }
 func (f *fakeMPS) Stop(_ context.Context, g string) error {
@@ -146,17 +153,17 @@ func TestParseSharingConfigErrors(t *testing.T) {
 func TestMPSDaemonCommands(t *testing.T) {
 	root := t.TempDir()
 	var calls []string
-	d := &MPSDaemon{Root: root, Binary: "mpsctl", Run: func(_ context.Context, env []string, stdin, name string, args ...string) error {
+	d := &MPSDaemon{Root: root, Binary: "mpsctl", Run: func(_ context.Context, env []string, stdin, name string, args ...string) (string, error) {
 		calls = append(calls, fmt.Sprintf("%s %v stdin=%q env=%v", name, args, stdin, env))
 		if slices.Contains(args, "-d") {
 			pipe, _ := filepath.Split(filepath.Join(root, "GPU-1", "pipe", "control"))
-			return os.WriteFile(filepath.Join(pipe, "control"), nil, 0o600)
+			return "", os.WriteFile(filepath.Join(pipe, "control"), nil, 0o600)
 		}
-		return nil
+		return "", nil
 	}}
 	ctx := context.Background()
 	for range 2 {
-		if err := d.Start(ctx, "GPU-1"); err != nil {
+		if err := d.Start(ctx, "GPU-1", MPSOwner{UID: 1000, GID: 1000}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -166,6 +173,14 @@ func TestMPSDaemonCommands(t *testing.T) {
 	if len(calls) != 2 || !strings.Contains(calls[0], "[-d]") || !strings.Contains(calls[0], "CUDA_VISIBLE_DEVICES=GPU-1") ||
 		!strings.Contains(calls[1], `stdin="quit\n"`) || !strings.Contains(calls[1], "CUDA_MPS_PIPE_DIRECTORY="+filepath.Join(root, "GPU-1", "pipe")) {
 		t.Fatalf("calls %q", calls)
+	}
+	for _, bad := range []string{"", "..", "a/b"} {
+		if err := d.Start(ctx, bad, MPSOwner{}); !errors.Is(err, ErrUnknownDevice) {
+			t.Errorf("Start(%q): %v", bad, err)
+		}
+	}
+	if err := d.SetLimits(ctx, "GPU-1", MPSLimits{ThreadPercentage: 0, PinnedMemMB: 1}); !errors.Is(err, ErrShareExceeded) {
+		t.Errorf("0%% limit: %v", err)
 	}
 }
 

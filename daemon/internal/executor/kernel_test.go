@@ -9,6 +9,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -176,6 +177,31 @@ func TestKernelIdentityAndEnv(t *testing.T) {
 	}
 	if got, want := strings.TrimSpace(readLog(t, req)), "65534 65534 65534 100 gpu-0 /tmp"; got != want {
 		t.Errorf("job saw %q, want %q", got, want)
+	}
+}
+
+// TestKernelDeviceEnvWins: a job whose own environment sets the variables
+// of its device grant (a spec env asking for the whole GPU under MPS) runs
+// with fusiond's values only: the raw environment it gets holds each key
+// once. (env itself prints it: a shell would fold duplicates.)
+func TestKernelDeviceEnvWins(t *testing.T) {
+	r := newTestRunner(t)
+	req := r.request("mpsenv", api.TierBurstable, 100, 64*mib, "env")
+	req.Env = append(req.Env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_VISIBLE_DEVICES=all", "CUDA_CACHE_PATH=/tmp/c")
+	req.DeviceEnv = map[string]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_VISIBLE_DEVICES": "GPU-1"}
+	if e := waitExit(t, r.start(req), 20*time.Second); e.Code != 0 {
+		t.Fatalf("exit %+v: %s", e, readLog(t, req))
+	}
+	want := "CUDA_CACHE_PATH=/tmp/c\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\nCUDA_VISIBLE_DEVICES=GPU-1"
+	var cuda []string
+	for _, l := range strings.Split(readLog(t, req), "\n") {
+		if strings.HasPrefix(l, "CUDA_") {
+			cuda = append(cuda, l)
+		}
+	}
+	slices.Sort(cuda)
+	if got := strings.Join(cuda, "\n"); got != want {
+		t.Errorf("job environment\n%s\nwant\n%s", got, want)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -173,6 +174,25 @@ func cgroupPlacement(req jobs.RunRequest, shared []int, memNodes func(int) []int
 	return p, nil
 }
 
+// withDeviceEnv is the job's environment with the device grant's
+// variables in place of any the job's spec set itself (a spec's
+// CUDA_VISIBLE_DEVICES or CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): each key
+// appears once, so no libc's getenv can pick the job's own value over
+// fusiond's.
+func withDeviceEnv(env []string, dev map[string]string) []string {
+	out := make([]string, 0, len(env)+len(dev))
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := dev[k]; !ok {
+			out = append(out, kv)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(dev)) {
+		out = append(out, k+"="+dev[k])
+	}
+	return out
+}
+
 // Start writes the attempt's spec and starts its monitor, which reports
 // once the job's process runs in its cgroup.
 func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Process, error) {
@@ -185,10 +205,7 @@ func (r *MonitorRunner) Start(ctx context.Context, req jobs.RunRequest) (jobs.Pr
 	// would tell a user which files exist in directories they cannot
 	// search.
 	path := req.Command[0]
-	env := append(slices.Clone(req.Env), r.jobsDirMarker())
-	for _, k := range slices.Sorted(maps.Keys(req.DeviceEnv)) {
-		env = append(env, k+"="+req.DeviceEnv[k])
-	}
+	env := append(withDeviceEnv(req.Env, req.DeviceEnv), r.jobsDirMarker())
 	spec := Spec{
 		JobID: req.JobID, Attempt: req.Attempt,
 		Path: path, Args: slices.Clone(req.Command), Env: env, Dir: req.Workdir,

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +228,19 @@ func TestCopyOutputDrainsAfterLogError(t *testing.T) {
 	}
 	if n := strings.Count(buf.String(), "no space left"); n != 1 {
 		t.Errorf("log error reported %d times, want once:\n%s", n, buf.String())
+	}
+}
+
+func TestWithDeviceEnv(t *testing.T) {
+	job := []string{"PATH=/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "A=b=c", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=80G", "NOEQUALS"}
+	dev := map[string]string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M", "CUDA_VISIBLE_DEVICES": "GPU-1"}
+	got := withDeviceEnv(job, dev)
+	want := []string{"PATH=/bin", "A=b=c", "NOEQUALS",
+		"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M", "CUDA_VISIBLE_DEVICES=GPU-1"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	if len(job) != 5 || job[1] != "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100" {
+		t.Fatalf("input changed: %q", job)
 	}
 }
