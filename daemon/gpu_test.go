@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/devices"
 	"github.com/fusiond/fusiond/devices/nvidia"
 )
 
@@ -316,4 +318,119 @@ func FuzzGPUConfig(f *testing.F) {
 			t.Fatalf("accepted invalid gpu section %+v", cfg.GPU)
 		}
 	})
+}
+
+// TestConnectHealthOnDemandMIG follows a MIG instance created on demand
+// for a job (after the daemon started) through a fault: a 3g job on the
+// simulated DGX H200 gets its instance created by the driver, an Xid 94
+// contained in that instance (the event carries its GPU-instance id)
+// takes the instance, not its GPU, out of service for the placer, a second
+// 3g job then waits naming it, and after the probation it lands on that
+// instance.
+func TestConnectHealthOnDemandMIG(t *testing.T) {
+	ctx := context.Background()
+	h := openSim(t, hardware.Config{HealthProbe: 20 * time.Millisecond, HealthProbation: 300 * time.Millisecond})
+	inventory := func() hostplacer.Hardware {
+		return hardwareOf(ctx, h, api.NodeResources{CPU: 64000, Memory: 256 << 30}, slog.New(slog.DiscardHandler))
+	}
+	p := hostplacer.New(inventory(), placementOptions(h))
+	pub := &recordingPublisher{}
+	defer connectDevices(h, p, pub, inventory)()
+	prep := &devicePreparer{drivers: h.Drivers(), log: slog.New(slog.DiscardHandler)}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+			if cond() {
+				return
+			}
+		}
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	// GPU 0 in MIG mode with one 1g instance at slot 0: a 3g instance
+	// (4 of 8 slots) fits only at slot 4, and none is there yet.
+	layout := "version: v1\nmig-configs:\n  one:\n    - devices: [0]\n      mig-enabled: true\n      mig-devices: {\"1g.18gb\": 1}\n"
+	if _, err := hardware.NewBackend(h, nil).ApplyMIG(ctx, api.MIGRequest{Layout: layout, Config: "one"}); err != nil {
+		t.Fatalf("mig apply: %v", err)
+	}
+	gpu0 := h.GPUs().GPUs()[0].UUID
+	mig3g := func(id string) *api.Job {
+		return &api.Job{ID: id, Tier: api.TierBurstable, Spec: api.JobSpec{Command: []string{"x"},
+			Resources: api.Resources{CPU: 100, Memory: 1 << 20, GPU: &api.GPURequest{MIG: "3g.71gb"}}}}
+	}
+	place := func(j *api.Job) (string, bool) {
+		t.Helper()
+		allocs, why, ok := p.Place([]*api.Job{j})
+		if ok {
+			j.Allocation = &allocs[0]
+		}
+		return why, ok
+	}
+
+	a := mig3g("a")
+	if why, ok := place(a); !ok {
+		t.Fatalf("3g job not placed: %s", why)
+	}
+	if m := a.Allocation.MIG; m == nil || m.GPU != gpu0 || m.Instance != "" {
+		t.Fatalf("3g allocation %+v, want an instance to create on %s", a.Allocation.MIG, gpu0)
+	}
+	if _, err := prep.Prepare(ctx, a); err != nil {
+		t.Fatalf("creating the 3g instance: %v", err)
+	}
+	inst := a.Allocation.MIG.Instance
+	if inst == "" {
+		t.Fatal("Prepare recorded no instance")
+	}
+	waitFor("the placer to see the new instance", func() bool {
+		g := p.Hardware().GPUs[0]
+		return g.MIG != nil && slices.ContainsFunc(g.MIG.Instances, func(in devices.MIGInstance) bool { return in.ID == inst })
+	})
+
+	if err := h.InjectMIGFault(ctx, inst, 94); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the instance out of service", func() bool { return slices.Contains(p.Unhealthy(), inst) })
+	if got := p.Unhealthy(); len(got) != 1 {
+		t.Errorf("out of service %v, want only the instance %s (not its GPU)", got, inst)
+	}
+	pub.mu.Lock()
+	if ev := pub.events[0]; ev.Device != inst || ev.Xid != 94 || ev.Healthy == nil || *ev.Healthy {
+		t.Errorf("device event %+v, want %s unhealthy with Xid 94", ev, inst)
+	}
+	pub.mu.Unlock()
+	// gpu list shows the instance out of service, its GPU healthy.
+	backend := hardware.NewBackend(h, nil)
+	list, err := backend.GPUs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0 := list.GPUs[0]
+	i := slices.IndexFunc(g0.MIG, func(in api.MIGInstance) bool { return in.UUID == inst })
+	if !g0.Health.Healthy || i < 0 || g0.MIG[i].Health == nil || !strings.Contains(g0.MIG[i].Health.Reason, "Xid 94") {
+		t.Errorf("gpu list GPU 0: health %+v, instances %+v; want the GPU healthy and %s unhealthy with Xid 94", g0.Health, g0.MIG, inst)
+	}
+	p.Release(a)
+	prep.Release(a)
+	b := mig3g("b")
+	if why, ok := place(b); ok {
+		t.Fatalf("second 3g job placed (%+v) while the only 3g instance is out of service", b.Allocation.MIG)
+	} else if !strings.Contains(why, inst) {
+		t.Errorf("second 3g job waits with %q; want it to name %s", why, inst)
+	}
+	// The instance that existed before the job is still offered.
+	one := &api.Job{ID: "1g", Tier: api.TierBurstable, Spec: api.JobSpec{Command: []string{"x"},
+		Resources: api.Resources{CPU: 100, Memory: 1 << 20, GPU: &api.GPURequest{MIG: "1g.18gb"}}}}
+	if why, ok := place(one); !ok {
+		t.Errorf("1g job not placed beside the faulty 3g instance: %s", why)
+	}
+
+	waitFor("the instance back in service", func() bool { return len(p.Unhealthy()) == 0 })
+	if why, ok := place(b); !ok {
+		t.Fatalf("second 3g job not placed after the probation: %s", why)
+	}
+	if m := b.Allocation.MIG; m == nil || m.Instance != inst {
+		t.Errorf("second 3g job on %+v, want the recovered instance %s", b.Allocation.MIG, inst)
+	}
+	if err := h.InjectMIGFault(ctx, "MIG-no-such-instance", 94); !errors.Is(err, nvidia.ErrUnknownDevice) {
+		t.Errorf("fault on an unknown instance: %v", err)
+	}
 }

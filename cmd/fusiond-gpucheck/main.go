@@ -1,10 +1,17 @@
 // Command fusiond-gpucheck is a read-only check of a host with NVIDIA GPUs:
 // it takes the inventory, lists MIG profile names, samples telemetry and
-// watches health events for a while, and prints a report. It changes
-// nothing: no MIG mode change, no GPU reset, no power-limit change.
+// watches health events for a while, and prints a report. Its second part
+// (real.go) compares the inventory and topology with `nvidia-smi -q -x` and
+// `nvidia-smi topo -m`, subscribes to NVML events, reads per-process memory
+// while a small CUDA allocation runs, and checks that an MPS memory cap
+// stops an allocation above it, printing PASS, FAIL or SKIP (reason) per
+// step. It changes nothing: no MIG mode change, no GPU reset, no clock or
+// power-limit change; the only thing it starts is an MPS control daemon in
+// its own temporary pipe directory, quit at the end of that step. The
+// whole check is bounded by -timeout (8 minutes).
 //
 // It exits non-zero with one line on stderr when there is no driver or no
-// GPU.
+// GPU, or when a step fails.
 package main
 
 import (
@@ -38,10 +45,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	telemetry := fs.Duration("telemetry", 10*time.Second, "how long to sample telemetry")
 	rate := fs.Duration("interval", 100*time.Millisecond, "telemetry sampling interval")
 	health := fs.Duration("health", 10*time.Second, "how long to watch health events")
+	realChecks := fs.Bool("real", true, "after the report, run the real-GPU checks (nvidia-smi comparison, NVML events, per-process memory, MPS cap)")
+	total := fs.Duration("timeout", 8*time.Minute, "limit for the whole check")
 	simulate := fs.String("simulate", "", "run over a simulated host ("+strings.Join(nvidia.SimulatedHosts(), ", ")+") instead of the driver")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, *total)
+	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	opts := []nvidia.Option{nvidia.WithLogger(log)}
 	if *simulate != "" {
@@ -107,7 +118,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err := reportTelemetry(ctx, m, *telemetry, *rate, out); err != nil {
 		return err
 	}
-	return reportHealth(ctx, m, *health, out)
+	if err := reportHealth(ctx, m, *health, out); err != nil {
+		return err
+	}
+	if !*realChecks {
+		return nil
+	}
+	return newChecker(m, out).realChecks(ctx)
 }
 
 type agg struct {

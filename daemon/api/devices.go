@@ -85,6 +85,10 @@ type MIGInstance struct {
 	GIID  int    `json:"gi_id"`
 	UUID  string `json:"uuid,omitempty"`
 	Busy  bool   `json:"busy,omitempty"`
+	// Health is set while the instance itself is out of service (a
+	// fault contained in it); an instance of an unhealthy GPU is out with
+	// its GPU.
+	Health *devices.Health `json:"health,omitempty"`
 }
 
 // GPUTelemetry is a GPU's latest sample.

@@ -314,3 +314,35 @@ func (m *Manager) publishHealth(emit func(HealthEvent)) func(HealthEvent) {
 		}
 	}
 }
+
+// CheckEvents subscribes to the events WatchHealth listens for (critical
+// Xid, double-bit ECC) on every GPU, waits wait for one, and frees the
+// subscription; it changes nothing on the GPUs. It returns how many GPUs
+// accepted the registration and whether an event arrived, or the first
+// error of creating the set or registering a GPU.
+func (m *Manager) CheckEvents(wait time.Duration) (registered int, got bool, err error) {
+	set, err := call("EventSetCreate", m.lib.EventSetCreate)
+	if err != nil {
+		return 0, false, err
+	}
+	defer func() { _ = call0("EventSet.Free", set.Free) }()
+	m.mu.Lock()
+	gpus, handles := m.gpus, m.handles
+	m.mu.Unlock()
+	types := uint64(nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError)
+	for i, d := range handles {
+		if err := call0("RegisterEvents", func() nvml.Return { return d.RegisterEvents(types, set) }); err != nil {
+			return registered, false, fmt.Errorf("gpu %d: %w", gpus[i].Index, err)
+		}
+		registered++
+	}
+	_, err = call("EventSet.Wait", func() (nvml.EventData, nvml.Return) { return set.Wait(uint32(wait / time.Millisecond)) })
+	switch {
+	case err == nil:
+		return registered, true, nil
+	case errors.Is(err, nvml.ERROR_TIMEOUT):
+		return registered, false, nil
+	default:
+		return registered, false, fmt.Errorf("event wait: %w", err)
+	}
+}

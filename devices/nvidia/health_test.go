@@ -168,3 +168,30 @@ func TestWatchHealthBareMockProbes(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// TestCheckEvents: the subscription fusiond-gpucheck makes registers on
+// every GPU of the simulated host and receives an injected Xid; on the
+// bare mock (no event sets) it reports the error.
+func TestCheckEvents(t *testing.T) {
+	m, h := openSim(t, "dgxh200")
+	n, got, err := m.CheckEvents(10 * time.Millisecond)
+	if err != nil || n != 8 || got {
+		t.Fatalf("quiet host: %d registered, event %v, err %v", n, got, err)
+	}
+	if err := h.InjectXid(2, 79, false); err != nil {
+		t.Fatal(err)
+	}
+	if n, got, err = m.CheckEvents(time.Second); err != nil || n != 8 || !got {
+		t.Fatalf("after an Xid: %d registered, event %v, err %v", n, got, err)
+	}
+	if err := h.InjectMIGXid(0, 3, 94); !errors.Is(err, ErrUnknownDevice) {
+		t.Errorf("Xid into a GPU instance that does not exist: %v", err)
+	}
+	bare, err := Open(WithNVML(dgxh100.New()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := bare.CheckEvents(time.Millisecond); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("bare mock: %v, want ErrNotSupported", err)
+	}
+}

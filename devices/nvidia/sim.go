@@ -383,6 +383,31 @@ func (h *SimHost) InjectXid(index int, xid uint64, lost bool) error {
 	return nil
 }
 
+// InjectMIGXid delivers a critical Xid event contained in GPU instance
+// giid of GPU index (the event carries the instance's GpuInstanceId, as
+// the driver reports an Xid 94 contained ECC error), for an instance that
+// exists now: one of the layout at start or one created later.
+func (h *SimHost) InjectMIGXid(index, giid int, xid uint64) error {
+	d, err := h.device(index)
+	if err != nil {
+		return err
+	}
+	sd := h.devs[index]
+	var found bool
+	for _, md := range h.migDevices(index, sd.Device) {
+		if gi, r := md.GetGpuInstanceId(); r == nvml.SUCCESS && gi == giid {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return fmt.Errorf("simulated GPU %d has no GPU instance %d: %w", index, giid, ErrUnknownDevice)
+	}
+	h.events <- nvml.EventData{Device: d, EventType: nvml.EventTypeXidCriticalError, EventData: xid,
+		GpuInstanceId: uint32(giid), ComputeInstanceId: 0}
+	return nil
+}
+
 // InjectDoubleBitECC records an uncorrectable ECC error on GPU index and
 // delivers the event; the volatile counter stays non-zero until ResetGPU.
 func (h *SimHost) InjectDoubleBitECC(index int) error {

@@ -89,7 +89,11 @@ func (b *Backend) GPUs(ctx context.Context) (api.GPUList, error) {
 			ag.MIGProfiles = append(ag.MIGProfiles, p.Name)
 		}
 		for _, in := range instances[g.UUID] {
-			ag.MIG = append(ag.MIG, api.MIGInstance{Profile: in.Profile, Start: in.Start, GIID: in.GIID, UUID: in.UUID, Busy: in.Busy})
+			ai := api.MIGInstance{Profile: in.Profile, Start: in.Start, GIID: in.GIID, UUID: in.UUID, Busy: in.Busy}
+			if h := m.Health(in.UUID); in.UUID != "" && !h.Healthy {
+				ai.Health = &h
+			}
+			ag.MIG = append(ag.MIG, ai)
 		}
 		if s, ok := samples[g.UUID]; ok {
 			ag.Telemetry = &api.GPUTelemetry{

@@ -1,6 +1,7 @@
 package hardware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/devices"
+	"github.com/fusiond/fusiond/devices/nvidia"
 )
 
 // maxHealthEvents is how many device health transitions the host keeps
@@ -90,6 +92,32 @@ func (h *Host) InjectGPUFault(index int, xid uint64, lost bool) error {
 		return fmt.Errorf("inject Xid %d: %w", xid, err)
 	}
 	return nil
+}
+
+// InjectMIGFault delivers a critical Xid contained in the MIG instance
+// with UUID instance (one of the layout at start or one created on demand
+// since) on the simulated host, as the driver reports it: on the
+// instance's GPU, with the instance's GPU-instance id. Live hosts refuse
+// with ErrNotSimulated.
+func (h *Host) InjectMIGFault(ctx context.Context, instance string, xid uint64) error {
+	if h.gpuSim == nil || h.gpus == nil {
+		return ErrNotSimulated
+	}
+	st, err := h.gpus.State(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("inject Xid %d into %s: reading MIG state: %w", xid, instance, err)
+	}
+	for _, g := range st.GPUs {
+		for _, in := range g.Instances {
+			if in.UUID == instance {
+				if err := h.gpuSim.InjectMIGXid(g.Index, in.GIID, xid); err != nil {
+					return fmt.Errorf("inject Xid %d into %s: %w", xid, instance, err)
+				}
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("inject Xid %d into %s: %w", xid, instance, nvidia.ErrUnknownDevice)
 }
 
 // ResetSimulatedGPU is an operator's GPU reset on the simulated host: the

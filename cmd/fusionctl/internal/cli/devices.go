@@ -198,7 +198,11 @@ func gpuTable(w io.Writer, l api.GPUList) error {
 		if g.MIGEnabled {
 			var ps []string
 			for _, in := range g.MIG {
-				ps = append(ps, in.Profile)
+				if in.Health != nil && !in.Health.Healthy {
+					ps = append(ps, in.Profile+"(UNHEALTHY)")
+				} else {
+					ps = append(ps, in.Profile)
+				}
 			}
 			mig = "on"
 			if len(ps) > 0 {

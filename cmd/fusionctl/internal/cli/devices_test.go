@@ -15,7 +15,7 @@ func TestGPUTable(t *testing.T) {
 	l := api.GPUList{Simulated: "dgxh200", GPUs: []api.GPU{
 		{Index: 0, Model: "H200", Memory: 141 << 30, NUMANode: 0, BDF: "0000:00:00.0", Health: devices.Health{Healthy: true},
 			ShareMode: "time-slicing", MIGCapable: true, MIGEnabled: true,
-			MIG:       []api.MIGInstance{{Profile: "3g.71gb"}, {Profile: "1g.18gb"}},
+			MIG:       []api.MIGInstance{{Profile: "3g.71gb"}, {Profile: "1g.18gb"}, {Profile: "1g.18gb", Health: &devices.Health{Reason: "Xid 94"}}},
 			Telemetry: &api.GPUTelemetry{SMUtilPct: 42, PowerW: 300, TempC: 50, MemoryUsed: 1 << 30}, PowerLimitW: 700},
 		{Index: 1, Model: "H200", Memory: 141 << 30, NUMANode: -1, Health: devices.Health{Reason: "Xid 79: GPU has fallen off the bus"},
 			ShareMode: "mps", MIGCapable: true},
@@ -25,7 +25,7 @@ func TestGPUTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"SIMULATED GPUs (dgxh200)", "3g.71gb+1g.18gb", "42%", "300W/700W", "50C", " 1Gi ",
+	for _, want := range []string{"SIMULATED GPUs (dgxh200)", "3g.71gb+1g.18gb+1g.18gb(UNHEALTHY)", "42%", "300W/700W", "50C", " 1Gi ",
 		"UNHEALTHY: Xid 79", "mps", "141Gi"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
