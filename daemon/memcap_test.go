@@ -45,7 +45,9 @@ func (r *memCapRecorder) StopOverGPUCap(id, reason string) error {
 
 type fixedOwners map[uint32]string
 
-func (f fixedOwners) owners([]string) func(uint32) string { return func(p uint32) string { return f[p] } }
+func (f fixedOwners) owners([]string) func(uint32) string {
+	return func(p uint32) string { return f[p] }
+}
 
 // simShares is a simulated DGX H200 whose GPU 0 holds time-sliced shares
 // 7 (1 GiB cap) and 8 (4 GiB cap), sampled through the production sampler.
