@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/devices/fpga"
@@ -135,6 +137,24 @@ func (b *Backend) InjectGPUFault(_ context.Context, index int, req api.GPUFaultR
 		return api.Errorf(api.CodeNotFound, "%v", err)
 	case err != nil:
 		return api.Errorf(api.CodeInternal, "%v", err)
+	}
+	return nil
+}
+
+// SetGPUProcesses sets the compute processes a simulated GPU reports.
+func (b *Backend) SetGPUProcesses(_ context.Context, index int, req api.GPUProcessesRequest) error {
+	ps := make([]nvml.ProcessInfo, len(req.Processes))
+	for i, p := range req.Processes {
+		ps[i] = nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: uint64(max(p.Memory, 0)), GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	}
+	err := b.h.SetSimulatedGPUProcesses(index, ps)
+	switch {
+	case errors.Is(err, ErrNotSimulated):
+		return api.Errorf(api.CodeConflict, "%v; this host's GPUs are real", err)
+	case errors.Is(err, nvidia.ErrUnknownDevice):
+		return api.Errorf(api.CodeNotFound, "%v", err)
+	case err != nil:
+		return api.Errorf(api.CodeInvalid, "%v", err)
 	}
 	return nil
 }
