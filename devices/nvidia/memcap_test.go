@@ -119,3 +119,20 @@ func TestSimSetProcessesBadInput(t *testing.T) {
 		t.Error("too many processes accepted")
 	}
 }
+
+// SetProcessUsage reports what it is given through the sampler, MIG
+// instance included.
+func TestSimSetProcessUsage(t *testing.T) {
+	m, h := openSim(t, "dgxa100")
+	in := []ProcessUsage{{PID: 7, MemoryMB: 2048, GIID: -1}, {PID: 8, MemoryMB: 10, GIID: 3}}
+	if err := h.SetProcessUsage(4, in); err != nil {
+		t.Fatal(err)
+	}
+	ss, err := m.SampleAll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(ss[4].Processes, in) || len(ss[3].Processes) != 0 {
+		t.Fatalf("sampled %+v (GPU 3: %+v), want %+v", ss[4].Processes, ss[3].Processes, in)
+	}
+}

@@ -437,3 +437,19 @@ func (h *SimHost) SetProcesses(index int, ps []nvml.ProcessInfo) error {
 	h.state[index].procs = append([]nvml.ProcessInfo(nil), ps...)
 	return nil
 }
+
+// SetProcessUsage is SetProcesses for callers outside this package, which
+// do not speak NVML: each process's PID and memory in MiB (GIID ≥ 0 puts
+// it in that MIG GPU instance, -1 outside MIG).
+func (h *SimHost) SetProcessUsage(index int, ps []ProcessUsage) error {
+	const none = 0xFFFFFFFF
+	out := make([]nvml.ProcessInfo, len(ps))
+	for i, p := range ps {
+		gi := uint32(none)
+		if p.GIID >= 0 {
+			gi = uint32(p.GIID)
+		}
+		out[i] = nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMB << 20, GpuInstanceId: gi, ComputeInstanceId: none}
+	}
+	return h.SetProcesses(index, out)
+}

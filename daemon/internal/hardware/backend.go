@@ -9,8 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/devices/fpga"
@@ -143,9 +141,9 @@ func (b *Backend) InjectGPUFault(_ context.Context, index int, req api.GPUFaultR
 
 // SetGPUProcesses sets the compute processes a simulated GPU reports.
 func (b *Backend) SetGPUProcesses(_ context.Context, index int, req api.GPUProcessesRequest) error {
-	ps := make([]nvml.ProcessInfo, len(req.Processes))
+	ps := make([]nvidia.ProcessUsage, len(req.Processes))
 	for i, p := range req.Processes {
-		ps[i] = nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: uint64(max(p.Memory, 0)), GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+		ps[i] = nvidia.ProcessUsage{PID: p.PID, MemoryMB: uint64(max(p.Memory, 0)) >> 20, GIID: -1}
 	}
 	err := b.h.SetSimulatedGPUProcesses(index, ps)
 	switch {
