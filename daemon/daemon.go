@@ -146,6 +146,8 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 		reclaimOff                                       api.ReclaimStatus
 		stopPower                                        context.CancelFunc
 		powerDone                                        chan struct{}
+		memCap                                           *memCapWatch // nil without GPUs
+		stopMemCap                                       func()
 	)
 	noErr := func(stop func()) func(context.Context) error {
 		return func(context.Context) error { stop(); return nil }
@@ -255,6 +257,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 				Tiers:     tierStats(cg),
 				QoS:       func() metrics.QoS { return qosMetrics(d.qos) },
 				Telemetry: func() metrics.Telemetry { return telemetryMetrics(bus) },
+				GPUMemCap: func() metrics.GPUMemCap { return memCap.stats() },
 			}})
 			unsubscribeMetrics = d.hw.Subscribe(d.metrics.Update)
 			return nil
@@ -355,6 +358,15 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 			return nil
 		},
 		Stop: noErr(func() { stopQoS() }),
+	}, {
+		// The memory caps of time-sliced GPU shares (gpu.sharing.over_cap).
+		Name:  "gpu-memcap",
+		Needs: []string{"hardware", "cgroups", "jobs", "gpu-config"},
+		Start: func(ctx context.Context) (err error) {
+			memCap, stopMemCap, err = startMemCap(ctx, cfg, d.hw, cg, d.mgr, log)
+			return err
+		},
+		Stop: noErr(func() { stopMemCap() }),
 	}, {
 		// Device updates reach the placer and the event stream.
 		Name:  "devices",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -26,12 +27,14 @@ import (
 //	    timeSlicing:
 //	      resources:
 //	      - {name: nvidia.com/gpu, replicas: 4}
+//	    over_cap: warn         # or kill: a time-sliced share's job over its memory cap (fusiond's own key)
 //	  power: {enabled: true, besteffort_cap_watts: 300}
 type GPUConfig struct {
 	HealthProbation Duration `json:"health_probation"`
 	HealthProbe     Duration `json:"health_probe"`
 	// Sharing is the device plugin's sharing: sub-tree (timeSlicing and/or
-	// mps), decoded by nvidia.ParseSharingConfig.
+	// mps), decoded by nvidia.ParseSharingConfig, plus fusiond's own
+	// over_cap key (OverCap), taken out before.
 	Sharing json.RawMessage `json:"sharing,omitempty"`
 	Power   PowerConfig     `json:"power"`
 }
@@ -45,11 +48,60 @@ type PowerConfig struct {
 	Period Duration `json:"period,omitempty"`
 }
 
-// SharingConfig decodes the sharing sub-tree (nil when there is none).
-func (g GPUConfig) SharingConfig() (*nvidia.SharingConfig, error) {
+// OverCapPolicy is what the daemon does with a job whose processes hold
+// more memory than its share's cap on a time-sliced GPU
+// (gpu.sharing.over_cap).
+type OverCapPolicy string
+
+const (
+	// OverCapWarn records an event and counts the episode; the job runs on.
+	OverCapWarn OverCapPolicy = "warn"
+	// OverCapKill also stops the job (SIGTERM, SIGKILL after cancel_grace).
+	OverCapKill OverCapPolicy = "kill"
+)
+
+// errOverCap marks a bad gpu.sharing.over_cap.
+var errOverCap = errors.New("over_cap")
+
+// sharingParts splits the sharing sub-tree into fusiond's over_cap key and
+// the device plugin's keys (nil when there are none).
+func (g GPUConfig) sharingParts() (OverCapPolicy, json.RawMessage, error) {
 	raw := bytes.TrimSpace(g.Sharing)
 	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
+		return OverCapWarn, nil, nil
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &keys); err != nil {
+		return "", nil, fmt.Errorf("want a mapping (timeSlicing, mps, over_cap): %w", err)
+	}
+	policy := OverCapWarn
+	if v, ok := keys["over_cap"]; ok {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil || (s != string(OverCapWarn) && s != string(OverCapKill)) {
+			return "", nil, fmt.Errorf("%w: want warn or kill, got %s", errOverCap, v)
+		}
+		policy = OverCapPolicy(s)
+		delete(keys, "over_cap")
+	}
+	if len(keys) == 0 {
+		return policy, nil, nil
+	}
+	rest, err := json.Marshal(keys)
+	return policy, rest, err
+}
+
+// OverCap is the gpu.sharing.over_cap policy (default warn).
+func (g GPUConfig) OverCap() (OverCapPolicy, error) {
+	p, _, err := g.sharingParts()
+	return p, err
+}
+
+// SharingConfig decodes the device plugin's part of the sharing sub-tree
+// (nil when there is none).
+func (g GPUConfig) SharingConfig() (*nvidia.SharingConfig, error) {
+	_, raw, err := g.sharingParts()
+	if err != nil || raw == nil {
+		return nil, err
 	}
 	doc, err := json.Marshal(map[string]json.RawMessage{"version": json.RawMessage(`"v1"`), "sharing": raw})
 	if err != nil {
@@ -69,6 +121,9 @@ func (g GPUConfig) validate() (key string, err error) {
 		return "gpu.power.period", fmt.Errorf("must not be negative")
 	case g.Power.Enabled && g.Power.BestEffortCapWatts <= 0:
 		return "gpu.power.besteffort_cap_watts", fmt.Errorf("must be positive when power capping is enabled")
+	}
+	if _, err := g.OverCap(); errors.Is(err, errOverCap) {
+		return "gpu.sharing.over_cap", err
 	}
 	if _, err := g.SharingConfig(); err != nil {
 		return "gpu.sharing", err

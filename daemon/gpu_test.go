@@ -96,6 +96,41 @@ gpu:
 	if d := DefaultConfig().GPU; time.Duration(d.HealthProbation) != 5*time.Minute || d.Power.Enabled || len(d.Sharing) != 0 {
 		t.Errorf("gpu defaults: %+v", d)
 	}
+	if p, err := cfg.GPU.OverCap(); p != OverCapWarn || err != nil {
+		t.Errorf("over_cap default: %q %v", p, err)
+	}
+}
+
+// TestGPUConfigOverCap: gpu.sharing.over_cap is fusiond's key beside the
+// device plugin's, taken out before they are decoded; alone it leaves no
+// sharing config.
+func TestGPUConfigOverCap(t *testing.T) {
+	for in, want := range map[string]OverCapPolicy{
+		"gpu: {sharing: {over_cap: kill, timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}}": OverCapKill,
+		"gpu: {sharing: {over_cap: warn}}": OverCapWarn,
+		"gpu: {sharing: {over_cap: kill}}": OverCapKill,
+	} {
+		cfg := DefaultConfig()
+		if err := ParseConfig([]byte(in), &cfg); err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		p, err := cfg.GPU.OverCap()
+		if err != nil || p != want {
+			t.Errorf("%s: over_cap %q %v, want %q", in, p, err, want)
+		}
+		sc, err := cfg.GPU.SharingConfig()
+		if err != nil {
+			t.Fatalf("%s: sharing: %v", in, err)
+		}
+		if strings.Contains(in, "timeSlicing") != (sc != nil && sc.Sharing.TimeSlicing != nil && sc.Sharing.TimeSlicing.Resources[0].Replicas == 4) {
+			t.Errorf("%s: sharing config %+v", in, sc)
+		}
+	}
+	cfg := DefaultConfig()
+	err := ParseConfig([]byte("gpu: {sharing: {over_cap: evict}}"), &cfg)
+	if err == nil || !strings.Contains(err.Error(), "want warn or kill") || !strings.Contains(err.Error(), "evict") {
+		t.Errorf("bad over_cap: %v", err)
+	}
 }
 
 func TestGPUConfigInvalid(t *testing.T) {
@@ -104,10 +139,13 @@ func TestGPUConfigInvalid(t *testing.T) {
 		"gpu: {health_probation: soon}": "",
 		"gpu: {health_probe: -1s}":      "gpu.health_probe",
 		"gpu: {power: {enabled: true}}": "gpu.power.besteffort_cap_watts",
-		"gpu: {sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 0}]}}}": "gpu.sharing",
-		"gpu: {sharing: {timeSlicing: {resources: [{name: amd.com/gpu, replicas: 2}]}}}":    "gpu.sharing",
-		"gpu: {sharing: {timeSlice: {}}}":                                                   "gpu.sharing",
-		"gpu: {probation: 5m}":                                                              "",
+		"gpu: {sharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 0}]}}}":              "gpu.sharing",
+		"gpu: {sharing: {timeSlicing: {resources: [{name: amd.com/gpu, replicas: 2}]}}}":                 "gpu.sharing",
+		"gpu: {sharing: {timeSlice: {}}}":                                                                "gpu.sharing",
+		"gpu: {probation: 5m}":                                                                           "",
+		"gpu: {sharing: {over_cap: stop}}":                                                               "gpu.sharing.over_cap",
+		"gpu: {sharing: {over_cap: 1, timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}}": "gpu.sharing.over_cap",
+		"gpu: {sharing: [warn]}":                                                                         "gpu.sharing",
 	}
 	for in, field := range cases {
 		cfg := DefaultConfig()
@@ -303,6 +341,7 @@ func FuzzGPUConfig(f *testing.F) {
 		"gpu: {power: {enabled: true, besteffort_cap_watts: 250, period: 1s}}",
 		"gpu: {sharing: null}",
 		"gpu: {sharing: 3}",
+		"gpu: {sharing: {over_cap: kill, timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -313,6 +352,9 @@ func FuzzGPUConfig(f *testing.F) {
 		}
 		if _, err := cfg.GPU.SharingConfig(); err != nil {
 			t.Fatalf("accepted config whose sharing section fails: %v", err)
+		}
+		if p, err := cfg.GPU.OverCap(); err != nil || (p != OverCapWarn && p != OverCapKill) {
+			t.Fatalf("accepted config whose over_cap is %q: %v", p, err)
 		}
 		if cfg.GPU.HealthProbation < 0 || cfg.GPU.HealthProbe < 0 || (cfg.GPU.Power.Enabled && cfg.GPU.Power.BestEffortCapWatts <= 0) {
 			t.Fatalf("accepted invalid gpu section %+v", cfg.GPU)

@@ -16,6 +16,21 @@ type GPUFaultRequest struct {
 	Reset bool   `json:"reset,omitempty"`
 }
 
+// GPUProcessesRequest is the body of POST /v1/gpus/{index}/processes
+// (simulated hosts only): the compute processes the GPU reports from then
+// on (NVML's running compute processes, what nvidia-smi lists), replacing
+// those set before; none clears them. At most 1024.
+type GPUProcessesRequest struct {
+	Processes []GPUProcess `json:"processes"`
+}
+
+// GPUProcess is one compute process on a GPU: its PID (as the host's PID
+// namespace sees it) and the GPU memory it holds.
+type GPUProcess struct {
+	PID    uint32 `json:"pid"`
+	Memory Bytes  `json:"memory"`
+}
+
 // GPUList is the body of GET /v1/gpus.
 type GPUList struct {
 	// Simulated names the simulated host ("dgxh200"); empty on hardware.

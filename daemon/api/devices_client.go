@@ -64,6 +64,16 @@ func (c *Client) InjectGPUFault(ctx context.Context, index int, req GPUFaultRequ
 	return c.do(ctx, http.MethodPost, fmt.Sprintf("/v1/gpus/%d/fault", index), body, nil)
 }
 
+// SetGPUProcesses sets the compute processes a simulated GPU reports
+// (admin).
+func (c *Client) SetGPUProcesses(ctx context.Context, index int, req GPUProcessesRequest) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodPost, fmt.Sprintf("/v1/gpus/%d/processes", index), body, nil)
+}
+
 // FPGARegions lists the FPGA regions.
 func (c *Client) FPGARegions(ctx context.Context) ([]FPGARegion, error) {
 	var rs []FPGARegion

@@ -39,7 +39,9 @@ const (
 	// ModeMPS enforces compute share and memory cap through CUDA MPS.
 	ModeMPS ShareMode = "mps"
 	// ModeTimeSlicing shares by plain time-slicing: no memory or fault
-	// isolation; caps are admission bookkeeping only.
+	// isolation: the compute share is admission bookkeeping, the memory
+	// cap is watched (TimeSlicedShareMemory; the daemon's gpu-memcap part
+	// warns or stops a job over it).
 	ModeTimeSlicing ShareMode = "time-slicing"
 )
 

@@ -64,6 +64,7 @@ type simGPU struct {
 	tdp        uint32 // milliwatts
 	power      uint32 // the draw it reports, milliwatts
 	migDevs    map[string]*mock.Device
+	procs      []nvml.ProcessInfo // the compute processes it reports (SetProcesses)
 }
 
 var _ nvml.Interface = (*SimHost)(nil)
@@ -190,7 +191,12 @@ func (d *simDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
 }
 
 func (d *simDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
-	return nil, d.h.lostOr(d.i)
+	if ret := d.h.lostOr(d.i); ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	d.h.mu.Lock()
+	defer d.h.mu.Unlock()
+	return append([]nvml.ProcessInfo(nil), d.h.state[d.i].procs...), nvml.SUCCESS
 }
 
 func (d *simDevice) GetTotalEccErrors(t nvml.MemoryErrorType, c nvml.EccCounterType) (uint64, nvml.Return) {
@@ -434,4 +440,41 @@ func (h *SimHost) ResetGPU(index int) error {
 	h.state[index].lost = false
 	h.state[index].dbe = 0
 	return nil
+}
+
+// MaxSimProcesses bounds the processes SetProcesses takes for one GPU.
+const MaxSimProcesses = 1024
+
+// SetProcesses sets the compute processes GPU index reports from
+// GetComputeRunningProcesses (what nvidia-smi lists), replacing those set
+// before; nil clears them. A process's UsedGpuMemory is in bytes, and
+// GpuInstanceId/ComputeInstanceId are 0xFFFFFFFF outside MIG. The
+// processes need not exist: the simulated GPU reports what it is told.
+func (h *SimHost) SetProcesses(index int, ps []nvml.ProcessInfo) error {
+	if _, err := h.device(index); err != nil {
+		return err
+	}
+	if len(ps) > MaxSimProcesses {
+		return fmt.Errorf("simulated GPU %d: %d processes, at most %d", index, len(ps), MaxSimProcesses)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.state[index].procs = append([]nvml.ProcessInfo(nil), ps...)
+	return nil
+}
+
+// SetProcessUsage is SetProcesses for callers outside this package, which
+// do not speak NVML: each process's PID and memory in MiB (GIID ≥ 0 puts
+// it in that MIG GPU instance, -1 outside MIG).
+func (h *SimHost) SetProcessUsage(index int, ps []ProcessUsage) error {
+	const none = 0xFFFFFFFF
+	out := make([]nvml.ProcessInfo, len(ps))
+	for i, p := range ps {
+		gi := uint32(none)
+		if p.GIID >= 0 {
+			gi = uint32(p.GIID)
+		}
+		out[i] = nvml.ProcessInfo{Pid: p.PID, UsedGpuMemory: p.MemoryMB << 20, GpuInstanceId: gi, ComputeInstanceId: none}
+	}
+	return h.SetProcesses(index, out)
 }

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -34,6 +35,9 @@ type DeviceBackend interface {
 	// InjectGPUFault injects a fault into, or resets, a GPU of a
 	// simulated host; a live host refuses (CodeConflict).
 	InjectGPUFault(ctx context.Context, index int, req api.GPUFaultRequest) error
+	// SetGPUProcesses sets the compute processes a GPU of a simulated
+	// host reports; a live host refuses (CodeConflict).
+	SetGPUProcesses(ctx context.Context, index int, req api.GPUProcessesRequest) error
 }
 
 // DefaultMaxBitstreamBytes caps bitstream uploads unless configured.
@@ -64,6 +68,7 @@ func (s *Server) deviceHandlers() map[string]http.HandlerFunc {
 		"GET /v1/topology/matrix":            s.dev(s.topologyMatrix),
 		"GET /v1/gpus":                       s.dev(s.gpus),
 		"POST /v1/gpus/{index}/fault":        s.dev(s.admin(s.gpuFault)),
+		"POST /v1/gpus/{index}/processes":    s.dev(s.admin(s.gpuProcesses)),
 		"POST /v1/mig/plan":                  s.dev(s.mig(false)),
 		"POST /v1/mig/apply":                 s.dev(s.admin(s.mig(true))),
 		"GET /v1/fpga/regions":               s.dev(s.fpgaRegions),
@@ -153,6 +158,51 @@ func (s *Server) gpuFault(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Warn("simulated GPU fault requested", "gpu", index, "xid", req.Xid, "lost", req.Lost, "reset", req.Reset, "uid", caller(r).UID)
 	if err := s.cfg.Devices.InjectGPUFault(r.Context(), index, req); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// maxGPUProcesses bounds a GPUProcessesRequest.
+const maxGPUProcesses = 1024
+
+func (s *Server) gpuProcesses(w http.ResponseWriter, r *http.Request) {
+	if err := checkQuery(r); err != nil {
+		writeError(w, err)
+		return
+	}
+	index, err := strconv.Atoi(r.PathValue("index"))
+	if err != nil || index < 0 {
+		writeError(w, api.FieldError("index", "want a GPU index, got %q", r.PathValue("index")))
+		return
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req api.GPUProcessesRequest
+	if err := api.DecodeStrict(body, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if len(req.Processes) > maxGPUProcesses {
+		writeError(w, api.FieldError("processes", "at most %d processes, got %d", maxGPUProcesses, len(req.Processes)))
+		return
+	}
+	for i, p := range req.Processes {
+		switch {
+		case p.PID == 0:
+			writeError(w, api.FieldError(fmt.Sprintf("processes[%d].pid", i), "want a PID above 0"))
+			return
+		case p.Memory < 0:
+			writeError(w, api.FieldError(fmt.Sprintf("processes[%d].memory", i), "must not be negative"))
+			return
+		}
+	}
+	s.log.Warn("simulated GPU processes set", "gpu", index, "processes", len(req.Processes), "uid", caller(r).UID)
+	if err := s.cfg.Devices.SetGPUProcesses(r.Context(), index, req); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -76,6 +76,7 @@ var Routes = []Route{
 	{"GET", "/v1/topology/matrix", "distance matrix of accelerators and NICs (nvidia-smi topo -m classes)"},
 	{"GET", "/v1/gpus", "GPU inventory with health (Xid, probation), sharing, MIG instances, telemetry and recent device events"},
 	{"POST", "/v1/gpus/{index}/fault", "inject an Xid into, or reset, a GPU of a simulated host (admin; live hosts refuse)"},
+	{"POST", "/v1/gpus/{index}/processes", "set the compute processes a GPU of a simulated host reports (body: GPUProcessesRequest; admin; live hosts refuse)"},
 	{"POST", "/v1/mig/plan", "plan a mig-parted layout config (body: MIGRequest); nothing is applied"},
 	{"POST", "/v1/mig/apply", "apply a mig-parted layout config; GPUs holding jobs are refused (admin)"},
 	{"GET", "/v1/fpga/regions", "FPGA regions with loaded bitstream, health and busy state"},

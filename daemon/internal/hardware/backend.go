@@ -143,6 +143,24 @@ func (b *Backend) InjectGPUFault(_ context.Context, index int, req api.GPUFaultR
 	return nil
 }
 
+// SetGPUProcesses sets the compute processes a simulated GPU reports.
+func (b *Backend) SetGPUProcesses(_ context.Context, index int, req api.GPUProcessesRequest) error {
+	ps := make([]nvidia.ProcessUsage, len(req.Processes))
+	for i, p := range req.Processes {
+		ps[i] = nvidia.ProcessUsage{PID: p.PID, MemoryMB: uint64(max(p.Memory, 0)) >> 20, GIID: -1}
+	}
+	err := b.h.SetSimulatedGPUProcesses(index, ps)
+	switch {
+	case errors.Is(err, ErrNotSimulated):
+		return api.Errorf(api.CodeConflict, "%v; this host's GPUs are real", err)
+	case errors.Is(err, nvidia.ErrUnknownDevice):
+		return api.Errorf(api.CodeNotFound, "%v", err)
+	case err != nil:
+		return api.Errorf(api.CodeInvalid, "%v", err)
+	}
+	return nil
+}
+
 // PlanMIG plans the request's layout config against the current MIG state.
 func (b *Backend) PlanMIG(ctx context.Context, req api.MIGRequest) (api.MIGPlan, error) {
 	plan, _, err := b.planMIG(ctx, req)

@@ -109,6 +109,10 @@ type Manager struct {
 	// recorded (wall-clock) FinishedAt.
 	finished map[string]time.Time
 
+	// overCap names the jobs told to stop for holding more GPU memory
+	// than their share's cap, with why (overcap.go).
+	overCap map[string]string
+
 	// queue is the queue's and preemption's memory (queue.go).
 	queue queueState
 	// ho hands jobs that do not fit to peers and holds peers' gang

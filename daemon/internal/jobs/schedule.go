@@ -218,6 +218,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		m.poke()
 	}
 	preemptedBy := m.preemptedBy(j.ID)
+	overCap := m.takeOverCap(j.ID)
 	// The end is recorded now or, if the store cannot take it (a full
 	// state filesystem), by the loop once it can: the monitor's result is
 	// not turned into a lost job for want of disk space.
@@ -230,7 +231,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 				return err
 			}
 		}
-		return m.finish(j, exit, usage, werr, cancelled, preemptedBy, attempt)
+		return m.finish(j, exit, usage, werr, cancelled, preemptedBy, overCap, attempt)
 	}
 	if err := record(); errors.Is(err, errStore) {
 		// Its placement is kept until its end is stored: until then its
@@ -296,7 +297,11 @@ func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
 	}
 }
 
-func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, preemptedBy string, attempt int) error {
+// finish records how an attempt ended. overCap, when not empty, is why
+// the daemon stopped it for its GPU memory (StopOverGPUCap): the attempt
+// failed, however it exited, and its restart policy applies as to an
+// OOM kill.
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, preemptedBy, overCap string, attempt int) error {
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
@@ -305,6 +310,9 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		j.FinishedAt = &t
 	}
 	desc := describeExit(exit)
+	if overCap != "" && werr == nil && !cancelled && preemptedBy == "" {
+		desc = fmt.Sprintf("stopped: %s (%s)", overCap, desc)
+	}
 	switch {
 	case werr != nil:
 		return m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
@@ -313,7 +321,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 	case preemptedBy != "":
 		// Told to stop for a preemption: preempted however it exited.
 		return m.finishPreempted(j, preemptedBy, desc, record)
-	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled:
+	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled && overCap == "":
 		return m.transition(j, api.StateSucceeded, desc, record)
 	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt-j.Preemptions <= j.Spec.Restart.MaxRetries:
 		// Starts after a preemption are not retries.

@@ -50,6 +50,18 @@ type Sources struct {
 	// Telemetry reads how the telemetry bus follows the running jobs;
 	// nil leaves its metrics out.
 	Telemetry func() Telemetry
+	// GPUMemCap reads the memory-cap watch of time-sliced GPU shares; nil
+	// leaves its metrics out.
+	GPUMemCap func() GPUMemCap
+}
+
+// GPUMemCap is the memory-cap watch of time-sliced GPU shares at a
+// scrape: Over jobs' shares hold more than their caps now; Episodes counts
+// every episode of a share over its cap since start, Kills the jobs
+// stopped for one (gpu.sharing.over_cap: kill).
+type GPUMemCap struct {
+	Over            int
+	Episodes, Kills uint64
 }
 
 // Telemetry is the telemetry bus's following of jobs at a scrape.
@@ -370,6 +382,12 @@ var (
 		"Running jobs the telemetry bus does not follow (telemetry.max_jobs reached): no usage readings.", nil, nil)
 	descTelUnfollowedTotal = prometheus.NewDesc("fusiond_telemetry_jobs_unfollowed_total",
 		"Jobs the telemetry bus refused to follow, each counted once.", nil, nil)
+	descMemCapOver = prometheus.NewDesc("fusiond_gpu_share_over_cap",
+		"Shares of time-sliced GPUs whose job's processes hold more GPU memory than the share's cap now.", nil, nil)
+	descMemCapEpisodes = prometheus.NewDesc("fusiond_gpu_share_over_cap_episodes_total",
+		"Episodes of a time-sliced GPU share's job holding more GPU memory than its cap, each counted once.", nil, nil)
+	descMemCapKills = prometheus.NewDesc("fusiond_gpu_share_over_cap_kills_total",
+		"Jobs stopped for holding more GPU memory than their share's cap (gpu.sharing.over_cap: kill).", nil, nil)
 	descSourceFailed = prometheus.NewDesc("fusiond_metrics_source_failed",
 		"1 when reading a metrics source failed during this scrape (its metrics may be missing), by source.", []string{"source"}, nil)
 )
@@ -381,7 +399,8 @@ func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 		descTierCPU, descTierThrottled, descTierMem, descTierOOM,
 		descQoSEnabled, descQoSQuota, descQoSMemHigh, descQoSProtected, descQoSBreaching, descQoSActions,
 		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descQoSSlots, descQoSSlotsUsed, descQoSUntimed, descQoSUntimedTotal,
-		descTelJobs, descTelMax, descTelUnfollowed, descTelUnfollowedTotal, descSourceFailed} {
+		descTelJobs, descTelMax, descTelUnfollowed, descTelUnfollowedTotal,
+		descMemCapOver, descMemCapEpisodes, descMemCapKills, descSourceFailed} {
 		ch <- d
 	}
 }
@@ -480,6 +499,12 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 		gauge(ch, descTelMax, float64(t.Max))
 		gauge(ch, descTelUnfollowed, float64(t.Unfollowed))
 		counter(ch, descTelUnfollowedTotal, float64(t.UnfollowedTotal))
+	}
+	if src.GPUMemCap != nil {
+		c := src.GPUMemCap()
+		gauge(ch, descMemCapOver, float64(c.Over))
+		counter(ch, descMemCapEpisodes, float64(c.Episodes))
+		counter(ch, descMemCapKills, float64(c.Kills))
 	}
 }
 

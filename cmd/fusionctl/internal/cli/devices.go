@@ -112,6 +112,37 @@ func newGPUCmd(o *options) *cobra.Command {
 	fault.Flags().BoolVar(&lost, "lost", false, "the GPU stops answering until reset")
 	fault.Flags().BoolVar(&reset, "reset", false, "reset the GPU as an operator would")
 	cmd.AddCommand(fault)
+	cmd.AddCommand(&cobra.Command{
+		Use:   "processes INDEX [PID=MEMORY ...]",
+		Short: "Simulated hosts only: set the compute processes GPU INDEX reports, e.g. 4242=2Gi; none clears them (admin)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			index, err := strconv.Atoi(args[0])
+			if err != nil {
+				return fmt.Errorf("GPU index: %w", err)
+			}
+			req := api.GPUProcessesRequest{Processes: []api.GPUProcess{}}
+			for _, a := range args[1:] {
+				pid, mem, ok := strings.Cut(a, "=")
+				n, err := strconv.ParseUint(pid, 10, 32)
+				if !ok || err != nil || n == 0 {
+					return fmt.Errorf("process %q: want PID=MEMORY, e.g. 4242=2Gi", a)
+				}
+				b, err := api.ParseBytes(mem)
+				if err != nil {
+					return fmt.Errorf("process %q: memory: %w", a, err)
+				}
+				req.Processes = append(req.Processes, api.GPUProcess{PID: uint32(n), Memory: b})
+			}
+			c := o.client()
+			defer c.Close()
+			if err := c.SetGPUProcesses(cmd.Context(), index, req); err != nil {
+				return err
+			}
+			fmt.Fprintf(o.stdout, "GPU %d reports %d compute %s.\n", index, len(req.Processes), map[bool]string{true: "process", false: "processes"}[len(req.Processes) == 1])
+			return nil
+		},
+	})
 	return cmd
 }
 
