@@ -17,6 +17,9 @@
 #                       (default: the VM timeout less 60 s, shared out
 #                       between the binaries, so that all of them fit)
 #   FUSIOND_VM_BUILD    cache directory (default _build/vm in the repository)
+#   FUSIOND_VM_ACCEL    qemu's -accel (default tcg: multi-threaded emulation;
+#                       tcg,thread=single runs both vCPUs on one host
+#                       thread, see the Makefile's test-vm)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -101,7 +104,7 @@ tries=${FUSIOND_VM_TRIES:-2}
 # 0 when the VM powered off, 3 when it hung (and was killed).
 boot() {
 	: >"$log"
-	qemu-system-x86_64 -accel tcg -m 1024 -smp 2 -nographic -no-reboot \
+	qemu-system-x86_64 -accel "${FUSIOND_VM_ACCEL:-tcg}" -m 1024 -smp 2 -nographic -no-reboot \
 		-kernel "$build/vmlinuz" -initrd "$build/initrd.gz" \
 		-append "console=ttyS0 panic=-1 quiet" </dev/null >"$log" 2>&1 &
 	local qemu=$! start now size last=-1 changed
