@@ -132,24 +132,34 @@ func (s *Server) topologyMatrix(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, m)
 }
 
-func (s *Server) gpuFault(w http.ResponseWriter, r *http.Request) {
+// gpuIndexBody reads a simulated GPU's index from the path and the
+// request body into v; false (the error written) when either is bad.
+func (s *Server) gpuIndexBody(w http.ResponseWriter, r *http.Request, v any) (int, bool) {
 	if err := checkQuery(r); err != nil {
 		writeError(w, err)
-		return
+		return 0, false
 	}
 	index, err := strconv.Atoi(r.PathValue("index"))
 	if err != nil || index < 0 {
 		writeError(w, api.FieldError("index", "want a GPU index, got %q", r.PathValue("index")))
-		return
+		return 0, false
 	}
 	body, err := s.readBody(w, r)
 	if err != nil {
 		writeError(w, err)
-		return
+		return 0, false
 	}
-	var req api.GPUFaultRequest
-	if err := api.DecodeStrict(body, &req); err != nil {
+	if err := api.DecodeStrict(body, v); err != nil {
 		writeError(w, err)
+		return 0, false
+	}
+	return index, true
+}
+
+func (s *Server) gpuFault(w http.ResponseWriter, r *http.Request) {
+	var req api.GPUFaultRequest
+	index, ok := s.gpuIndexBody(w, r, &req)
+	if !ok {
 		return
 	}
 	if req.Reset == (req.Xid != 0) {
@@ -168,23 +178,9 @@ func (s *Server) gpuFault(w http.ResponseWriter, r *http.Request) {
 const maxGPUProcesses = 1024
 
 func (s *Server) gpuProcesses(w http.ResponseWriter, r *http.Request) {
-	if err := checkQuery(r); err != nil {
-		writeError(w, err)
-		return
-	}
-	index, err := strconv.Atoi(r.PathValue("index"))
-	if err != nil || index < 0 {
-		writeError(w, api.FieldError("index", "want a GPU index, got %q", r.PathValue("index")))
-		return
-	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
 	var req api.GPUProcessesRequest
-	if err := api.DecodeStrict(body, &req); err != nil {
-		writeError(w, err)
+	index, ok := s.gpuIndexBody(w, r, &req)
+	if !ok {
 		return
 	}
 	if len(req.Processes) > maxGPUProcesses {

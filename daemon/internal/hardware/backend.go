@@ -132,15 +132,22 @@ func (b *Backend) InjectGPUFault(_ context.Context, index int, req api.GPUFaultR
 	} else {
 		err = b.h.InjectGPUFault(index, req.Xid, req.Lost)
 	}
+	return simulatedError(err, api.CodeInternal)
+}
+
+// simulatedError is the API error of a request to a simulated GPU:
+// conflict on a live host, not found for an unknown index, other for the
+// rest (nil for nil).
+func simulatedError(err error, other string) error {
 	switch {
+	case err == nil:
+		return nil
 	case errors.Is(err, ErrNotSimulated):
 		return api.Errorf(api.CodeConflict, "%v; this host's GPUs are real", err)
 	case errors.Is(err, nvidia.ErrUnknownDevice):
 		return api.Errorf(api.CodeNotFound, "%v", err)
-	case err != nil:
-		return api.Errorf(api.CodeInternal, "%v", err)
 	}
-	return nil
+	return api.Errorf(other, "%v", err)
 }
 
 // SetGPUProcesses sets the compute processes a simulated GPU reports.
@@ -149,16 +156,7 @@ func (b *Backend) SetGPUProcesses(_ context.Context, index int, req api.GPUProce
 	for i, p := range req.Processes {
 		ps[i] = nvidia.ProcessUsage{PID: p.PID, MemoryMB: uint64(max(p.Memory, 0)) >> 20, GIID: -1}
 	}
-	err := b.h.SetSimulatedGPUProcesses(index, ps)
-	switch {
-	case errors.Is(err, ErrNotSimulated):
-		return api.Errorf(api.CodeConflict, "%v; this host's GPUs are real", err)
-	case errors.Is(err, nvidia.ErrUnknownDevice):
-		return api.Errorf(api.CodeNotFound, "%v", err)
-	case err != nil:
-		return api.Errorf(api.CodeInvalid, "%v", err)
-	}
-	return nil
+	return simulatedError(b.h.SetSimulatedGPUProcesses(index, ps), api.CodeInvalid)
 }
 
 // PlanMIG plans the request's layout config against the current MIG state.
