@@ -94,28 +94,27 @@ func (c *checker) realChecks(ctx context.Context) error {
 	return nil
 }
 
-func (c *checker) smi(ctx context.Context, args ...string) ([]byte, string, bool) {
+// smi runs nvidia-smi with args: its output and pass, or skip (no
+// nvidia-smi to compare with) or fail (it failed) and why.
+func (c *checker) smi(ctx context.Context, args ...string) ([]byte, result, string) {
 	if c.simulated {
-		return nil, "simulated host", false
+		return nil, skip, "simulated host"
 	}
 	path, err := c.lookPath("nvidia-smi")
 	if err != nil {
-		return nil, "no nvidia-smi", false
+		return nil, skip, "no nvidia-smi"
 	}
 	out, err := c.command(ctx, path, args...).Output()
 	if err != nil {
-		return nil, fmt.Sprintf("nvidia-smi %s: %v", strings.Join(args, " "), err), true
+		return nil, fail, fmt.Sprintf("nvidia-smi %s: %v", strings.Join(args, " "), err)
 	}
-	return out, "", true
+	return out, pass, ""
 }
 
 func (c *checker) inventory(ctx context.Context) (result, string) {
-	out, why, ran := c.smi(ctx, "-q", "-x")
-	switch {
-	case !ran:
-		return skip, why
-	case why != "":
-		return fail, why
+	out, r, why := c.smi(ctx, "-q", "-x")
+	if r != pass {
+		return r, why
 	}
 	l, err := parseSMIQuery(out)
 	if err != nil {
@@ -128,12 +127,9 @@ func (c *checker) inventory(ctx context.Context) (result, string) {
 }
 
 func (c *checker) topology(ctx context.Context) (result, string) {
-	out, why, ran := c.smi(ctx, "topo", "-m")
-	switch {
-	case !ran:
-		return skip, why
-	case why != "":
-		return fail, why
+	out, r, why := c.smi(ctx, "topo", "-m")
+	if r != pass {
+		return r, why
 	}
 	t, err := parseSMITopo(string(out))
 	if err != nil {

@@ -57,9 +57,7 @@ const neutralPerf = 0.5
 // model's name must be one of the name's words, and a variant's word
 // (PCIe, NVL) must be there too.
 func LookupGPU(model string) (GPUSpec, bool) {
-	words := strings.FieldsFunc(strings.ToUpper(model), func(r rune) bool {
-		return (r < 'A' || r > 'Z') && (r < '0' || r > '9')
-	})
+	words := ModelWords(model)
 	has := func(w string) bool {
 		for _, x := range words {
 			if x == w {
@@ -74,6 +72,15 @@ func LookupGPU(model string) (GPUSpec, bool) {
 		}
 	}
 	return GPUSpec{}, false
+}
+
+// ModelWords splits a GPU model name into its words, letters and digits,
+// upper case ("NVIDIA A100-SXM4-80GB": NVIDIA, A100, SXM4, 80GB): how
+// model names are compared, in the table and against a job's spec.
+func ModelWords(model string) []string {
+	return strings.FieldsFunc(strings.ToUpper(model), func(r rune) bool {
+		return (r < 'A' || r > 'Z') && (r < '0' || r > '9')
+	})
 }
 
 // Throughput is the dense TFLOPS the model offers a class: training at

@@ -579,13 +579,8 @@ func EngineRequest(id string, spec api.JobSpec, tier api.Tier, target Target) sc
 // host's. Words, not substrings: "L4" does not match "NVIDIA L40S", nor
 // "A10" "NVIDIA A100-SXM4-80GB", which matters on a host holding both.
 func ModelMatches(host, spec string) bool {
-	split := func(s string) []string {
-		return strings.FieldsFunc(strings.ToLower(s), func(r rune) bool {
-			return (r < 'a' || r > 'z') && (r < '0' || r > '9')
-		})
-	}
-	words := split(host)
-	want := split(spec)
+	words := sched.ModelWords(host)
+	want := sched.ModelWords(spec)
 	if len(want) == 0 {
 		return false
 	}
