@@ -13,7 +13,8 @@ import (
 const liveOver = time.Second
 
 // busLive is the placer's live load (hostplacer.LiveSource) read from the
-// telemetry bus: each GPU's SM and memory utilisation and power, and the
+// telemetry bus: each GPU's SM and memory utilisation and power (and the
+// power limit in force), and the
 // CPU busy share of each NUMA node and of the host, as means over the last
 // liveOver.
 type busLive struct {
@@ -42,6 +43,7 @@ func (l busLive) Live() hostplacer.Live {
 			x.SMUtil += g.SMUtil / 100
 			x.MemUtil += g.MemUtil / 100
 			x.PowerW += g.PowerW
+			x.LimitW = g.LimitW // the cap in force: the latest, not a mean
 			out.GPUs[g.ID] = x
 			gpuN[g.ID]++
 		}

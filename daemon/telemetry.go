@@ -133,7 +133,7 @@ func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mg
 		GPUs: func() []telemetry.GPU {
 			var out []telemetry.GPU
 			for _, s := range h.Telemetry() {
-				out = append(out, telemetry.GPU{ID: s.UUID, SMUtil: float64(s.SMUtil), MemUtil: float64(s.MemUtil), PowerW: s.PowerW})
+				out = append(out, telemetry.GPU{ID: s.UUID, SMUtil: float64(s.SMUtil), MemUtil: float64(s.MemUtil), PowerW: s.PowerW, LimitW: s.PowerLimitW})
 			}
 			return out
 		},

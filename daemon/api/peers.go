@@ -68,8 +68,14 @@ type PeerLoad struct {
 	Wait  Duration `json:"wait"`
 	// Health is "ok", "cordoned" or "not ready: <why>".
 	Health string `json:"health"`
-	// EnergyHeadroomWatts is 0 where the daemon has no power reading.
-	EnergyHeadroomWatts int `json:"energy_headroom_watts"`
+	// EnergyHeadroomWatts is the power the GPUs a new job could get (free
+	// and shared ones) may still draw before their power limits in force
+	// hold them back: the sum of each one's limit less its measured draw,
+	// in whole watts. PowerMeasured says whether any of them reported
+	// both; without it (no reading, or a daemon from before this field)
+	// the headroom is unknown, not 0.
+	EnergyHeadroomWatts int  `json:"energy_headroom_watts"`
+	PowerMeasured       bool `json:"power_measured,omitempty"`
 }
 
 // Peer is one member as this daemon sees it.

@@ -161,7 +161,29 @@ func TestPeersShareWork(t *testing.T) {
 			t.Fatalf("a sees dgx's load %+v, want 8 free H200", p.Load)
 		}
 	}
-	if out := da.ctl(nil, "", "peers"); out.code != 0 || !strings.Contains(out.stdout, "dgx") || !strings.Contains(out.stdout, "8 NVIDIA H200") {
+	// The DGX's power headroom comes from its GPUs' telemetry (the
+	// simulated H200s draw 140 W under a 700 W limit): 8 × 560 W once its
+	// telemetry has a reading; a host without GPUs measures none.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var dgx, self *api.PeerLoad
+		for _, p := range peersOf(t, ca).Peers {
+			switch p.Name {
+			case "dgx":
+				dgx = p.Load
+			case "a":
+				self = p.Load
+			}
+		}
+		if dgx != nil && dgx.PowerMeasured && dgx.EnergyHeadroomWatts == 8*560 && self != nil && !self.PowerMeasured {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a sees dgx's power headroom as %+v and its own as %+v, want 4480 W measured on dgx, none on a", dgx, self)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out := da.ctl(nil, "", "peers"); out.code != 0 || !strings.Contains(out.stdout, "dgx") || !strings.Contains(out.stdout, "8 NVIDIA H200") || !strings.Contains(out.stdout, "4480 W") {
 		t.Fatalf("fusionctl peers:\n%s%s", out.stdout, out.stderr)
 	}
 	if out := da.ctl(nil, "", "status"); !strings.Contains(out.stdout, "Peers: a is one of 3 members (3 alive)") {

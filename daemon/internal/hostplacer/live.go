@@ -1,6 +1,7 @@
 package hostplacer
 
 import (
+	"slices"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -16,6 +17,9 @@ type GPULive struct {
 	// IdleW is the GPU's idle draw where it is known from the device
 	// (0: the GPU model table's typical idle draw).
 	IdleW float64
+	// LimitW is the power limit the GPU enforces (its cap: the board's,
+	// or the lower one a power policy set), 0 when not read.
+	LimitW float64
 }
 
 // Live is the host's live load: what the engine's load and energy
@@ -55,15 +59,18 @@ func (p *Placer) refreshLive() {
 }
 
 // applyLive writes a reading into the node: each GPU's load (the higher of
-// its SM and memory utilisation), power draw and idle draw, and the CPU
-// load of the host and of each NUMA node. The caller holds p.mu.
+// its SM and memory utilisation), power draw, idle draw and power limit,
+// and the CPU load of the host and of each NUMA node. The caller holds
+// p.mu.
 func (p *Placer) applyLive(l Live) {
 	n := p.node
+	p.limitW = slices.Grow(p.limitW[:0], len(n.GPUs))[:len(n.GPUs)]
 	for gi := range n.GPUs {
 		g := &n.GPUs[gi]
 		gl := l.GPUs[p.hw.GPUs[gi].ID]
 		g.Load = clamp01(max(gl.SMUtil, gl.MemUtil))
 		g.PowerW = max(gl.PowerW, 0)
+		p.limitW[gi] = max(gl.LimitW, 0)
 		g.IdleWatts = p.base.GPUs[gi].IdleWatts
 		if gl.IdleW > 0 {
 			g.IdleWatts = gl.IdleW
@@ -142,4 +149,25 @@ func (p *Placer) LiveLoad() (host float64, gpus map[string]float64) {
 		}
 	}
 	return p.node.Load, gpus
+}
+
+// PowerHeadroom is, by GPU device ID, how many watts each GPU may draw
+// beyond what it draws now before its power limit in force holds it back
+// (the limit less the measured draw, never below 0), refreshed as for a
+// decision. A GPU whose draw or limit is not measured is not in it. Peers
+// gossip the sum over the GPUs a new job could get.
+func (p *Placer) PowerHeadroom() map[string]float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refreshLive()
+	out := map[string]float64{}
+	for i := range p.node.GPUs {
+		if i >= len(p.hw.GPUs) || i >= len(p.limitW) {
+			break
+		}
+		if w, lim := p.node.GPUs[i].PowerW, p.limitW[i]; w > 0 && lim > 0 {
+			out[p.hw.GPUs[i].ID] = max(lim-w, 0)
+		}
+	}
+	return out
 }

@@ -102,3 +102,42 @@ func TestShapesSeenAreCounted(t *testing.T) {
 		t.Fatalf("observed %d, want %d", p.observed, learnAfter)
 	}
 }
+
+// PowerHeadroom is each GPU's power limit in force less its measured
+// draw, from the live reading: a GPU near its cap has little, one over it
+// none, and a GPU without a draw or a limit is not in it; a lower cap in
+// the next reading lowers it.
+func TestPowerHeadroom(t *testing.T) {
+	src := &fakeLive{}
+	p := New(dgx(), Options{Seed: 1, Live: src})
+	ids := []string{}
+	for _, g := range dgx().GPUs {
+		ids = append(ids, g.ID)
+	}
+	src.mu.Lock()
+	src.l.GPUs = map[string]GPULive{
+		ids[0]: {PowerW: 90, LimitW: 700},
+		ids[1]: {PowerW: 650, LimitW: 700},
+		ids[2]: {PowerW: 320, LimitW: 300}, // over its cap: no headroom, never negative
+		ids[3]: {PowerW: 90},               // no limit read
+		ids[4]: {LimitW: 700},              // no draw read
+	}
+	src.mu.Unlock()
+	got := p.PowerHeadroom()
+	want := map[string]float64{ids[0]: 610, ids[1]: 50, ids[2]: 0}
+	if len(got) != len(want) {
+		t.Fatalf("headroom %v, want %v", got, want)
+	}
+	for id, w := range want {
+		if got[id] != w {
+			t.Fatalf("headroom %v, want %v", got, want)
+		}
+	}
+	src.mu.Lock()
+	src.l.GPUs[ids[0]] = GPULive{PowerW: 90, LimitW: 200} // a power policy capped it
+	src.mu.Unlock()
+	time.Sleep(LiveEvery + 10*time.Millisecond)
+	if got := p.PowerHeadroom(); got[ids[0]] != 110 {
+		t.Fatalf("after the cap: headroom %v, want 110 W on %s", got, ids[0])
+	}
+}

@@ -109,6 +109,10 @@ type Placer struct {
 	// liveAt is when the live load was last read (zero: read it at the
 	// next decision).
 	liveAt time.Time
+	// limitW is each GPU's power limit in force (by index, as node.GPUs)
+	// from the last live reading, 0 where not read: with the measured
+	// draw, the GPU's power headroom.
+	limitW []float64
 	held   map[string]held
 	log    *slog.Logger
 	// cores are hw.Cores as normalizeCores keeps them; published is the

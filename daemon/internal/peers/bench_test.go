@@ -21,6 +21,7 @@ func (h *changingHost) Capacity() api.NodeResources {
 func (h *changingHost) Allocated() api.NodeResources            { return api.NodeResources{} }
 func (h *changingHost) Hardware() hostplacer.Hardware           { return hostplacer.Hardware{} }
 func (h *changingHost) LiveLoad() (float64, map[string]float64) { return 0, nil }
+func (h *changingHost) PowerHeadroom() map[string]float64       { return nil }
 
 // BenchmarkConvergence measures, for N daemons' memberlists on loopback
 // (LAN profile, load gossiped every second), how long one daemon's load

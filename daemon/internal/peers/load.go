@@ -17,6 +17,7 @@ type Host interface {
 	Allocated() api.NodeResources
 	Hardware() hostplacer.Hardware
 	LiveLoad() (host float64, gpus map[string]float64)
+	PowerHeadroom() map[string]float64
 }
 
 // Jobs is the job manager and its hand-over as peers use them (jobs.Manager,
@@ -56,8 +57,19 @@ func localLoad(h Host, j Jobs) api.PeerLoad {
 	}
 	cpuLoad, gpuLoad := h.LiveLoad()
 	l.CPULoad = hundredths(cpuLoad)
-	var loadSum float64
+	headroom := h.PowerHeadroom()
+	var loadSum, wattsSum float64
 	loadN := 0
+	// could counts a GPU a new job could get in the load and power
+	// headroom.
+	could := func(id string) {
+		loadSum += gpuLoad[id]
+		loadN++
+		if w, ok := headroom[id]; ok {
+			wattsSum += w
+			l.PowerMeasured = true
+		}
+	}
 	free := map[int]bool{} // indices of free whole GPUs, for NVLink
 	for gi, g := range hw.GPUs {
 		if !g.Health.Healthy || held[g.ID] && g.MIG != nil {
@@ -83,20 +95,19 @@ func localLoad(h Host, j Jobs) api.PeerLoad {
 		if held[g.ID] {
 			if s, ok := shares[g.ID]; ok && s < 1000 {
 				l.GPUShareMilli += 1000 - s
-				loadSum += gpuLoad[g.ID]
-				loadN++
+				could(g.ID)
 			}
 			continue
 		}
 		addCount(&l.GPUs, g.Model, 1)
 		l.GPUShareMilli += 1000
-		loadSum += gpuLoad[g.ID]
-		loadN++
+		could(g.ID)
 		free[gi] = true
 	}
 	if loadN > 0 {
 		l.GPULoad = hundredths(loadSum / float64(loadN))
 	}
+	l.EnergyHeadroomWatts = int(min(math.Round(wattsSum), maxGossipWatts))
 	if len(hw.NVLink) > 0 {
 		// Only a host that knows its links says how its free GPUs are
 		// linked (1: none of them is); without it the engine assumes

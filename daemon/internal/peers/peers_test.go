@@ -85,7 +85,11 @@ type fakeHost struct {
 	// nvlink joins GPUs; gpuLoad is every GPU's live load.
 	nvlink  [][2]int
 	gpuLoad float64
+	// headroom is each GPU's measured power headroom (watts, by ID).
+	headroom map[string]float64
 }
+
+func (h *fakeHost) PowerHeadroom() map[string]float64 { return h.headroom }
 
 func (h *fakeHost) Capacity() api.NodeResources {
 	return api.NodeResources{CPU: h.cpu, Memory: 64 << 30, GPUs: len(h.gpus)}
@@ -106,10 +110,12 @@ func (h *fakeHost) LiveLoad() (float64, map[string]float64) {
 type fakeJobs struct {
 	mu          sync.Mutex
 	heldDevices map[string]bool
-	refuse      string
-	accepted    map[string]*api.Job
-	offers      int
-	cancels     []string
+	// shares are the milli-GPU held on shared GPUs, by device ID.
+	shares   map[string]int
+	refuse   string
+	accepted map[string]*api.Job
+	offers   int
+	cancels  []string
 	// held, committed, started, released: gang member keys; barriers the
 	// barrier of each commit; whys each release's reason.
 	held, committed, started, released []string
@@ -164,9 +170,11 @@ func (f *fakeJobs) ReleaseHeld(key, why string) bool {
 
 func newFakeJobs() *fakeJobs { return &fakeJobs{accepted: map[string]*api.Job{}} }
 
-func (f *fakeJobs) QueueLoad() (int, time.Duration, map[string]int, bool) { return 0, 0, nil, false }
-func (f *fakeJobs) HeldDevices() map[string]bool                          { return f.heldDevices }
-func (f *fakeJobs) Ready() error                                          { return nil }
+func (f *fakeJobs) QueueLoad() (int, time.Duration, map[string]int, bool) {
+	return 0, 0, f.shares, false
+}
+func (f *fakeJobs) HeldDevices() map[string]bool { return f.heldDevices }
+func (f *fakeJobs) Ready() error                 { return nil }
 func (f *fakeJobs) AcceptHandover(_ context.Context, offer jobs.Offer, spec api.JobSpec) (api.Job, error) {
 	from, user, hold := offer.From, offer.User, offer.Hold
 	f.mu.Lock()

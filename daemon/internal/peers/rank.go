@@ -25,16 +25,51 @@ type candidate struct {
 	engine  float64
 	parts   [sched.NumDims]float64
 	penalty float64
+	// powerNeed is what the job would draw on the peer's GPUs the engine
+	// chose (jobWatts), 0 when not known.
+	powerNeed float64
+}
+
+// jobWatts is the power a job placed by a would add on its GPUs: each
+// GPU's active draw beyond idle by the GPU model table (TDP less typical
+// idle), times the share of the GPU it takes. 0 for CPU-only and FPGA
+// work, MIG slices (the gossip names no model for them) and models the
+// table does not know.
+func jobWatts(a *sched.Assignment) float64 {
+	if len(a.GPUs) == 0 || a.GPUModel == "" {
+		return 0
+	}
+	spec, ok := sched.LookupGPU(a.GPUModel)
+	if !ok {
+		return 0
+	}
+	share := float64(min(max(a.GPUMilli, 0), sched.MilliPerGPU)) / sched.MilliPerGPU
+	return float64(len(a.GPUs)) * max(spec.TDPW-spec.IdleW, 0) * share
+}
+
+// powerShort is the part of need (watts) the peer's gossiped power
+// headroom cannot give, 0..1: 0 when the headroom covers it, or when the
+// peer measured no power or the need is unknown (nothing is assumed), 1
+// when the peer has no headroom left, so a job goes to a peer whose GPUs
+// can run it at full power before one whose power limits would hold it
+// back.
+func powerShort(need float64, l api.PeerLoad) float64 {
+	if need <= 0 || !l.PowerMeasured {
+		return 0
+	}
+	return 1 - min(max(float64(l.EnergyHeadroomWatts), 0)/need, 1)
 }
 
 // Penalties on the engine's score (0..1) for what the engine does not
 // see: each job queued on the peer, each second its oldest has waited,
-// and the age of the view (0.1 at MaxLoadAge, past which the peer is not
-// offered at all).
+// the age of the view (0.1 at MaxLoadAge, past which the peer is not
+// offered at all), and the power the job would draw beyond the peer's
+// measured headroom (0.1 when it has none; see powerShort).
 const (
-	queuePenalty = 0.1
-	waitPenalty  = 0.1
-	agePenalty   = 0.1
+	queuePenalty  = 0.1
+	waitPenalty   = 0.1
+	agePenalty    = 0.1
+	energyPenalty = 0.1
 )
 
 // ranker ranks peers for a job with the placement engine (sched.Weighted
@@ -169,6 +204,8 @@ func (rk ranker) rank(spec api.JobSpec, peers []candidate) ([]candidate, []strin
 		if rk.maxAge > 0 {
 			p.penalty += agePenalty * min(float64(p.age)/float64(rk.maxAge), 1)
 		}
+		p.powerNeed = jobWatts(&d.Assignment)
+		p.penalty += energyPenalty * powerShort(p.powerNeed, p.load)
 		p.score = p.engine - p.penalty
 		out = append(out, p)
 	}
@@ -224,6 +261,9 @@ func (c candidate) explain() string {
 	}
 	if c.penalty >= 0.005 {
 		s += fmt.Sprintf(" less %.2f for queue, wait and age", c.penalty)
+		if c.powerNeed > 0 && c.load.PowerMeasured {
+			s = strings.TrimSuffix(s, " and age") + fmt.Sprintf(", age and power (needs %.0f W, %d W of headroom)", c.powerNeed, c.load.EnergyHeadroomWatts)
+		}
 	}
 	return s
 }

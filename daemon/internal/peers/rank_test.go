@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +169,58 @@ func TestRankNegativeQueueIsNoBonus(t *testing.T) {
 	lied, _ := ranker{}.rank(spec, []candidate{{name: "h200", load: h200}, {name: "t4", load: t4}})
 	if len(lied) != 2 || lied[0].name != "h200" || lied[1].score != honest[1].score {
 		t.Fatalf("ranked %v (t4 %s; honest %s)", names(lied), lied[1].explain(), honest[1].explain())
+	}
+}
+
+// TestLocalLoadGossipsPowerHeadroom: the gossip carries the power headroom
+// of the GPUs a new job could get — free ones and shared ones with room —
+// not of a GPU held whole, nor of one whose power was not measured; a host
+// that measured none says so instead of claiming 0.
+func TestLocalLoadGossipsPowerHeadroom(t *testing.T) {
+	var gpus []devices.Device
+	for _, id := range []string{"G0", "G1", "G2", "G3"} {
+		gpus = append(gpus, devices.Device{ID: id, Kind: devices.GPU, Model: "NVIDIA H100", Health: devices.Health{Healthy: true}})
+	}
+	h := &fakeHost{cpu: 8000, gpus: gpus, headroom: map[string]float64{"G0": 600.4, "G1": 500, "G2": 100.3}}
+	j := newFakeJobs()
+	j.heldDevices = map[string]bool{"G1": true, "G2": true}
+	j.shares = map[string]int{"G2": 500}
+	l := localLoad(h, j)
+	// G0 free (600.4), G2 shared with room (100.3), G1 held whole, G3 unmeasured.
+	if !l.PowerMeasured || l.EnergyHeadroomWatts != 701 {
+		t.Fatalf("gossiped power headroom %d W (measured %v), want 701 W", l.EnergyHeadroomWatts, l.PowerMeasured)
+	}
+	h.headroom = nil
+	if l := localLoad(h, j); l.PowerMeasured || l.EnergyHeadroomWatts != 0 {
+		t.Fatalf("a host without power readings gossips %d W (measured %v)", l.EnergyHeadroomWatts, l.PowerMeasured)
+	}
+}
+
+// TestRankPowerHeadroom: of two peers with the same free GPUs, a 2-GPU
+// training job goes to the one whose measured headroom covers what it
+// would draw (2 × (700 − 70) W on H100 SXM by the model table), and the
+// explanation says what the other lacks; a peer that measured no power is
+// not penalised (nothing is assumed), nor is CPU-only work anywhere.
+func TestRankPowerHeadroom(t *testing.T) {
+	const model = "NVIDIA H100 80GB HBM3"
+	spec := api.JobSpec{Class: api.ClassTraining, Resources: api.Resources{CPU: 4000, Memory: 8 << 30, GPU: &api.GPURequest{Count: 2}}}
+	capped, roomy, unknown := okLoad(64000, map[string]int{model: 4}), okLoad(64000, map[string]int{model: 4}), okLoad(64000, map[string]int{model: 4})
+	capped.PowerMeasured, capped.EnergyHeadroomWatts = true, 315 // a quarter of the 1260 W it needs
+	roomy.PowerMeasured, roomy.EnergyHeadroomWatts = true, 2520
+	ranked, _ := ranker{}.rank(spec, []candidate{{name: "a-capped", load: capped}, {name: "b-roomy", load: roomy}, {name: "c-unknown", load: unknown}})
+	if len(ranked) != 3 || ranked[2].name != "a-capped" {
+		t.Fatalf("ranked %v", names(ranked))
+	}
+	c := ranked[2]
+	if c.powerNeed != 1260 || math.Abs(c.penalty-energyPenalty*0.75) > 1e-9 || ranked[0].penalty != 0 || ranked[1].penalty != 0 {
+		t.Fatalf("need %.0f W, penalties %v/%v/%v", c.powerNeed, ranked[0].penalty, ranked[1].penalty, c.penalty)
+	}
+	if !strings.Contains(c.explain(), "needs 1260 W, 315 W of headroom") {
+		t.Fatalf("explanation: %s", c.explain())
+	}
+	cpu := api.JobSpec{Class: api.ClassBatch, Resources: api.Resources{CPU: 1000, Memory: 1 << 30}}
+	capped.EnergyHeadroomWatts = 0
+	if r, _ := (ranker{}).rank(cpu, []candidate{{name: "a-capped", load: capped}}); len(r) != 1 || r[0].penalty != 0 {
+		t.Fatalf("CPU-only job penalised for power: %+v", r)
 	}
 }

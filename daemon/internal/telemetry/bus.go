@@ -32,6 +32,9 @@ type GPU struct {
 	SMUtil  float64 `json:"sm_util"`
 	MemUtil float64 `json:"mem_util"`
 	PowerW  float64 `json:"power_w"`
+	// LimitW is the power limit the GPU enforces (its cap), 0 when not
+	// read.
+	LimitW float64 `json:"limit_w,omitempty"`
 }
 
 // Sample is one reading of the host.

@@ -117,6 +117,7 @@ func (b *Bus) gpuLocked(id string, d time.Duration) (GPU, bool) {
 				out.SMUtil += g.SMUtil
 				out.MemUtil += g.MemUtil
 				out.PowerW += g.PowerW
+				out.LimitW = g.LimitW // the cap in force: the latest, not a mean
 				n++
 				return
 			}

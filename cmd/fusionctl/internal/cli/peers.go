@@ -57,19 +57,22 @@ func peerTable(w io.Writer, l api.PeerList) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tAPI\tCPU FREE\tMEMORY FREE\tGPUS FREE\tQUEUE\tHEALTH\tAGE")
+	fmt.Fprintln(tw, "NAME\tSTATE\tADDRESS\tAPI\tCPU FREE\tMEMORY FREE\tGPUS FREE\tPOWER HEADROOM\tQUEUE\tHEALTH\tAGE")
 	for _, p := range l.Peers {
 		name := esc(p.Name)
 		if p.Self {
 			name += " (self)"
 		}
-		cpu, mem, gpus, queue, health := "-", "-", "-", "-", "-"
+		cpu, mem, gpus, power, queue, health := "-", "-", "-", "-", "-", "-"
 		if ld := p.Load; ld != nil {
 			cpu, mem, gpus = ld.CPU.String(), ld.Memory.Human(), gpuCounts(ld.GPUs)
+			if ld.PowerMeasured {
+				power = fmt.Sprintf("%d W", ld.EnergyHeadroomWatts)
+			}
 			queue, health = fmt.Sprintf("%d (wait %s)", ld.Queue, time.Duration(ld.Wait)), esc(ld.Health)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, esc(p.State), esc(p.Address), esc(dash(p.APIAddress)),
-			cpu, mem, gpus, queue, health, time.Duration(p.Age))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, esc(p.State), esc(p.Address), esc(dash(p.APIAddress)),
+			cpu, mem, gpus, power, queue, health, time.Duration(p.Age))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
