@@ -101,17 +101,49 @@ func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 	var ae *api.Error
 	switch {
 	case errors.As(err, &ref):
-		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Error()})
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Error(), Load: n.answerLoad()})
 		return
 	case errors.As(err, &ae) && ae.HTTPStatus() < 500:
-		writeJSON(w, http.StatusOK, offerAnswer{Why: ae.Error()})
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ae.Error(), Load: n.answerLoad()})
 		return
 	case err != nil:
 		fail(w, http.StatusInternalServerError, "%v", err)
 		return
 	}
 	n.renew(o.Key)
-	writeJSON(w, http.StatusOK, offerAnswer{Accepted: true, RemoteID: j.ID})
+	writeJSON(w, http.StatusOK, offerAnswer{Accepted: true, RemoteID: j.ID, Load: n.answerLoad()})
+}
+
+// answerLoad is this host's load now, for an offer's answer: the load
+// message's envelope (without its kind byte) as the gossip carries it,
+// or nil when it cannot be made (the answer goes without it).
+func (n *Node) answerLoad() json.RawMessage {
+	b, err := n.seal(localLoad(n.host, n.jobs))
+	if err != nil {
+		n.log.Warn("encoding this host's load for an offer's answer", "err", err)
+		return nil
+	}
+	return b[1:]
+}
+
+// takeAnswerLoad keeps the load peer's answer a carried as it keeps a
+// gossiped one (merge: a current member's, newer than its view, signed
+// by it), so the view of peer is fresh (age 0) for the next ranking. A
+// load that is invalid, or of another node than the one answering, is
+// dropped and counted like such gossip; an answer without one (an older
+// peer) changes nothing.
+func (n *Node) takeAnswerLoad(peer string, a offerAnswer) {
+	switch {
+	case a.loadErr != nil:
+		n.dropped.invalid.Add(1)
+		n.log.Debug("dropping the load of an offer's answer", "peer", peer, "err", a.loadErr)
+	case a.load == nil:
+	case a.load.Node != peer:
+		n.dropped.unsigned.Add(1)
+		n.log.Debug("dropping the load of another node in an offer's answer", "peer", peer, "node", a.load.Node)
+	default:
+		n.merge(*a.load)
+	}
 }
 
 // refuse answers a peer API request with status and why, and audits it.
@@ -343,6 +375,7 @@ func (n *Node) offerTo(ctx context.Context, c candidate, body []byte) (offerAnsw
 	if err != nil {
 		return offerAnswer{}, false, fmt.Errorf("%s answered badly (%v)", c.name, err)
 	}
+	n.takeAnswerLoad(c.name, a)
 	return a, false, nil
 }
 

@@ -450,6 +450,19 @@ func sameLoad(a, b api.PeerLoad) bool {
 }
 
 func (n *Node) gossip(l api.PeerLoad) {
+	b, err := n.seal(l)
+	if err != nil {
+		n.log.Warn("encoding this host's load", "err", err)
+		return
+	}
+	n.queue.QueueBroadcast(&broadcast{node: n.cfg.NodeName, msg: b})
+}
+
+// seal makes this host's load l a load message: clamped to the gossip's
+// bounds, numbered next in this node's sequence and signed, kept as this
+// node's own view (what push/pull passes on). Both the gossip and the
+// offer answers (serveOffer) carry what it makes.
+func (n *Node) seal(l api.PeerLoad) ([]byte, error) {
 	msg := loadMsg{Node: n.cfg.NodeName, API: n.api, Load: clampLoad(l)}
 	n.mu.Lock()
 	n.seq++
@@ -457,13 +470,14 @@ func (n *Node) gossip(l api.PeerLoad) {
 	n.mu.Unlock()
 	b, err := encodeLoad(msg, func(body []byte) ([]byte, error) { return signLoad(n.signer, body) })
 	if err != nil {
-		n.log.Warn("encoding this host's load", "err", err)
-		return
+		return nil, err
 	}
 	n.mu.Lock()
-	n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now()}
+	if v, ok := n.view[msg.Node]; !ok || v.msg.Seq < msg.Seq {
+		n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now()}
+	}
 	n.mu.Unlock()
-	n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: b})
+	return b, nil
 }
 
 // merge keeps msg if it is about a current member, newer than what is
