@@ -172,6 +172,9 @@ func (m *Manager) schedule() {
 		if !ok && m.overflow(group, why) {
 			continue // handed to peers (daemon/internal/handover)
 		}
+		if ok && m.poorFit(group) {
+			continue // fits here poorly, a peer ranks better: offered to it
+		}
 		if !ok && j.Origin != nil {
 			// A peer's job that does not fit now is refused (admit.go):
 			// it neither holds the head's reservation nor preempts.

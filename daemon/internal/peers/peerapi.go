@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -317,8 +319,30 @@ func readAnswer(resp *http.Response) ([]byte, error) {
 // Offer offers job to the peers that fit it by their gossiped load, best
 // ranked first, until one accepts.
 func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handover, error) {
+	return n.OfferAbove(ctx, local, job, math.Inf(-1))
+}
+
+// Best is the best-ranked peer for spec by gossiped load and its ranking
+// score (handover.Ranker: the poor-fit rule compares it with this host's
+// engine score).
+func (n *Node) Best(spec api.JobSpec) (string, float64, bool) {
+	ranked, _ := n.ranker().rank(spec, n.candidates())
+	if len(ranked) == 0 {
+		return "", 0, false
+	}
+	return ranked[0].name, ranked[0].score, true
+}
+
+// OfferAbove is Offer to the peers whose ranking score is at least min.
+func (n *Node) OfferAbove(ctx context.Context, local string, job api.Job, min float64) (api.Handover, error) {
 	key := n.cfg.NodeName + "/" + local
 	ranked, skipped := n.ranker().rank(job.Spec, n.candidates())
+	for _, c := range ranked {
+		if c.score < min {
+			skipped = append(skipped, fmt.Sprintf("%s: ranks %.2f, below the %.2f a poor fit here needs", c.name, c.score, min))
+		}
+	}
+	ranked = slices.DeleteFunc(ranked, func(c candidate) bool { return c.score < min })
 	if len(ranked) == 0 {
 		if len(skipped) == 0 {
 			return api.Handover{}, errors.New("no live peer with a recent load")

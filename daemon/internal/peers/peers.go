@@ -731,7 +731,10 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-var _ handover.Overflow = (*Node)(nil)
+var (
+	_ handover.Overflow = (*Node)(nil)
+	_ handover.Ranker   = (*Node)(nil)
+)
 
 // every runs f every d until the node stops.
 func (n *Node) every(d time.Duration, f func()) {
