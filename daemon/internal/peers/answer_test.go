@@ -3,6 +3,7 @@ package peers
 import (
 	"context"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -147,5 +148,38 @@ func TestAnswerWithoutLoad(t *testing.T) {
 	n.takeAnswerLoad("b", a)
 	if len(n.view) != 0 || len(n.dropped.snapshot()) != 0 {
 		t.Fatalf("an answer without a load: view %v, dropped %v", n.view, n.dropped.snapshot())
+	}
+}
+
+// TestBestAndOfferAbove: Best names the best-ranked peer with its
+// ranking score (the one Offer tries first); OfferAbove offers only to
+// peers ranked at least its minimum, naming the others.
+func TestBestAndOfferAbove(t *testing.T) {
+	c := newCluster(t)
+	a := c.start("a", &fakeHost{cpu: 4000}, nil)
+	c.start("b", &fakeHost{cpu: 8000, gpus: gpus("NVIDIA H100", 2)}, nil, a.GossipAddr())
+	c.start("c", &fakeHost{cpu: 8000, gpus: gpus("NVIDIA H100", 1)}, nil, a.GossipAddr())
+	eventually(t, "loads", func() bool { return len(loads(a)) == 3 })
+	ranked, _ := a.ranker().rank(gpuSpec(), a.candidates())
+	peer, score, ok := a.Best(gpuSpec())
+	// (Ranked apart, the two differ by the view's aging between them: a
+	// penalty of 0.1 per MaxLoadAge.)
+	if !ok || len(ranked) != 2 || peer != ranked[0].name || math.Abs(score-ranked[0].score) > 0.01 || ranked[1].score >= score-0.05 {
+		t.Fatalf("Best: %s %.3f %v; ranked %v", peer, score, ok, ranked)
+	}
+	if _, _, ok := a.Best(api.JobSpec{Command: []string{"x"}, Resources: api.Resources{CPU: 1000, GPU: &api.GPURequest{Count: 8}}}); ok {
+		t.Fatal("Best found a peer for 8 GPUs")
+	}
+	second := ranked[1].name
+	c.jobs[map[string]int{"b": 1, "c": 2}[peer]].refuse = "full"
+	_, err := a.OfferAbove(context.Background(), "1#1", api.Job{ID: "1", Spec: gpuSpec()}, score-0.02)
+	if err == nil || !strings.Contains(err.Error(), peer+" refused") || !strings.Contains(err.Error(), second+": ranks") {
+		t.Fatalf("offer above the best's score with the best refusing: %v", err)
+	}
+	if n := c.jobs[map[string]int{"b": 1, "c": 2}[second]].offers; n != 0 {
+		t.Fatalf("%s, ranked below the minimum, was offered the job %d times", second, n)
+	}
+	if h, err := a.OfferAbove(context.Background(), "2#1", api.Job{ID: "2", Spec: gpuSpec()}, ranked[1].score-0.02); err != nil || h.Peer != second {
+		t.Fatalf("offer above the second's score: %+v, %v", h, err)
 	}
 }

@@ -337,12 +337,14 @@ func (n *Node) Best(spec api.JobSpec) (string, float64, bool) {
 func (n *Node) OfferAbove(ctx context.Context, local string, job api.Job, min float64) (api.Handover, error) {
 	key := n.cfg.NodeName + "/" + local
 	ranked, skipped := n.ranker().rank(job.Spec, n.candidates())
+	var below []string // ranked under min: not offered
 	for _, c := range ranked {
 		if c.score < min {
-			skipped = append(skipped, fmt.Sprintf("%s: ranks %.2f, below the %.2f a poor fit here needs", c.name, c.score, min))
+			below = append(below, fmt.Sprintf("%s: ranks %.2f, below the %.2f a poor fit here needs", c.name, c.score, min))
 		}
 	}
 	ranked = slices.DeleteFunc(ranked, func(c candidate) bool { return c.score < min })
+	skipped = append(skipped, below...)
 	if len(ranked) == 0 {
 		if len(skipped) == 0 {
 			return api.Handover{}, errors.New("no live peer with a recent load")
@@ -378,7 +380,7 @@ func (n *Node) OfferAbove(ctx context.Context, local string, job api.Job, min fl
 		n.log.Info("handed a job over", "job", job.ID, "peer", c.name, "remote", a.RemoteID, "key", key)
 		return h, nil
 	}
-	return api.Handover{}, errors.New(strings.Join(refused, "; "))
+	return api.Handover{}, errors.New(strings.Join(append(refused, below...), "; "))
 }
 
 // offerTo sends one offer to c. lost is true when the request was sent
