@@ -2,7 +2,8 @@
 // holds the gang members peers reserve here, both sides of a hand-over:
 //
 //   - the origin's (origin.go, gangs.go): when a job that waited its
-//     class's budget is offered, following a handed-over job on its peer
+//     class's budget is offered, or one that fits here poorly while a peer
+//     ranks better (the poor-fit rule, Agent.PoorFit), following a handed-over job on its peer
 //     (its state mirrored into the local record, its output appended to
 //     the local log), taking it back when the peer is lost, forwarding a
 //     cancel; reserving, committing and starting a gang across peers;

@@ -3,8 +3,9 @@
 // encrypted gossip keyring), the load each daemon gossips (free resources
 // per device class, queue, health) with the age of every peer's view, the
 // peer API over mutual TLS, and the hand-over of jobs that do not fit here
-// (it implements handover.Overflow for the origin and serves offers, polls and
-// cancels for the peers' jobs). It is the only importer of memberlist.
+// or fit poorly (it implements handover.Overflow and handover.Ranker for the
+// origin and serves offers, polls and cancels for the peers' jobs; every
+// offer's answer carries this node's signed load). It is the only importer of memberlist.
 package peers
 
 import (
