@@ -79,6 +79,18 @@ type PeersConfig struct {
 	// Shorter ties up less here for a slow origin, and fails gangs whose
 	// origin needs longer.
 	MaxGangHold Duration `json:"max_gang_hold,omitempty"`
+	// RankSelf is the poor-fit rule: a job that fits here with an engine
+	// score below RankSelf.Below is offered to peers that rank at least
+	// RankSelf.Margin better (docs/peers.md, "Hand-over").
+	RankSelf RankSelfConfig `json:"rank_self"`
+}
+
+// RankSelfConfig is peers.rank_self: below what engine score a job that
+// fits here is ranked against the peers, and by how much a peer must rank
+// better to be offered it (below: 0 turns the rule off).
+type RankSelfConfig struct {
+	Below  float64 `json:"below"`
+	Margin float64 `json:"margin"`
 }
 
 // PeerUsersConfig is peers.users: the local users a peer's jobs may run as
@@ -129,9 +141,10 @@ func DefaultPeersConfig() PeersConfig {
 			api.ClassTraining:  Duration(time.Minute),
 			api.ClassBatch:     Duration(30 * time.Second),
 		},
-		Poll:   Duration(500 * time.Millisecond),
-		Lease:  Duration(10 * time.Second),
-		Limits: PeerLimitsConfig{OffersPerSecond: 20, OfferBurst: 40, Jobs: 256, SpecBytes: 64 << 20},
+		Poll:     Duration(500 * time.Millisecond),
+		Lease:    Duration(10 * time.Second),
+		Limits:   PeerLimitsConfig{OffersPerSecond: 20, OfferBurst: 40, Jobs: 256, SpecBytes: 64 << 20},
+		RankSelf: RankSelfConfig{Below: 0.5, Margin: 0.1},
 	}
 }
 
@@ -190,6 +203,12 @@ func (c PeersConfig) validate() (string, error) {
 	case l.SpecBytes < 1:
 		return "peers.limits.spec_bytes", fmt.Errorf("at least 1 byte")
 	}
+	switch r := c.RankSelf; {
+	case !(r.Below >= 0 && r.Below <= 1):
+		return "peers.rank_self.below", fmt.Errorf("between 0 (the rule off) and 1, got %v", r.Below)
+	case !(r.Margin >= 0 && r.Margin <= 1):
+		return "peers.rank_self.margin", fmt.Errorf("between 0 and 1, got %v", r.Margin)
+	}
 	if u := c.Users; u.MaxUID != 0 && u.MinUID > u.MaxUID {
 		return "peers.users.min_uid", fmt.Errorf("%d is above peers.users.max_uid %d", u.MinUID, u.MaxUID)
 	}
@@ -228,8 +247,9 @@ func startPeers(cfg Config, mgr *jobs.Manager, host peers.Host, auditLog *audit.
 	// members, and it hands jobs over through them.
 	ho := handover.New(mgr.Records(), handover.Config{
 		Budget: budgets, Poll: time.Duration(p.Poll),
-		Lost:  2*time.Duration(p.Lease) + time.Duration(cfg.CancelGrace),
-		Retry: 5 * time.Second,
+		Lost:     2*time.Duration(p.Lease) + time.Duration(cfg.CancelGrace),
+		Retry:    5 * time.Second,
+		RankSelf: handover.RankSelf{Below: p.RankSelf.Below, Margin: p.RankSelf.Margin},
 	}, log.With("part", "handover"))
 	n, err := peers.New(peers.Config{
 		NodeName: name, Gossip: p.Gossip, AdvertiseGossip: p.AdvertiseGossip,

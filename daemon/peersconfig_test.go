@@ -22,6 +22,10 @@ func TestPeersConfigValidation(t *testing.T) {
 		{base + "  wait_budget: {batch: -1s}\n", "peers.wait_budget.batch"},
 		{base + "  broadcast_interval: 1ms\n", "peers.broadcast_interval"},
 		{base + "  bogus: 1\n", "peers.bogus"},
+		{base + "  rank_self: {below: 1.5}\n", "peers.rank_self.below"},
+		{base + "  rank_self: {below: -0.1}\n", "peers.rank_self.below"},
+		{base + "  rank_self: {margin: -0.1}\n", "peers.rank_self.margin"},
+		{base + "  rank_self: {margin: 2}\n", "peers.rank_self.margin"},
 	} {
 		cfg := DefaultConfig()
 		err := ParseConfig([]byte(tc.yaml), &cfg)
@@ -41,7 +45,11 @@ func TestPeersConfigValidation(t *testing.T) {
 	if err := ParseConfig([]byte(tls+"  insecure_gossip: true\n"), &cfg); err != nil || !cfg.Peers.InsecureGossip {
 		t.Fatalf("peers without a keyring, with insecure_gossip: %v (%+v)", err, cfg.Peers)
 	}
-	if d := DefaultConfig(); d.Peers.Enabled {
-		t.Error("peers are on by default")
+	if d := DefaultConfig(); d.Peers.Enabled || d.Peers.RankSelf != (RankSelfConfig{Below: 0.5, Margin: 0.1}) {
+		t.Errorf("peers by default: enabled %v, rank_self %+v", d.Peers.Enabled, d.Peers.RankSelf)
+	}
+	cfg = DefaultConfig()
+	if err := ParseConfig([]byte(base+"  rank_self: {below: 0}\n"), &cfg); err != nil || cfg.Peers.RankSelf != (RankSelfConfig{Below: 0, Margin: 0.1}) {
+		t.Fatalf("rank_self below 0 (off): %v (%+v)", err, cfg.Peers.RankSelf)
 	}
 }

@@ -2,7 +2,8 @@
 // holds the gang members peers reserve here, both sides of a hand-over:
 //
 //   - the origin's (origin.go, gangs.go): when a job that waited its
-//     class's budget is offered, following a handed-over job on its peer
+//     class's budget is offered, or one that fits here poorly while a peer
+//     ranks better (the poor-fit rule, Agent.PoorFit), following a handed-over job on its peer
 //     (its state mirrored into the local record, its output appended to
 //     the local log), taking it back when the peer is lost, forwarding a
 //     cancel; reserving, committing and starting a gang across peers;
@@ -50,6 +51,19 @@ type Overflow interface {
 	Cancel(ctx context.Context, h api.Handover) error
 }
 
+// Ranker is an Overflow that ranks its peers for a job without offering
+// it, and offers only to those that rank well enough: the poor-fit rule
+// (Agent.PoorFit, Config.RankSelf).
+type Ranker interface {
+	// Best is the best-ranked peer for spec and its ranking score (the
+	// engine's on its gossiped load, less the penalties for its queue,
+	// wait and the view's age); false when no peer fits.
+	Best(spec api.JobSpec) (peer string, score float64, ok bool)
+	// OfferAbove is Offer to the peers whose ranking score is at least
+	// min, best first.
+	OfferAbove(ctx context.Context, local string, job api.Job, min float64) (api.Handover, error)
+}
+
 // ErrRemoteGone is Poll's answer when the peer has no job of the key.
 var ErrRemoteGone = errors.New("the peer does not have the job")
 
@@ -88,6 +102,18 @@ type Config struct {
 	// Retry is how long a job waits after every peer refused it before it
 	// is offered again.
 	Retry time.Duration
+	// RankSelf is the poor-fit rule: a job that fits here but scores
+	// poorly is offered to a peer that ranks better (Agent.PoorFit).
+	RankSelf RankSelf
+}
+
+// RankSelf is the poor-fit rule's thresholds (peers.rank_self). A single
+// job from no peer, of a class with a wait budget, that fits here with an
+// engine score s below Below is offered to the peers whose ranking score
+// is at least s + Margin, when the best one's is; otherwise, and when
+// every such peer refuses, it is placed here. Below 0 is off.
+type RankSelf struct {
+	Below, Margin float64
 }
 
 // Jobs is what the hand-over needs of the job records (jobs.Manager's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -89,7 +90,51 @@ func (a *Agent) Overflow(group []*api.Job, why string) bool {
 	}
 	a.jobs.SetWaiting(ids(group), "waiting: "+why+"; offering to peers")
 	id := j.ID
-	a.jobs.Go(func() { a.offer(id, why, left) })
+	a.jobs.Go(func() { a.offer(id, why, left, math.Inf(-1)) })
+	return true
+}
+
+// PoorFit is called by the queue for a single job it just placed here
+// with engine score score (before the placement is recorded): the
+// poor-fit rule (Config.RankSelf). A job that came from no peer, of a
+// class with a wait budget, whose score is below RankSelf.Below is
+// ranked against the peers; when the best peer's ranking score exceeds
+// score by RankSelf.Margin or more, the job is offered (to the peers
+// that rank that well) in the background and PoorFit reports true (the
+// queue gives the placement back and leaves the job alone meanwhile).
+// When every such peer refuses, the job is placed here on a later pass
+// without being ranked again for Config.Retry.
+func (a *Agent) PoorFit(j *api.Job, score float64) bool {
+	rule := a.cfg.RankSelf
+	if rule.Below <= 0 || score >= rule.Below || j.Origin != nil || j.Spec.Gang != nil {
+		return false
+	}
+	if _, ok := a.cfg.Budget[j.Spec.Class]; !ok {
+		return false
+	}
+	r, ok := a.o.(Ranker)
+	if !ok {
+		return false
+	}
+	id := j.ID
+	a.prune()
+	a.mu.Lock()
+	recent := time.Now().Before(a.retryAt[id]) || a.offering[id]
+	a.mu.Unlock()
+	if recent {
+		return false // refused a moment ago: it runs here
+	}
+	peer, best, ok := r.Best(j.Spec)
+	if !ok || best < score+rule.Margin {
+		return false
+	}
+	a.mu.Lock()
+	a.offering[id] = true
+	a.mu.Unlock()
+	why := fmt.Sprintf("fits here poorly (engine score %.2f, below peers.rank_self.below %.2f) and peer %s ranks %.2f, at least peers.rank_self.margin %.2f better",
+		score, rule.Below, peer, best, rule.Margin)
+	a.jobs.SetWaiting([]string{id}, "waiting: "+why+"; offering to peers")
+	a.jobs.Go(func() { a.offer(id, why, why, score+rule.Margin) })
 	return true
 }
 
@@ -101,8 +146,10 @@ func (a *Agent) offered(id string) {
 	a.jobs.Poke()
 }
 
-// offer hands job id over to the first peer that accepts it.
-func (a *Agent) offer(id, why, left string) {
+// offer hands job id over to the first peer that accepts it, of those
+// ranked at least min (-Inf: any; an Overflow that is no Ranker offers to
+// all).
+func (a *Agent) offer(id, why, left string, min float64) {
 	defer a.offered(id)
 	snap, ok := a.jobs.Job(id)
 	if !ok || snap.State != api.StatePending {
@@ -114,7 +161,13 @@ func (a *Agent) offer(id, why, left string) {
 	local := snap.ID + "#" + strconv.Itoa(len(snap.Events))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	h, err := a.o.Offer(ctx, local, snap)
+	var h api.Handover
+	var err error
+	if r, ok := a.o.(Ranker); ok && !math.IsInf(min, -1) {
+		h, err = r.OfferAbove(ctx, local, snap, min)
+	} else {
+		h, err = a.o.Offer(ctx, local, snap)
+	}
 	if err != nil {
 		reason := fmt.Sprintf("waiting: %s; no peer took it: %v", why, err)
 		a.mu.Lock()
@@ -147,13 +200,18 @@ func (a *Agent) handedOver(id string, h api.Handover, left, with string) error {
 	})
 }
 
-// prune forgets the waits of jobs no longer pending (placed here,
-// cancelled).
+// prune forgets the waits and refusals of jobs no longer pending (placed
+// here, cancelled).
 func (a *Agent) prune() {
 	a.mu.Lock()
-	ids := make([]string, 0, len(a.since))
+	ids := make([]string, 0, len(a.since)+len(a.retryAt))
 	for id := range a.since {
 		ids = append(ids, id)
+	}
+	for id := range a.retryAt {
+		if _, ok := a.since[id]; !ok {
+			ids = append(ids, id) // a poor fit's refusal (PoorFit)
+		}
 	}
 	a.mu.Unlock()
 	for _, id := range ids {

@@ -90,6 +90,11 @@ type held struct {
 	// cpus are the job's exclusive cores' CPUs (sorted); assign.Cores is
 	// their count per NUMA node.
 	cpus []int
+	// score is the engine's score of the placement (0..1), scored when
+	// a single job was placed (not a gang's member, not a reclaimed
+	// placement).
+	score  float64
+	scored bool
 }
 
 // Placer places jobs on this host with the engine.
@@ -708,6 +713,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 	nodes := []*sched.Node{p.node}
 	var assigns []sched.Assignment
 	var explain []string
+	score, scored := 0.0, false
 	lent := p.lend(reqs)
 	if len(reqs) == 1 {
 		d, err := p.eng.Place(&reqs[0], nodes)
@@ -721,6 +727,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 		}
 		assigns = []sched.Assignment{d.Assignment}
 		explain = []string{p.explain(&d)}
+		score, scored = d.Score, true
 	} else {
 		as, err := p.eng.PlaceGang(reqs, nodes)
 		if err != nil {
@@ -754,7 +761,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 			p.publish()
 			return nil, fmt.Sprintf("guaranteed job needs %d exclusive cores: %v", reqs[i].ExclusiveCores, err), false
 		}
-		p.held[j.ID] = held{req: reqs[i], assign: assigns[i], cpus: cpus}
+		p.held[j.ID] = held{req: reqs[i], assign: assigns[i], cpus: cpus, score: score, scored: scored}
 		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
 		if len(cpus) > 0 {
 			out[i].CPUSet = cgroups.FormatCPUList(cpus)
@@ -1007,6 +1014,17 @@ func (p *Placer) Release(j *api.Job) {
 	for id := range p.down {
 		p.refreshGPU(p.gpuOf(id))
 	}
+}
+
+// PlacedScore is the engine's score (0..1) of the placement job id holds,
+// from the decision that placed it; false for a job not placed, a gang's
+// member or a re-reserved placement (jobs.Scorer: the queue's poor-fit
+// rule).
+func (p *Placer) PlacedScore(id string) (float64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h, ok := p.held[id]
+	return h.score, ok && h.scored
 }
 
 // BestEffortOnly names the GPUs (by ID) whose jobs are all best-effort:

@@ -24,6 +24,12 @@ type Handover interface {
 	// and reports whether it took it (offering it to peers, or leaving it
 	// waiting after every peer refused it a moment ago).
 	Overflow(group []*api.Job, why string) bool
+	// PoorFit is given a single job just placed here whose placement the
+	// engine scored score, before it is recorded; it reports whether the
+	// hand-over took the job to offer it to peers that rank better (the
+	// queue then gives the placement back and leaves the job alone while
+	// it is offered, see Offering).
+	PoorFit(j *api.Job, score float64) bool
 	// Follow follows a job an earlier daemon handed over.
 	Follow(id string)
 	// CancelRemote forwards a cancel to the peer of a handed-over job.
@@ -76,6 +82,22 @@ func (m *Manager) handingOver(j *api.Job) bool {
 // overflow gives a group the queue could not place to the hand-over.
 func (m *Manager) overflow(group []*api.Job, why string) bool {
 	return m.ho != nil && m.ho.Overflow(group, why)
+}
+
+// poorFit gives a job just placed here, as a single job, to the
+// hand-over when its placement scores poorly and a peer ranks better
+// (Handover.PoorFit); the placement is then given back.
+func (m *Manager) poorFit(group []*api.Job) bool {
+	sc, ok := m.placer.(Scorer)
+	if m.ho == nil || !ok || len(group) != 1 || group[0].Origin != nil {
+		return false
+	}
+	s, ok := sc.PlacedScore(group[0].ID)
+	if !ok || !m.ho.PoorFit(group[0], s) {
+		return false
+	}
+	m.release(group[0])
+	return true
 }
 
 // resumeHandover follows, after a restart, a job an earlier daemon handed

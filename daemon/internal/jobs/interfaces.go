@@ -108,6 +108,15 @@ type Preparer interface {
 	Release(j *api.Job)
 }
 
+// Scorer is a Placer that tells the placement engine's score of a job's
+// placement (the daemon's placer is one): the queue's poor-fit rule
+// (Handover.PoorFit) compares it with the peers'.
+type Scorer interface {
+	// PlacedScore is the engine's score (0..1) of the placement job id
+	// holds; false when it has none (not placed, a gang's member).
+	PlacedScore(id string) (float64, bool)
+}
+
 // Backfiller is a Placer that can keep room for the head of the queue
 // (EASY backfill on one host, see queue.go). The daemon's placer is one;
 // with a Placer that is not, every job is simply tried in order.

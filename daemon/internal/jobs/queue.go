@@ -172,6 +172,11 @@ func (m *Manager) schedule() {
 		if !ok && m.overflow(group, why) {
 			continue // handed to peers (daemon/internal/handover)
 		}
+		if ok && j.ID != first && m.poorFit(group) {
+			// Fits here poorly, a peer ranks better: offered to it (not
+			// the job jobs were preempted here for).
+			continue
+		}
 		if !ok && j.Origin != nil {
 			// A peer's job that does not fit now is refused (admit.go):
 			// it neither holds the head's reservation nor preempts.

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -101,17 +103,49 @@ func (n *Node) serveOffer(w http.ResponseWriter, r *http.Request) {
 	var ae *api.Error
 	switch {
 	case errors.As(err, &ref):
-		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Error()})
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ref.Error(), Load: n.answerLoad()})
 		return
 	case errors.As(err, &ae) && ae.HTTPStatus() < 500:
-		writeJSON(w, http.StatusOK, offerAnswer{Why: ae.Error()})
+		writeJSON(w, http.StatusOK, offerAnswer{Why: ae.Error(), Load: n.answerLoad()})
 		return
 	case err != nil:
 		fail(w, http.StatusInternalServerError, "%v", err)
 		return
 	}
 	n.renew(o.Key)
-	writeJSON(w, http.StatusOK, offerAnswer{Accepted: true, RemoteID: j.ID})
+	writeJSON(w, http.StatusOK, offerAnswer{Accepted: true, RemoteID: j.ID, Load: n.answerLoad()})
+}
+
+// answerLoad is this host's load now, for an offer's answer: the load
+// message's envelope (without its kind byte) as the gossip carries it,
+// or nil when it cannot be made (the answer goes without it).
+func (n *Node) answerLoad() json.RawMessage {
+	b, err := n.seal(localLoad(n.host, n.jobs))
+	if err != nil {
+		n.log.Warn("encoding this host's load for an offer's answer", "err", err)
+		return nil
+	}
+	return b[1:]
+}
+
+// takeAnswerLoad keeps the load peer's answer a carried as it keeps a
+// gossiped one (merge: a current member's, newer than its view, signed
+// by it), so the view of peer is fresh (age 0) for the next ranking. A
+// load that is invalid, or of another node than the one answering, is
+// dropped and counted like such gossip; an answer without one (an older
+// peer) changes nothing.
+func (n *Node) takeAnswerLoad(peer string, a offerAnswer) {
+	switch {
+	case a.loadErr != nil:
+		n.dropped.invalid.Add(1)
+		n.log.Debug("dropping the load of an offer's answer", "peer", peer, "err", a.loadErr)
+	case a.load == nil:
+	case a.load.Node != peer:
+		n.dropped.unsigned.Add(1)
+		n.log.Debug("dropping the load of another node in an offer's answer", "peer", peer, "node", a.load.Node)
+	default:
+		n.merge(*a.load)
+	}
 }
 
 // refuse answers a peer API request with status and why, and audits it.
@@ -285,8 +319,32 @@ func readAnswer(resp *http.Response) ([]byte, error) {
 // Offer offers job to the peers that fit it by their gossiped load, best
 // ranked first, until one accepts.
 func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handover, error) {
+	return n.OfferAbove(ctx, local, job, math.Inf(-1))
+}
+
+// Best is the best-ranked peer for spec by gossiped load and its ranking
+// score (handover.Ranker: the poor-fit rule compares it with this host's
+// engine score).
+func (n *Node) Best(spec api.JobSpec) (string, float64, bool) {
+	ranked, _ := n.ranker().rank(spec, n.candidates())
+	if len(ranked) == 0 {
+		return "", 0, false
+	}
+	return ranked[0].name, ranked[0].score, true
+}
+
+// OfferAbove is Offer to the peers whose ranking score is at least min.
+func (n *Node) OfferAbove(ctx context.Context, local string, job api.Job, min float64) (api.Handover, error) {
 	key := n.cfg.NodeName + "/" + local
 	ranked, skipped := n.ranker().rank(job.Spec, n.candidates())
+	var below []string // ranked under min: not offered
+	for _, c := range ranked {
+		if c.score < min {
+			below = append(below, fmt.Sprintf("%s: ranks %.2f, below the %.2f a poor fit here needs", c.name, c.score, min))
+		}
+	}
+	ranked = slices.DeleteFunc(ranked, func(c candidate) bool { return c.score < min })
+	skipped = append(skipped, below...)
 	if len(ranked) == 0 {
 		if len(skipped) == 0 {
 			return api.Handover{}, errors.New("no live peer with a recent load")
@@ -322,7 +380,7 @@ func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handov
 		n.log.Info("handed a job over", "job", job.ID, "peer", c.name, "remote", a.RemoteID, "key", key)
 		return h, nil
 	}
-	return api.Handover{}, errors.New(strings.Join(refused, "; "))
+	return api.Handover{}, errors.New(strings.Join(append(refused, below...), "; "))
 }
 
 // offerTo sends one offer to c. lost is true when the request was sent
@@ -343,6 +401,7 @@ func (n *Node) offerTo(ctx context.Context, c candidate, body []byte) (offerAnsw
 	if err != nil {
 		return offerAnswer{}, false, fmt.Errorf("%s answered badly (%v)", c.name, err)
 	}
+	n.takeAnswerLoad(c.name, a)
 	return a, false, nil
 }
 

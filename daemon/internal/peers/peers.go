@@ -3,8 +3,9 @@
 // encrypted gossip keyring), the load each daemon gossips (free resources
 // per device class, queue, health) with the age of every peer's view, the
 // peer API over mutual TLS, and the hand-over of jobs that do not fit here
-// (it implements handover.Overflow for the origin and serves offers, polls and
-// cancels for the peers' jobs). It is the only importer of memberlist.
+// or fit poorly (it implements handover.Overflow and handover.Ranker for the
+// origin and serves offers, polls and cancels for the peers' jobs; every
+// offer's answer carries this node's signed load). It is the only importer of memberlist.
 package peers
 
 import (
@@ -450,6 +451,19 @@ func sameLoad(a, b api.PeerLoad) bool {
 }
 
 func (n *Node) gossip(l api.PeerLoad) {
+	b, err := n.seal(l)
+	if err != nil {
+		n.log.Warn("encoding this host's load", "err", err)
+		return
+	}
+	n.queue.QueueBroadcast(&broadcast{node: n.cfg.NodeName, msg: b})
+}
+
+// seal makes this host's load l a load message: clamped to the gossip's
+// bounds, numbered next in this node's sequence and signed, kept as this
+// node's own view (what push/pull passes on). Both the gossip and the
+// offer answers (serveOffer) carry what it makes.
+func (n *Node) seal(l api.PeerLoad) ([]byte, error) {
 	msg := loadMsg{Node: n.cfg.NodeName, API: n.api, Load: clampLoad(l)}
 	n.mu.Lock()
 	n.seq++
@@ -457,13 +471,14 @@ func (n *Node) gossip(l api.PeerLoad) {
 	n.mu.Unlock()
 	b, err := encodeLoad(msg, func(body []byte) ([]byte, error) { return signLoad(n.signer, body) })
 	if err != nil {
-		n.log.Warn("encoding this host's load", "err", err)
-		return
+		return nil, err
 	}
 	n.mu.Lock()
-	n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now()}
+	if v, ok := n.view[msg.Node]; !ok || v.msg.Seq < msg.Seq {
+		n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now()}
+	}
 	n.mu.Unlock()
-	n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: b})
+	return b, nil
 }
 
 // merge keeps msg if it is about a current member, newer than what is
@@ -717,7 +732,10 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-var _ handover.Overflow = (*Node)(nil)
+var (
+	_ handover.Overflow = (*Node)(nil)
+	_ handover.Ranker   = (*Node)(nil)
+)
 
 // every runs f every d until the node stops.
 func (n *Node) every(d time.Duration, f func()) {

@@ -89,6 +89,16 @@ type offerAnswer struct {
 	Accepted bool   `json:"accepted"`
 	RemoteID string `json:"remote_id,omitempty"`
 	Why      string `json:"why,omitempty"`
+	// Load is the answering peer's load as it was when it answered: a
+	// load message's envelope exactly as the peer gossips it (signed by
+	// it, numbered in its gossip's sequence), so the origin verifies and
+	// keeps it as it would a gossiped one (Node.answerLoad). An older
+	// peer answers without it.
+	Load json.RawMessage `json:"load,omitempty"`
+	// load is Load decoded and validated (decodeAnswer), nil when absent
+	// or invalid; loadErr says why it was invalid.
+	load    *signedLoad
+	loadErr error
 }
 
 // strict decodes a message that asks this daemon to act (an offer, its
@@ -264,6 +274,16 @@ func decodeAnswer(b []byte) (offerAnswer, error) {
 	}
 	if a.Accepted && a.RemoteID == "" {
 		return a, errors.New("offer accepted without the job's ID")
+	}
+	if len(a.Load) > 0 {
+		// A bad load does not make the answer bad (the peer may have
+		// accepted the job): it is dropped alone, as gossip would be.
+		l, err := decodeEnvelope(a.Load)
+		if err != nil {
+			a.loadErr = err
+		} else {
+			a.load = &l
+		}
 	}
 	return a, nil
 }

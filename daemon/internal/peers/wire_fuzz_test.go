@@ -116,10 +116,19 @@ func FuzzDecodeAnswer(f *testing.F) {
 	f.Add([]byte(`{"accepted":true,"remote_id":"3"}`))
 	f.Add([]byte(`{"accepted":false,"why":"full"}`))
 	f.Add([]byte(`{"accepted":true}`))
+	if env, err := encodeLoad(seedLoad(), testSign); err == nil {
+		f.Add([]byte(`{"accepted":true,"remote_id":"3","load":` + string(env[1:]) + `}`))
+		f.Add([]byte(`{"accepted":false,"why":"full","load":` + string(env[1:]) + `}`))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		a, err := decodeAnswer(b)
 		if err == nil && a.Accepted && a.RemoteID == "" {
 			t.Fatal("accepted an acceptance without the job's ID")
+		}
+		if err == nil && a.load != nil {
+			if len(a.Load)+1 > maxLoadBytes || validateMsg(a.load.loadMsg) != nil || len(a.load.sig) == 0 {
+				t.Fatalf("kept an answer's load out of its bounds: %d bytes, %+v", len(a.Load), a.load.loadMsg)
+			}
 		}
 	})
 }
