@@ -36,6 +36,11 @@ func (g *gpuHost) LiveLoad() (float64, map[string]float64) {
 	defer g.mu.Unlock()
 	return g.h.LiveLoad()
 }
+func (g *gpuHost) PowerHeadroom() map[string]float64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.h.PowerHeadroom()
+}
 
 // TestAnswerCarriesFreshLoad: b gossips 2 free H100s and then stays
 // quiet (a broadcast interval of an hour); its GPUs change. Its answer to
