@@ -331,8 +331,15 @@ func (m *Manager) settleAll(batch []settle) {
 		case j == nil:
 			s.done <- &admission.Refusal{Rule: "queue", Why: "the job was forgotten before it was placed"}
 		case state == api.StatePending:
-			m.refuseOffer(s.id, reason)
+			// Forgotten here before the answer (a retried offer of its
+			// key is admitted anew), its record removed after it: the
+			// refusal waits for no second write. A crash before the
+			// removal leaves a peer's pending job, forgotten at restart.
+			forgotten, ok := m.unlist(s.id, api.StatePending)
 			s.done <- &admission.Refusal{Rule: "queue", Why: cmp.Or(strings.TrimPrefix(reason, "waiting: "), "no room on this host now")}
+			if ok {
+				m.dropRecord(forgotten, reason)
+			}
 		default:
 			s.done <- nil
 		}
@@ -346,23 +353,34 @@ func (m *Manager) refuseOffer(id, why string) { m.forgetUnstarted(id, api.StateP
 // from): its record is removed, so its origin, which polls it, hears that
 // this host does not have it and places it again.
 func (m *Manager) forgetUnstarted(id string, from api.State, why string) {
+	if j, ok := m.unlist(id, from); ok {
+		m.dropRecord(j, why)
+	}
+}
+
+// unlist removes a peer's job still in state from from memory (the first
+// half of forgetUnstarted) and returns it.
+func (m *Manager) unlist(id string, from api.State) (*api.Job, bool) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	j := m.jobs[id]
 	if j == nil || j.Origin == nil || j.State != from {
-		m.mu.Unlock()
-		return
+		return nil, false
 	}
 	delete(m.jobs, id)
 	delete(m.specBytes, id)
-	if j.Origin != nil {
-		delete(m.byOrigin, j.Origin.Key)
-	}
+	delete(m.byOrigin, j.Origin.Key)
 	delete(m.holds, id)
-	m.mu.Unlock()
-	if err := m.store.DeleteJobs(id); err != nil {
-		m.log.Warn("removing a peer's job that did not start here", "job", id, "err", err)
+	return j, true
+}
+
+// dropRecord removes the record of a job unlist took out (the second
+// half of forgetUnstarted).
+func (m *Manager) dropRecord(j *api.Job, why string) {
+	if err := m.store.DeleteJobs(j.ID); err != nil {
+		m.log.Warn("removing a peer's job that did not start here", "job", j.ID, "err", err)
 	}
-	m.log.Info("forgot a peer's job that did not start here", "job", id, "peer", j.Origin.Node, "why", why)
+	m.log.Info("forgot a peer's job that did not start here", "job", j.ID, "peer", j.Origin.Node, "why", why)
 }
 
 // auditAdmission is the audit step: one record per admission, accepted

@@ -357,3 +357,62 @@ func TestAdmissionPendingPeerJobForgottenAtRestart(t *testing.T) {
 		t.Error("its key still names a job")
 	}
 }
+
+// A peer's accepted job is placed by the pass in memory and its start
+// stores the placement (its record, once started, holds the allocation
+// and the placed event); a refused offer of a second key, retried at once,
+// is admitted anew (it was forgotten before the answer), and its record
+// is removed from the store after the answer.
+func TestAdmissionPeerJobRecords(t *testing.T) {
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	cfg := jobs.Config{LogDir: filepath.Join(dir, "logs"), CancelGrace: time.Second}
+	m := jobs.New(cfg, st, jobstest.Runner(t, cfg.LogDir, time.Second), jobstest.Placer(2000, 1<<30), slog.New(slog.DiscardHandler))
+	withPeers(m, handover.Config{Lost: time.Hour}, jobs.PeerPolicy{Users: admission.PeerUsers{MinUID: 1000, MaxUID: 65534}})
+	jobstest.Run(t, m)
+	big := small()
+	big.Resources.CPU = 2000
+	a, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, User: "nobody"}, big)
+	if err != nil || a.State != api.StatePlaced || a.Allocation == nil {
+		t.Fatalf("accepted: %s %+v, %v", a.State, a.Allocation, err)
+	}
+	var stored api.Job
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if stored, err = st.GetJob(a.ID); err == nil && stored.State == api.StateRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stored record of the accepted job: %s, %v", stored.State, err)
+		}
+	}
+	var placed bool
+	for _, e := range stored.Events {
+		placed = placed || e.To == api.StatePlaced && strings.HasPrefix(e.Reason, "placed: ")
+	}
+	if stored.Allocation == nil || stored.Allocation.CPU != 2000 || !placed || stored.Origin == nil || stored.Origin.Key != "o/1#1" {
+		t.Fatalf("stored record once started: allocation %+v, placed event %v, origin %+v", stored.Allocation, placed, stored.Origin)
+	}
+	o := jobs.Offer{From: api.Provenance{Node: "o", JobID: "2", Key: "o/2#1"}, User: "nobody"}
+	var ref *admission.Refusal
+	for range 2 {
+		if _, err := m.AcceptHandover(context.Background(), o, big); !errors.As(err, &ref) || ref.Rule != "queue" {
+			t.Fatalf("an offer that does not fit now: %v, want refused by the queue", err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n := 0
+		if err := st.Jobs(func(api.Job) error { n++; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records stored after two refusals, want only the accepted job's", n)
+		}
+	}
+}

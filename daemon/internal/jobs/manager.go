@@ -634,6 +634,22 @@ func (m *Manager) transition(j *api.Job, to api.State, reason string, mutate fun
 // store write fails, the in-memory record is put back as it was (unless it
 // changed again meanwhile).
 func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, mutate func(*api.Job)) error {
+	return m.move(j, from, to, reason, mutate, true)
+}
+
+// placeUnstored places a peer's job in memory only: its start (launch's
+// move to starting) stores the placement with it, so the hand-over's
+// answer waits for one durable write, the record stored at admission.
+// A crash in between loses nothing acknowledged: the stored record is a
+// peer's pending job, which the next daemon forgets as it forgets a
+// placed one that never started (Recover), and its origin, polling,
+// places it again.
+func (m *Manager) placeUnstored(j *api.Job, reason string, mutate func(*api.Job)) error {
+	return m.move(j, api.StatePending, api.StatePlaced, reason, mutate, false)
+}
+
+// move is transitionFrom, the record stored only when store is set.
+func (m *Manager) move(j *api.Job, from, to api.State, reason string, mutate func(*api.Job), store bool) error {
 	m.mu.Lock()
 	cur := j.State
 	if from != "" && cur != from {
@@ -666,16 +682,18 @@ func (m *Manager) transitionFrom(j *api.Job, from, to api.State, reason string, 
 	}
 	m.mu.Unlock()
 
-	if err := m.store.PutJob(snap); err != nil {
-		m.noteStoreError(err)
-		m.mu.Lock()
-		if j.Version == snap.Version {
-			*j = before
+	if store {
+		if err := m.store.PutJob(snap); err != nil {
+			m.noteStoreError(err)
+			m.mu.Lock()
+			if j.Version == snap.Version {
+				*j = before
+			}
+			m.mu.Unlock()
+			return fmt.Errorf("%w: %w", errStore, err)
 		}
-		m.mu.Unlock()
-		return fmt.Errorf("%w: %w", errStore, err)
+		m.noteStoreOK()
 	}
-	m.noteStoreOK()
 	m.publish(&snap, ev)
 	m.cfg.Observer.Transitioned(cur, to)
 	if cur == api.StatePending && to == api.StatePlaced {

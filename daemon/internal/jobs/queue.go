@@ -220,7 +220,19 @@ func (m *Manager) schedule() {
 		for i, member := range group {
 			alloc := allocs[i]
 			summary, _, _ := strings.Cut(cmp.Or(alloc.Explain, "resources reserved"), "\n")
-			if err := m.transition(member, api.StatePlaced, "placed: "+summary, func(j *api.Job) {
+			place := m.transition
+			m.mu.Lock()
+			_, held := m.holds[member.ID]
+			m.mu.Unlock()
+			if member.Origin != nil && !held {
+				// A peer's job to start now: its start stores the
+				// placement (placeUnstored), so the offer's answer
+				// waits for no second write.
+				place = func(j *api.Job, _ api.State, reason string, mutate func(*api.Job)) error {
+					return m.placeUnstored(j, reason, mutate)
+				}
+			}
+			if err := place(member, api.StatePlaced, "placed: "+summary, func(j *api.Job) {
 				j.Allocation = &alloc
 			}); err != nil {
 				m.release(member)

@@ -1,7 +1,9 @@
 // Package jobs is fusiond's job manager: the lifecycle state machine, the
 // queue that hands pending jobs to a Placer, the Runner that starts them,
 // and the event stream. Every state change is written to the store before
-// the manager acts on it.
+// the manager acts on it, except a peer's job placed to start now: its
+// placement is written with its start, before anything is started
+// (placeUnstored).
 //
 // It owns the job lifecycle and may import daemon/api, daemon/sched (the
 // queue's ordering and backfill rule), daemon/internal/store,

@@ -3,7 +3,9 @@
 // state directory. What it writes is its own Record type, converted from
 // and to the API's api.Job at this package's boundary. Every write is
 // fsynced before it returns, so a job the API acknowledged survives a
-// crash. The schema is versioned; Open runs the migrations from older
+// crash. Writes that arrive while a commit is on its way to the disk are
+// committed together in the next one (group commit, see commit). The
+// schema is versioned; Open runs the migrations from older
 // versions and refuses databases from newer ones.
 //
 // It owns the bbolt database and may import daemon/api, bbolt and the
@@ -17,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -66,7 +69,25 @@ type Options struct {
 type Store struct {
 	db  *bolt.DB
 	log *slog.Logger
+	// mu guards queue and closed: the writes waiting for the next
+	// commit (group commit); wake tells the committer there are some,
+	// done is closed when it has stopped.
+	mu     sync.Mutex
+	queue  []write
+	closed bool
+	wake   chan struct{}
+	done   chan struct{}
 }
+
+// write is one caller's part of a commit: fn runs in the transaction,
+// its outcome (the commit's, or fn's own error) goes to err.
+type write struct {
+	fn  func(*bolt.Tx) error
+	err chan error
+}
+
+// ErrClosed means the store was closed.
+var ErrClosed = errors.New("state database is closed")
 
 // Open opens (creating if needed) the database at path. A locked, corrupt
 // or too-new database is an error; it never silently starts empty.
@@ -84,15 +105,97 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		return nil, fmt.Errorf("%w: %s: %w (move it aside to start with an empty database; its jobs will be forgotten)", ErrCorrupt, path, err)
 	}
-	// Concurrent submissions are committed (and fsynced) together; a lone
-	// writer waits at most this long for company.
-	db.MaxBatchDelay = time.Millisecond
-	s := &Store{db: db, log: opts.Logger}
+	s := &Store{db: db, log: opts.Logger, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	if err := s.init(path, opts.Migrations); err != nil {
 		db.Close()
 		return nil, err
 	}
+	go s.committer()
 	return s, nil
+}
+
+// commit runs fn in a write transaction and returns once it is on disk
+// (fsynced). It is group commit: a write arriving while no commit is
+// under way is committed at once, alone; those arriving during a commit
+// wait for it and are then committed together in one transaction, so
+// concurrent writers share the disk's syncs instead of queueing for one
+// each, and none waits for company (bbolt's Batch closes a batch after
+// a fixed delay instead, then queues it behind the commit under way). A
+// write whose fn fails is run again alone, so its error is its own and
+// the others still commit; fn may therefore run more than once.
+func (s *Store) commit(fn func(*bolt.Tx) error) error {
+	w := write{fn: fn, err: make(chan error, 1)}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.queue = append(s.queue, w)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return <-w.err
+}
+
+// committer commits the waiting writes, all of them in one transaction,
+// until the store is closed and none waits.
+func (s *Store) committer() {
+	defer close(s.done)
+	for {
+		<-s.wake
+		for {
+			s.mu.Lock()
+			batch, closed := s.queue, s.closed
+			s.queue = nil
+			s.mu.Unlock()
+			if len(batch) == 0 {
+				if closed {
+					return
+				}
+				break
+			}
+			s.run(batch)
+		}
+	}
+}
+
+// run commits batch in one transaction. A write whose fn fails is taken
+// out and committed alone (its error is its answer), and the rest again.
+func (s *Store) run(batch []write) {
+	for len(batch) > 0 {
+		failed := -1
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			for i, w := range batch {
+				if err := safely(w.fn, tx); err != nil {
+					failed = i
+					return err
+				}
+			}
+			return nil
+		})
+		if failed < 0 {
+			for _, w := range batch {
+				w.err <- err
+			}
+			return
+		}
+		alone := batch[failed]
+		alone.err <- s.db.Update(func(tx *bolt.Tx) error { return safely(alone.fn, tx) })
+		batch = append(batch[:failed:failed], batch[failed+1:]...)
+	}
+}
+
+// safely runs fn, a panic in it turned into its error: one bad write must
+// not stop the committer every other write waits on.
+func safely(fn func(*bolt.Tx) error, tx *bolt.Tx) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("store write panicked: %v", p)
+		}
+	}()
+	return fn(tx)
 }
 
 func (s *Store) init(path string, migrations []Migration) error {
@@ -139,8 +242,19 @@ func findMigration(ms []Migration, from int) *Migration {
 	return nil
 }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the database, after the writes already waiting are
+// committed; later writes fail with ErrClosed.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	<-s.done
+	return s.db.Close()
+}
 
 // Path is the database file.
 func (s *Store) Path() string { return s.db.Path() }
@@ -162,10 +276,11 @@ func idKey(id string) ([]byte, error) {
 // CreateJobs assigns n consecutive job IDs, lets build fill in each record,
 // and writes them in one transaction: all are stored or none is. It
 // returns only after the records are on disk (fsynced). Concurrent callers
-// are committed together in one transaction (build may then run again).
+// are committed together in one transaction (build may then run again:
+// see commit).
 func (s *Store) CreateJobs(n int, build func(i int, id string) api.Job) ([]api.Job, error) {
 	var jobs []api.Job
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.commit(func(tx *bolt.Tx) error {
 		jobs = jobs[:0]
 		b := tx.Bucket(bucketJobs)
 		for i := range n {
@@ -203,7 +318,7 @@ func (s *Store) PutJob(job api.Job) error {
 	if err != nil {
 		return fmt.Errorf("encode job %s: %w", job.ID, err)
 	}
-	err = s.db.Batch(func(tx *bolt.Tx) error {
+	err = s.commit(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketJobs)
 		if old := b.Get(key); old != nil {
 			var v struct {
@@ -221,9 +336,10 @@ func (s *Store) PutJob(job api.Job) error {
 	return nil
 }
 
-// DeleteJobs removes job records.
+// DeleteJobs removes job records, committed with the other writes waiting
+// (see commit).
 func (s *Store) DeleteJobs(ids ...string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.commit(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketJobs)
 		for _, id := range ids {
 			key, err := idKey(id)
@@ -274,7 +390,7 @@ func (s *Store) GetJob(id string) (api.Job, error) {
 
 // SetMeta stores a small daemon-wide setting (e.g. "cordoned").
 func (s *Store) SetMeta(key, value string) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.commit(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put([]byte("x."+key), []byte(value))
 	})
 }
@@ -284,13 +400,13 @@ func (s *Store) SetMeta(key, value string) error {
 // in the file do not pass for a writable filesystem), then removes it.
 func (s *Store) Probe(size int) error {
 	key := []byte("probe")
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.commit(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketMeta).Put(key, make([]byte, size))
 	})
 	if err != nil {
 		return fmt.Errorf("probe write: %w", err)
 	}
-	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(key) }); err != nil {
+	if err := s.commit(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Delete(key) }); err != nil {
 		return fmt.Errorf("probe write: %w", err)
 	}
 	return nil

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -140,4 +142,79 @@ func idNumT(t *testing.T, id string) int {
 		t.Fatalf("job id %q: %v", id, err)
 	}
 	return n
+}
+
+// TestGroupCommit holds a commit on its way (its write waits inside the
+// transaction) while 63 writers arrive: they are committed together in
+// the next transaction, not one each; a write whose function fails (a
+// bad ID, a panic) gets its own error and the others commit; a write
+// after Close fails.
+func TestGroupCommit(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "db"), Options{})
+	commits := 0
+	hold, held := make(chan struct{}), make(chan struct{})
+	go s.commit(func(tx *bolt.Tx) error {
+		commits++
+		close(held)
+		<-hold
+		return nil
+	})
+	<-held
+	var wg sync.WaitGroup
+	errs := make([]error, 63)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switch i {
+			case 7:
+				errs[i] = s.DeleteJobs("not-a-number")
+			case 8:
+				errs[i] = s.commit(func(*bolt.Tx) error { panic("bad write") })
+			default:
+				_, errs[i] = s.CreateJobs(1, func(_ int, id string) api.Job {
+					return api.Job{ID: id, State: api.StatePending, Version: 1, Spec: api.JobSpec{Name: strconv.Itoa(i)}}
+				})
+			}
+		}()
+	}
+	for {
+		s.mu.Lock()
+		n := len(s.queue)
+		s.mu.Unlock()
+		if n == len(errs) {
+			break
+		}
+		runtime.Gosched()
+	}
+	// Count the transactions the waiting writes take from here on (first
+	// in the group, it runs in each).
+	s.mu.Lock()
+	s.queue = append([]write{{fn: func(*bolt.Tx) error { commits++; return nil }, err: make(chan error, 1)}}, s.queue...)
+	s.mu.Unlock()
+	close(hold)
+	wg.Wait()
+	for i, err := range errs {
+		switch {
+		case i == 7 && !errors.Is(err, ErrNotFound), i == 8 && (err == nil || !strings.Contains(err.Error(), "panicked: bad write")):
+			t.Errorf("write %d: %v", i, err)
+		case i != 7 && i != 8 && err != nil:
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	// The held commit, the group (with the counter), and the group again
+	// after each of the two failures took it out.
+	if commits != 4 {
+		t.Errorf("%d transactions ran the counting write and the held one, want 4 (1 + the group, run again after each of 2 failures)", commits)
+	}
+	n := 0
+	if err := s.Jobs(func(api.Job) error { n++; return nil }); err != nil || n != len(errs)-2 {
+		t.Errorf("%d jobs stored (%v), want %d", n, err, len(errs)-2)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetMeta("x", "y"); !errors.Is(err, ErrClosed) {
+		t.Errorf("a write after Close: %v", err)
+	}
 }
