@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -286,7 +287,8 @@ func readAnswer(resp *http.Response) ([]byte, error) {
 // ranked first, until one accepts.
 func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handover, error) {
 	key := n.cfg.NodeName + "/" + local
-	ranked, skipped := n.ranker().rank(job.Spec, n.candidates())
+	rk := n.ranker()
+	ranked, skipped := rk.rank(job.Spec, n.candidates())
 	if len(ranked) == 0 {
 		if len(skipped) == 0 {
 			return api.Handover{}, errors.New("no live peer with a recent load")
@@ -298,9 +300,15 @@ func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handov
 		return api.Handover{}, err
 	}
 	var refused []string
-	for i, c := range ranked {
+	offered := make([]bool, len(ranked))
+	for _, i := range rk.offerOrder(ranked) {
+		c := ranked[i]
 		h := api.Handover{Key: key, Peer: c.name, Address: c.api}
 		why := fmt.Sprintf("peer %s ranked %d of %d by gossiped load (%s)", c.name, i+1, len(ranked), c.explain())
+		if slices.Contains(offered[:i], false) {
+			why += fmt.Sprintf(", picked by the spread choice (at random among the best %d not yet offered)", rk.spread.Top)
+		}
+		offered[i] = true
 		if len(refused) > 0 {
 			why += " after " + strings.Join(refused, "; ")
 		}
