@@ -336,7 +336,8 @@ func (n *Node) Best(spec api.JobSpec) (string, float64, bool) {
 // OfferAbove is Offer to the peers whose ranking score is at least min.
 func (n *Node) OfferAbove(ctx context.Context, local string, job api.Job, min float64) (api.Handover, error) {
 	key := n.cfg.NodeName + "/" + local
-	ranked, skipped := n.ranker().rank(job.Spec, n.candidates())
+	rk := n.ranker()
+	ranked, skipped := rk.rank(job.Spec, n.candidates())
 	var below []string // ranked under min: not offered
 	for _, c := range ranked {
 		if c.score < min {
@@ -356,9 +357,15 @@ func (n *Node) OfferAbove(ctx context.Context, local string, job api.Job, min fl
 		return api.Handover{}, err
 	}
 	var refused []string
-	for i, c := range ranked {
+	offered := make([]bool, len(ranked))
+	for _, i := range rk.offerOrder(ranked) {
+		c := ranked[i]
 		h := api.Handover{Key: key, Peer: c.name, Address: c.api}
 		why := fmt.Sprintf("peer %s ranked %d of %d by gossiped load (%s)", c.name, i+1, len(ranked), c.explain())
+		if slices.Contains(offered[:i], false) {
+			why += fmt.Sprintf(", picked by the spread choice (at random among the best %d not yet offered)", rk.spread.Top)
+		}
+		offered[i] = true
 		if len(refused) > 0 {
 			why += " after " + strings.Join(refused, "; ")
 		}

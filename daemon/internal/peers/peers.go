@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -111,6 +112,10 @@ type Node struct {
 	// signer is the peer certificate's private key: it signs this
 	// node's loads (sign.go).
 	signer crypto.Signer
+
+	// spreadRand, when set (tests), gives the spread choice of offers its
+	// randomness (offerRand).
+	spreadRand func() *rand.Rand
 
 	// n.mu is never held while calling memberlist (which calls the
 	// delegates under its own lock).
@@ -723,7 +728,9 @@ func (n *Node) candidates() []candidate {
 }
 
 // ranker ranks peers with the engine and this daemon's profiles.
-func (n *Node) ranker() ranker { return ranker{profiles: n.cfg.Profiles, maxAge: n.cfg.MaxLoadAge} }
+func (n *Node) ranker() ranker {
+	return ranker{profiles: n.cfg.Profiles, maxAge: n.cfg.MaxLoadAge, spread: sched.DefaultSpread(), rng: n.offerRand()}
+}
 
 func cmpOr(a, b string) string {
 	if a != "" {

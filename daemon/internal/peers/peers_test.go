@@ -474,6 +474,7 @@ func TestOfferRanksTriesNextAndIsIdempotent(t *testing.T) {
 	c.start("d", &fakeHost{cpu: 8000}, nil, a.GossipAddr())            // no GPU: never offered
 	eventually(t, "loads", func() bool { return len(loads(a)) == 4 })
 	c.jobs[2].refuse = "no room after all"
+	drawWith(a, constSource(0)) // the spread choice keeps rank order (TestOfferWalksTheSpreadOrder)
 	job := api.Job{ID: "7", Spec: gpuSpec(), Owner: api.Owner{User: "root"}}
 	h, err := a.Offer(context.Background(), "7#2", job)
 	if err != nil {

@@ -3,7 +3,9 @@ package peers
 import (
 	"cmp"
 	"fmt"
+	"hash/fnv"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -75,10 +77,36 @@ const (
 // ranker ranks peers for a job with the placement engine (sched.Weighted
 // with the daemon's class profiles and the GPU model table) over engine
 // nodes built from each peer's gossiped load: the same scoring the
-// daemon's placer uses for this host.
+// daemon's placer uses for this host. Offers walk the ranking in the
+// order of the spread choice, drawn with rng.
 type ranker struct {
 	profiles sched.Profiles
 	maxAge   time.Duration
+	spread   sched.SpreadChoice
+	rng      *rand.Rand
+}
+
+// offerOrder is the order in which Offer offers the job to ranked (best
+// first): the spread choice over their scores, so that origins deciding
+// on the same gossiped view do not all offer to the same best peer.
+func (rk ranker) offerOrder(ranked []candidate) []int {
+	scores := make([]float64, len(ranked))
+	for i, c := range ranked {
+		scores[i] = c.score
+	}
+	return rk.spread.Order(scores, 0, rk.rng)
+}
+
+// offerRand is the spread choice's randomness for one offer: the injected
+// source's (tests), else seeded from this node's name and the time, so
+// origins draw independently.
+func (n *Node) offerRand() *rand.Rand {
+	if n.spreadRand != nil {
+		return n.spreadRand()
+	}
+	h := fnv.New64a()
+	h.Write([]byte(n.cfg.NodeName))
+	return rand.New(rand.NewPCG(h.Sum64(), uint64(time.Now().UnixNano())))
 }
 
 // peerTarget is what the gossip tells of a peer's GPUs for converting a
