@@ -21,19 +21,19 @@ import (
 // namespace of its own: hosts on 10.213.0.0/24 whose addresses exist only
 // inside them. All is removed when the test ends.
 type netHosts struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	hosts  []string
 }
 
-func ip(t *testing.T, args ...string) {
+func ip(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := osexec.Command("ip", args...).CombinedOutput(); err != nil {
 		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
 
-func newNetHosts(t *testing.T, n int) *netHosts {
+func newNetHosts(t testing.TB, n int) *netHosts {
 	b := make([]byte, 3)
 	rand.Read(b)
 	h := &netHosts{t: t, prefix: "fz" + hex.EncodeToString(b)}
