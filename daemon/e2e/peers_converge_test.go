@@ -193,7 +193,9 @@ func newGossipCluster(t testing.TB, n int, poll time.Duration) *gossipCluster {
 		}
 		spec, _ := json.Marshal(s)
 		cmd := osexec.Command("nsenter", "--net=/var/run/netns/"+net.hosts[i], filepath.Join(binDir, "e2e.test"))
-		cmd.Env = append(os.Environ(), gossipMemberEnv+"="+string(spec))
+		// One P per member: a hundred Go runtimes of two Ps each on
+		// two cores spend the CPU spinning for work.
+		cmd.Env = append(os.Environ(), gossipMemberEnv+"="+string(spec), "GOMAXPROCS=1")
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
@@ -228,7 +230,7 @@ func newGossipCluster(t testing.TB, n int, poll time.Duration) *gossipCluster {
 	}
 	// Every member has held every member's load at least once (under
 	// load one may drop a member it suspected and take it back).
-	deadline := time.After(time.Duration(60+2*n) * time.Second)
+	deadline := time.After(time.Duration(60+3*n) * time.Second)
 	for full := 0; full < n; {
 		select {
 		case e := <-c.events:
