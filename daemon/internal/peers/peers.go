@@ -555,7 +555,7 @@ func (n *Node) relay(msg signedLoad) {
 }
 
 // broadcast is one node's load on the gossip queue: a newer one of the
-// same node replaces it, so the queue holds at most one per node.
+// same node replaces it, so each queue (changes, refreshes) holds at most one per node.
 type broadcast struct {
 	node string
 	msg  []byte
