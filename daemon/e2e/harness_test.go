@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(floodEnv); spec != "" {
 		os.Exit(floodHelper(spec)) // a flood test's attacker, as another user
 	}
+	if spec := os.Getenv(gossipMemberEnv); spec != "" {
+		os.Exit(gossipMember(spec)) // a gossip-only member on a host of its own
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "e2e tests must run as root (they run jobs as other users and read peer credentials)")
 		os.Exit(1)
@@ -52,7 +55,7 @@ func TestMain(m *testing.M) {
 
 // publicTempDir is a temporary directory every user can traverse, so an
 // unprivileged fusionctl can reach the socket.
-func publicTempDir(t *testing.T) string {
+func publicTempDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "fusiond-e2e-")
 	if err != nil {

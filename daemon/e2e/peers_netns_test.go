@@ -21,19 +21,19 @@ import (
 // namespace of its own: hosts on 10.213.0.0/24 whose addresses exist only
 // inside them. All is removed when the test ends.
 type netHosts struct {
-	t      *testing.T
+	t      testing.TB
 	prefix string
 	hosts  []string
 }
 
-func ip(t *testing.T, args ...string) {
+func ip(t testing.TB, args ...string) {
 	t.Helper()
 	if out, err := osexec.Command("ip", args...).CombinedOutput(); err != nil {
 		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
 
-func newNetHosts(t *testing.T, n int) *netHosts {
+func newNetHosts(t testing.TB, n int) *netHosts {
 	b := make([]byte, 3)
 	rand.Read(b)
 	h := &netHosts{t: t, prefix: "fz" + hex.EncodeToString(b)}
@@ -47,7 +47,7 @@ func newNetHosts(t *testing.T, n int) *netHosts {
 		ip(t, "netns", "add", ns)
 		t.Cleanup(func() { h.kill(ns); osexec.Command("ip", "netns", "del", ns).Run() })
 		hv, bv := ns+"h", ns+"b"
-		ip(t, "link", "add", hv, "type", "veth", "peer", "name", bv)
+		ip(t, "link", "add", hv, "address", h.mac(i), "type", "veth", "peer", "name", bv)
 		ip(t, "link", "set", hv, "netns", ns)
 		ip(t, "link", "set", bv, "netns", br)
 		ip(t, "-n", br, "link", "set", bv, "master", "br0", "up")
@@ -57,10 +57,33 @@ func newNetHosts(t *testing.T, n int) *netHosts {
 		ip(t, "-n", ns, "link", "set", "lo", "up")
 		h.hosts = append(h.hosts, ns)
 	}
+	// Every host knows every other's MAC address (permanent neighbours,
+	// no ARP): the kernel's neighbour table is one for all namespaces
+	// and holds at most gc_thresh3 (1024) learnt entries, which 100
+	// hosts knowing each other (9,900) overflow. Permanent entries are
+	// not counted. A link set down drops them; ARP takes over then.
+	for i, ns := range h.hosts {
+		var batch strings.Builder
+		for j := range n {
+			if j != i {
+				fmt.Fprintf(&batch, "neigh replace %s lladdr %s dev eth0 nud permanent\n", h.addr(j), h.mac(j))
+			}
+		}
+		cmd := osexec.Command("ip", "-n", ns, "-batch", "-")
+		cmd.Stdin = strings.NewReader(batch.String())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("neighbours of %s: %v\n%s", ns, err, out)
+		}
+	}
 	return h
 }
 
 func (h *netHosts) addr(i int) string { return fmt.Sprintf("10.213.0.%d", i+1) }
+
+// mac is host i's MAC address (locally administered).
+func (h *netHosts) mac(i int) string {
+	return fmt.Sprintf("02:fd:00:00:%02x:%02x", (i+1)>>8, (i+1)&0xff)
+}
 
 // kill SIGKILLs every process in namespace ns: the host dies.
 func (h *netHosts) kill(ns string) {

@@ -16,7 +16,7 @@ import (
 )
 
 // fusionctl runs the built fusionctl without a daemon (cert, keygen).
-func fusionctl(t *testing.T, args ...string) string {
+func fusionctl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := osexec.Command(filepath.Join(binDir, "fusionctl"), args...).CombinedOutput()
 	if err != nil {
@@ -27,7 +27,7 @@ func fusionctl(t *testing.T, args ...string) string {
 
 // peerPKI makes a test CA, a certificate per node and a gossip keyring
 // with fusionctl, as docs/peers.md tells an operator to.
-func peerPKI(t *testing.T, dir string, nodes ...string) (keyring string) {
+func peerPKI(t testing.TB, dir string, nodes ...string) (keyring string) {
 	t.Helper()
 	fusionctl(t, "peers", "cert", "ca", "--dir", dir)
 	for _, n := range nodes {

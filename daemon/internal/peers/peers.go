@@ -99,7 +99,14 @@ type Node struct {
 	// wire is the bounded transport under ml.
 	wire    *boundedTransport
 	keyring *memberlist.Keyring
-	queue   *memberlist.TransmitLimitedQueue
+	// queue holds the loads that changed (what a member held of that
+	// node before differs); refresh the same load again (a heartbeat).
+	// Gossip takes changes first and fills what room is left with
+	// refreshes, sent half as many times: a change never waits behind
+	// heartbeats, within the same packets per round.
+	queue, refresh *memberlist.TransmitLimitedQueue
+	// lastBroadcast is this host's load as last gossiped (under mu).
+	lastBroadcast *api.PeerLoad
 
 	srvTLS *http.Server
 	ln     net.Listener
@@ -160,6 +167,9 @@ type peerView struct {
 	// raw is the signed envelope, pushed on as it came.
 	raw      []byte
 	received time.Time
+	// changed: the load differs from the view it replaced (or there was
+	// none): it is relayed as a change, else as a refresh.
+	changed bool
 }
 
 const (
@@ -250,12 +260,14 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 	}
 	mc.Transport = tr
 	n.wire = tr
-	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: func() int {
+	members := func() int {
 		if n.ml == nil {
 			return 1
 		}
 		return n.ml.NumMembers()
-	}}
+	}
+	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: members}
+	n.refresh = &memberlist.TransmitLimitedQueue{RetransmitMult: max(mc.RetransmitMult/2, 1), NumNodes: members}
 	if n.ml, err = memberlist.Create(mc); err != nil {
 		tr.Shutdown()
 		return nil, fmt.Errorf("gossip: %w", err)
@@ -455,13 +467,21 @@ func sameLoad(a, b api.PeerLoad) bool {
 	return string(ja) == string(jb)
 }
 
+// gossip broadcasts this host's load l: as a change when it differs from
+// the load last broadcast (not from the own view, which an offer's answer
+// may have sealed since: the cluster has not heard that one), else as a
+// refresh.
 func (n *Node) gossip(l api.PeerLoad) {
 	b, err := n.seal(l)
 	if err != nil {
 		n.log.Warn("encoding this host's load", "err", err)
 		return
 	}
-	n.queue.QueueBroadcast(&broadcast{node: n.cfg.NodeName, msg: b})
+	n.mu.Lock()
+	changed := n.lastBroadcast == nil || !sameLoad(*n.lastBroadcast, l)
+	n.lastBroadcast = &l
+	n.mu.Unlock()
+	n.queueFor(changed).QueueBroadcast(&broadcast{node: n.cfg.NodeName, msg: b})
 }
 
 // seal makes this host's load l a load message: clamped to the gossip's
@@ -479,11 +499,20 @@ func (n *Node) seal(l api.PeerLoad) ([]byte, error) {
 		return nil, err
 	}
 	n.mu.Lock()
-	if v, ok := n.view[msg.Node]; !ok || v.msg.Seq < msg.Seq {
-		n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now()}
+	old := n.view[msg.Node]
+	if old == nil || old.msg.Seq < msg.Seq {
+		n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now(), changed: old == nil || !sameLoad(old.msg.Load, msg.Load)}
 	}
 	n.mu.Unlock()
 	return b, nil
+}
+
+// queueFor is the queue of a change or of a refresh.
+func (n *Node) queueFor(changed bool) *memberlist.TransmitLimitedQueue {
+	if changed {
+		return n.queue
+	}
+	return n.refresh
 }
 
 // merge keeps msg if it is about a current member, newer than what is
@@ -526,10 +555,11 @@ func (n *Node) merge(msg signedLoad) bool {
 	if m := n.members[msg.Node]; m == nil || !m.left.IsZero() {
 		return false
 	}
-	if v, ok := n.view[msg.Node]; ok && v.msg.Seq >= msg.Seq {
+	old, ok := n.view[msg.Node]
+	if ok && old.msg.Seq >= msg.Seq {
 		return false
 	}
-	n.view[msg.Node] = &peerView{msg: msg.loadMsg, raw: msg.raw, received: time.Now()}
+	n.view[msg.Node] = &peerView{msg: msg.loadMsg, raw: msg.raw, received: time.Now(), changed: !ok || !sameLoad(old.msg.Load, msg.Load)}
 	return true
 }
 
@@ -542,14 +572,19 @@ func (n *Node) pendLocked(msg signedLoad) {
 	n.wantKeyLocked(msg.Node)
 }
 
-// relay passes a load that was new here on.
+// relay passes a load that was new here on: as a change if it changed
+// what this member held of its node, else as a refresh.
 func (n *Node) relay(msg signedLoad) {
 	b := append([]byte{kindLoad}, msg.raw...)
-	n.queue.QueueBroadcast(&broadcast{node: msg.Node, msg: b})
+	n.mu.Lock()
+	v := n.view[msg.Node]
+	changed := v == nil || v.msg.Seq != msg.Seq || v.changed
+	n.mu.Unlock()
+	n.queueFor(changed).QueueBroadcast(&broadcast{node: msg.Node, msg: b})
 }
 
 // broadcast is one node's load on the gossip queue: a newer one of the
-// same node replaces it, so the queue holds at most one per node.
+// same node replaces it, so each queue (changes, refreshes) holds at most one per node.
 type broadcast struct {
 	node string
 	msg  []byte
@@ -587,9 +622,17 @@ func (n *Node) NotifyMsg(b []byte) {
 	}
 }
 
-// GetBroadcasts hands memberlist the queued loads for the next gossip.
+// GetBroadcasts hands memberlist the queued loads for the next gossip:
+// changes first, then refreshes in the room left.
 func (n *Node) GetBroadcasts(overhead, limit int) [][]byte {
 	out := n.queue.GetBroadcasts(overhead, limit)
+	used := 0
+	for _, b := range out {
+		used += len(b) + overhead
+	}
+	if limit-used > overhead {
+		out = append(out, n.refresh.GetBroadcasts(overhead, limit-used)...)
+	}
 	for _, b := range out {
 		n.sent.Add(int64(len(b) + overhead))
 	}

@@ -671,3 +671,51 @@ func TestDNSSeedJoins(t *testing.T) {
 	t.Cleanup(b.Close)
 	eventually(t, "b to join through its DNS seed", func() bool { return len(loads(a)) == 2 && len(loads(b)) == 2 })
 }
+
+// TestChangesGossipBeforeRefreshes: a load that changed goes on the
+// change queue, the same load again (a heartbeat) on the refresh queue,
+// and gossip takes every change before any refresh, within its limit.
+func TestChangesGossipBeforeRefreshes(t *testing.T) {
+	ca := newTestCA(t, t.TempDir())
+	cert, key := ca.issue(t, "a")
+	host := &changingHost{}
+	host.cpu.Store(1000)
+	jobs := newFakeJobs()
+	nd, err := New(Config{NodeName: "a", Gossip: "127.0.0.1:0", API: "127.0.0.1:0", Profile: "lan", InsecureGossip: true,
+		CertFile: cert, KeyFile: key, CAFile: filepath.Join(ca.dir, "ca.pem")}, jobs, host, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Close()
+	nd.gossip(localLoad(host, jobs))
+	nd.gossip(localLoad(host, jobs))
+	if c, r := nd.queue.NumQueued(), nd.refresh.NumQueued(); c != 1 || r != 1 {
+		t.Fatalf("first load and the same again: %d changes and %d refreshes queued, want 1 and 1", c, r)
+	}
+	// A change, then refreshes of other nodes, newer (which one queue
+	// would send first), filling more than a packet.
+	host.cpu.Store(2000)
+	nd.gossip(localLoad(host, jobs))
+	pad := strings.Repeat("r", 300)
+	for i := range 20 {
+		nd.refresh.QueueBroadcast(&broadcast{node: fmt.Sprintf("r%d", i), msg: []byte(pad)})
+	}
+	const overhead, limit = 3, 1400
+	out := nd.GetBroadcasts(overhead, limit)
+	size := 0
+	for _, b := range out {
+		size += len(b) + overhead
+	}
+	if len(out) < 2 || size > limit {
+		t.Fatalf("%d broadcasts of %d bytes, want a change and refreshes within %d", len(out), size, limit)
+	}
+	first, err := decodeLoad(out[0])
+	if err != nil || first.Load.CPU != 2000 {
+		t.Fatalf("first broadcast: %v %+v, want the change to 2000m", err, first.loadMsg)
+	}
+	for _, b := range out[1:] {
+		if m, err := decodeLoad(b); err == nil && m.Load.CPU == 2000 {
+			t.Fatalf("the change went out twice in one packet")
+		}
+	}
+}
