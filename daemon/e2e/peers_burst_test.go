@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,17 +12,6 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 )
 
-// freePort is a loopback port the kernel had free a moment ago: a daemon
-// restarted on it keeps the addresses its origin follows its jobs at.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // TestPeersKilledDuringHandoverBurst hands a burst of 30 GPU jobs from an
 // origin without GPUs to a simulated DGX H200 peer and SIGKILLs the peer's
@@ -48,7 +36,7 @@ func TestPeersKilledDuringHandoverBurst(t *testing.T) {
 	co := do.client()
 	// The peer's gossip and API ports are fixed, so that its restart
 	// answers the origin's polls where the origin follows its jobs.
-	gossip, apiPort := freePort(t), freePort(t)
+	gossip, apiPort := freeTCPPort(t), freeTCPPort(t)
 	cfg := peerConfig(pki, copyKeyring(t, keyring, root+"/dgx"), "dgx", fmt.Sprintf("127.0.0.1:%d", gossip), selfGossip(t, co))
 	cfg = strings.Replace(cfg, "api: 127.0.0.1:0", fmt.Sprintf("api: 127.0.0.1:%d", apiPort), 1)
 	ddgx := newDaemon(t, filepath.Join(root, "dgx"), "simulate: dgxh200\n"+cfg+acceptRootJobs)
