@@ -12,7 +12,6 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 )
 
-
 // TestPeersKilledDuringHandoverBurst hands a burst of 30 GPU jobs from an
 // origin without GPUs to a simulated DGX H200 peer and SIGKILLs the peer's
 // fusiond mid-burst (its jobs' monitors live on, as they do), then starts
