@@ -772,7 +772,7 @@ func (n *Node) candidates() []candidate {
 
 // ranker ranks peers with the engine and this daemon's profiles.
 func (n *Node) ranker() ranker {
-	return ranker{profiles: n.cfg.Profiles, maxAge: n.cfg.MaxLoadAge, spread: sched.DefaultSpread(), rng: n.offerRand()}
+	return ranker{profiles: n.cfg.Profiles, maxAge: n.cfg.MaxLoadAge, spread: offerSpread(), rng: n.offerRand()}
 }
 
 func cmpOr(a, b string) string {

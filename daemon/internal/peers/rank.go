@@ -97,6 +97,22 @@ func (rk ranker) offerOrder(ranked []candidate) []int {
 	return rk.spread.Order(scores, 0, rk.rng)
 }
 
+// offerSpread is the daemon's spread choice of offers: the simulator's
+// (sched.DefaultSpread, uniform between the two best-ranked peers not yet
+// offered) with the draw kept to peers within spreadWithin of the best
+// left, so that origins split between peers the engine scores about
+// alike, while a clearly better one (linked GPUs for a multi-GPU job, 0.3
+// ahead; an H200 before an A100 for training, 0.1; idle GPUs before busy
+// ones for an inference share, 0.14) is still offered first.
+func offerSpread() sched.SpreadChoice {
+	s := sched.DefaultSpread()
+	s.Within = spreadWithin
+	return s
+}
+
+// spreadWithin bounds the spread choice's draw (offerSpread).
+const spreadWithin = 0.05
+
 // offerRand is the spread choice's randomness for one offer: the injected
 // source's (tests), else seeded from this node's name and the time, so
 // origins draw independently.
