@@ -86,6 +86,21 @@ type Config struct {
 	MaxOfferBytes int64
 	// Audit records the peer API's requests (optional).
 	Audit Auditor
+
+	// model is nil in the daemon. BenchmarkModelledConvergence sets it
+	// to run many members in one process over a modelled network.
+	model *modelled
+}
+
+// modelled replaces, for a benchmark, the two things that tie a member
+// to real sockets: config gets the memberlist config before it is used
+// (it sets the transport and may slow the timing), and key stands in for
+// the mutual-TLS handshake that fetches a member's signing key
+// (fetchKey). Everything else (gossip, NotifyMsg, merge with the
+// signature check, relay) runs as in the daemon.
+type modelled struct {
+	config func(*memberlist.Config)
+	key    func(name string) (crypto.PublicKey, error)
 }
 
 // Node is this daemon as a member.
@@ -247,6 +262,21 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 	mc.Delegate = n
 	mc.Events = n
 	mc.Logger = slog.NewLogLogger(n.log.Handler(), slog.LevelDebug)
+	members := func() int {
+		if n.ml == nil {
+			return 1
+		}
+		return n.ml.NumMembers()
+	}
+	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: members}
+	n.refresh = &memberlist.TransmitLimitedQueue{RetransmitMult: max(mc.RetransmitMult/2, 1), NumNodes: members}
+	if cfg.model != nil {
+		cfg.model.config(mc)
+		if n.ml, err = memberlist.Create(mc); err != nil {
+			return nil, fmt.Errorf("gossip: %w", err)
+		}
+		return n, nil
+	}
 	// The gossip port's own transport, bounded before anything is decoded.
 	tr, err := newBoundedTransport(mc.BindAddr, mc.BindPort, cfg.GossipLimits, n.log.With("component", "gossip"))
 	if err != nil {
@@ -260,14 +290,6 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 	}
 	mc.Transport = tr
 	n.wire = tr
-	members := func() int {
-		if n.ml == nil {
-			return 1
-		}
-		return n.ml.NumMembers()
-	}
-	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: members}
-	n.refresh = &memberlist.TransmitLimitedQueue{RetransmitMult: max(mc.RetransmitMult/2, 1), NumNodes: members}
 	if n.ml, err = memberlist.Create(mc); err != nil {
 		tr.Shutdown()
 		return nil, fmt.Errorf("gossip: %w", err)
