@@ -316,8 +316,9 @@ func readAnswer(resp *http.Response) ([]byte, error) {
 	return b, nil
 }
 
-// Offer offers job to the peers that fit it by their gossiped load, best
-// ranked first, until one accepts.
+// Offer offers job to the peers that fit it by their gossiped load, in
+// the spread choice's order over their ranking (offerSpread), until one
+// accepts.
 func (n *Node) Offer(ctx context.Context, local string, job api.Job) (api.Handover, error) {
 	return n.OfferAbove(ctx, local, job, math.Inf(-1))
 }
@@ -333,7 +334,8 @@ func (n *Node) Best(spec api.JobSpec) (string, float64, bool) {
 	return ranked[0].name, ranked[0].score, true
 }
 
-// OfferAbove is Offer to the peers whose ranking score is at least min.
+// OfferAbove is Offer to the peers whose ranking score is at least min
+// (handover.Ranker: the poor-fit rule's offers).
 func (n *Node) OfferAbove(ctx context.Context, local string, job api.Job, min float64) (api.Handover, error) {
 	key := n.cfg.NodeName + "/" + local
 	rk := n.ranker()
