@@ -60,7 +60,8 @@ type Ranker interface {
 	// wait and the view's age); false when no peer fits.
 	Best(spec api.JobSpec) (peer string, score float64, ok bool)
 	// OfferAbove is Offer to the peers whose ranking score is at least
-	// min, best first.
+	// min, in the offering order (the best first, or a spread over the
+	// best: the implementation's choice).
 	OfferAbove(ctx context.Context, local string, job api.Job, min float64) (api.Handover, error)
 }
 
