@@ -84,8 +84,10 @@ func (r *ctrRunner) run(t *testing.T, id string, u exectest.User, rootfs, workdi
 // runs A's job, and B's job over it is refused with the reason, its file
 // never read.
 func TestKernelRootfsOpenedAsCaller(t *testing.T) {
-	r := newCtrRunner(t)
+	// The users first: their removal then runs after the runner's
+	// cleanup has ended what the test left running.
 	a, b := exectest.NeedUser(t, "fusiond-ta"), exectest.NeedUser(t, "fusiond-tb")
+	r := newCtrRunner(t)
 	base, err := os.MkdirTemp("", "fusiond-homes-")
 	if err != nil {
 		t.Fatal(err)
@@ -132,8 +134,8 @@ func TestKernelRootfsOpenedAsCaller(t *testing.T) {
 // TestKernelRootfsNothingCreated: root creates nothing inside a root
 // filesystem a user names: not the working directory, not the mount points.
 func TestKernelRootfsNothingCreated(t *testing.T) {
+	b := exectest.NeedUser(t, "fusiond-tb") // before the runner: removed after its cleanup
 	r := newCtrRunner(t)
-	b := exectest.NeedUser(t, "fusiond-tb")
 	// A stand-in for /etc: root's, 0700.
 	etc := t.TempDir()
 	if err := os.WriteFile(filepath.Join(etc, "passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644); err != nil {
@@ -191,8 +193,8 @@ func TestKernelRootfsNothingCreated(t *testing.T) {
 // in a directory the job's user cannot search is "not found", as a missing
 // one is (libcontainer's init looks it up after taking the user's identity).
 func TestKernelContainerPathLookupAsCaller(t *testing.T) {
+	b := exectest.NeedUser(t, "fusiond-tb") // before the runner: removed after its cleanup
 	r := newCtrRunner(t)
-	b := exectest.NeedUser(t, "fusiond-tb")
 	rootfs := busyboxRootfs(t)
 	hidden := filepath.Join(rootfs, "hidden")
 	if err := os.Mkdir(hidden, 0o700); err != nil {
@@ -249,8 +251,8 @@ func TestSameRoot(t *testing.T) {
 // opened, not the path — and a job that runs, runs over B's root
 // filesystem. 200 attempts.
 func TestKernelRootfsSwapRace(t *testing.T) {
+	b := exectest.NeedUser(t, "fusiond-tb") // before the runner: removed after its cleanup
 	r := newCtrRunner(t)
-	b := exectest.NeedUser(t, "fusiond-tb")
 	// root's 0700 directory, without the mount points the runtime would
 	// make if it ever got there.
 	secret := t.TempDir()
@@ -331,8 +333,8 @@ func TestKernelRootfsSwapRace(t *testing.T) {
 // meets it missing fails (the staged root is idmapped without root), and
 // no root-owned sys ever appears in B's tree. 200 attempts.
 func TestKernelRootfsMountPointRace(t *testing.T) {
+	b := exectest.NeedUser(t, "fusiond-tb") // before the runner: removed after its cleanup
 	r := newCtrRunner(t)
-	b := exectest.NeedUser(t, "fusiond-tb")
 	rootfs := busyboxRootfs(t)
 	if err := filepath.Walk(rootfs, func(p string, _ os.FileInfo, err error) error {
 		if err != nil {
