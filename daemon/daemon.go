@@ -352,9 +352,9 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 		Stop: noErr(func() { stopReclaim() }),
 	}, {
 		Name:  "qos",
-		Needs: []string{"jobs", "telemetry", "cgroups"},
+		Needs: []string{"jobs", "placer", "telemetry", "cgroups"},
 		Start: func(ctx context.Context) error {
-			d.qos, qosOff, stopQoS = startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, bus, log)
+			d.qos, qosOff, stopQoS = startQoS(ctx, cfg.QoS, cg, knobs, d.mgr, bus, engine.SharedCPUs, log)
 			return nil
 		},
 		Stop: noErr(func() { stopQoS() }),

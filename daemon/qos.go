@@ -16,12 +16,16 @@ import (
 )
 
 // qosHost is the QoS loop's view of this host: the job manager's running
-// jobs and the cgroups manager's job and tier cgroups.
+// jobs, the cgroups manager's job and tier cgroups, and the placer's
+// shared pool.
 type qosHost struct {
-	cfg   QoSConfig
-	mgr   *jobs.Manager
-	cg    *cgroups.Manager
-	knobs *beKnobs
+	cfg QoSConfig
+	// shared is the placer's shared pool (hostplacer.Placer.SharedCPUs):
+	// the CPUs of the cores no guaranteed job holds.
+	shared func() []int
+	mgr    *jobs.Manager
+	cg     *cgroups.Manager
+	knobs  *beKnobs
 	// bus has the jobs' pressure (read from their cgroups each
 	// telemetry.job_interval).
 	bus telemetry.Reader
@@ -66,6 +70,17 @@ func (h *qosHost) BestEffortMemory() (int64, error) {
 	return int64(st.MemoryCurrent), err
 }
 
+// SharedPoolMilli is the placer's shared pool; the host's CPUs where the
+// placer knows no cores.
+func (h *qosHost) SharedPoolMilli() int64 {
+	if h.shared != nil {
+		if n := len(h.shared()); n > 0 {
+			return int64(n) * 1000
+		}
+	}
+	return int64(runtime.NumCPU()) * 1000
+}
+
 func (h *qosHost) SetBestEffortCPU(milli int64) error {
 	return h.knobs.setQoSCPU(milli)
 }
@@ -78,7 +93,7 @@ func (h *qosHost) SetBestEffortMemoryHigh(bytes int64) error {
 // cgroups, without a kernel that runs the probes, or switched off, the
 // daemon runs without them: the returned status says why, and the loop is
 // nil. stop detaches the probes and stops the loop (lifting its limits).
-func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, bus telemetry.Reader, log *slog.Logger) (loop *qos.Loop, off api.QoSStatus, stop func()) {
+func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, bus telemetry.Reader, shared func() []int, log *slog.Logger) (loop *qos.Loop, off api.QoSStatus, stop func()) {
 	off = api.QoSStatus{Window: api.Duration(cfg.Window)}
 	switch {
 	case !cfg.Enabled:
@@ -94,9 +109,8 @@ func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *be
 		off.Probes = "off: " + err.Error()
 		return nil, off, func() {}
 	}
-	pool := int64(runtime.NumCPU()) * 1000
-	loop, err = qos.New(qos.Config{Window: time.Duration(cfg.Window), Params: cfg.params(pool), Publish: mgr.PublishQoS},
-		probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg, knobs: knobs, bus: bus}, log)
+	loop, err = qos.New(qos.Config{Window: time.Duration(cfg.Window), Params: cfg.params(), Publish: mgr.PublishQoS},
+		probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg, knobs: knobs, bus: bus, shared: shared}, log)
 	if err != nil {
 		_ = probe.Close()
 		off.Probes = fmt.Sprintf("off: %v", err)

@@ -90,11 +90,10 @@ func (c QoSConfig) validate() (string, error) {
 	return "", nil
 }
 
-// params are the controller's parameters for a shared pool of pool
-// millicores.
-func (c QoSConfig) params(pool int64) qos.Params {
+// params are the controller's parameters.
+func (c QoSConfig) params() qos.Params {
 	return qos.Params{
-		PoolMilli: pool, MinMilli: min(int64(c.MinBestEffortCPU), pool), Shrink: c.Shrink,
+		MinMilli: int64(c.MinBestEffortCPU), Shrink: c.Shrink,
 		RestoreStep: int64(c.RestoreStep), RestoreAfter: time.Duration(c.RestoreAfter),
 		MinEvents: c.MinEvents, MinMemory: int64(c.MinBestEffortMemory),
 	}

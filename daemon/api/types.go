@@ -530,6 +530,10 @@ type QoSStatus struct {
 	// or switched off in the config).
 	Enabled bool     `json:"enabled"`
 	Window  Duration `json:"window"`
+	// SharedPool is the CPU of the shared pool best-effort runs on (the
+	// cores no guaranteed job holds) at the last window: what the loop
+	// cuts the best-effort quota from.
+	SharedPool MilliCPU `json:"shared_pool,omitempty"`
 	// BestEffortQuota is the best-effort tier's CPU cap now (0: none).
 	BestEffortQuota MilliCPU `json:"besteffort_quota"`
 	// BestEffortMemoryHigh is its memory.high now (0: none).

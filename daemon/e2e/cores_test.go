@@ -77,6 +77,23 @@ func TestExclusiveCores(t *testing.T) {
 	if got := affinity(); !slices.Equal(got, rest) {
 		t.Errorf("best-effort job beside the guaranteed one runs on %v, want the shared pool %v", got, rest)
 	}
+	// The QoS loop cuts the best-effort quota from that pool, not from
+	// the host's CPUs (its status follows it within a window or two).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		n, err := c.Node(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.QoS == nil || !n.QoS.Enabled {
+			t.Fatalf("QoS loop not running: %+v", n.QoS)
+		}
+		if n.QoS.SharedPool == api.MilliCPU(len(rest))*1000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("QoS shared pool %v beside the guaranteed job, want %d CPUs (%v)", n.QoS.SharedPool, len(rest), rest)
+		}
+	}
 	// Every core but one: refused at submit, the field named.
 	_, err = c.Submit(ctx, api.JobSpec{Command: []string{"true"}, Tier: api.TierGuaranteed,
 		Resources: api.Resources{CPU: api.MilliCPU(len(online)) * 1000, Memory: 32 << 20}})

@@ -59,7 +59,7 @@ func BenchmarkInterference(b *testing.B) {
 		slo := max(solo*3/2, 10*time.Microsecond)
 		_ = e.probe.Unregister(id) // the loop registers the job itself
 		e.setSLO(slo)
-		p := Params{PoolMilli: e.pool, MinMilli: 100, Shrink: 0.5, RestoreStep: 250, RestoreAfter: 2 * time.Second, MinEvents: 20}
+		p := Params{MinMilli: 100, Shrink: 0.5, RestoreStep: 250, RestoreAfter: 2 * time.Second, MinEvents: 20}
 		l, err := New(Config{Window: 250 * time.Millisecond, Params: p}, e.probe, e.host, testLogger(b))
 		if err != nil {
 			b.Fatal(err)

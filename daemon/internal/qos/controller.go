@@ -10,16 +10,17 @@ import (
 	"time"
 )
 
-// Params tune the controller.
+// Params tune the controller. The pool the best-effort quota is cut from
+// is not among them: it is the shared CPU pool best-effort runs on now
+// (the cores no guaranteed job holds), which changes as exclusive cores
+// are taken and given back, so each Step is told it.
 type Params struct {
-	// PoolMilli is the best-effort tier's CPU when unrestricted (the shared
-	// pool); a quota reaching it is removed.
-	PoolMilli int64
-	// MinMilli is the floor of the best-effort quota.
+	// MinMilli is the floor of the best-effort quota (at most the pool).
 	MinMilli int64
 	// Shrink multiplies the quota on a breach (0 < Shrink < 1).
 	Shrink float64
-	// RestoreStep is added to the quota once per RestoreAfter of health.
+	// RestoreStep is added to the quota once per RestoreAfter of health;
+	// a quota reaching the pool is removed.
 	RestoreStep int64
 	// RestoreAfter is how long every protected job must be within its SLO
 	// before (and between) restore steps.
@@ -34,10 +35,8 @@ type Params struct {
 // Validate checks the parameters.
 func (p Params) Validate() error {
 	switch {
-	case p.PoolMilli <= 0:
-		return fmt.Errorf("qos: pool must be positive, got %dm", p.PoolMilli)
-	case p.MinMilli <= 0 || p.MinMilli > p.PoolMilli:
-		return fmt.Errorf("qos: min best-effort quota must be in (0, %dm], got %dm", p.PoolMilli, p.MinMilli)
+	case p.MinMilli <= 0:
+		return fmt.Errorf("qos: min best-effort quota must be positive, got %dm", p.MinMilli)
 	case p.Shrink <= 0 || p.Shrink >= 1:
 		return fmt.Errorf("qos: shrink factor must be in (0, 1), got %g", p.Shrink)
 	case p.RestoreStep <= 0:
@@ -89,11 +88,14 @@ type Action struct {
 	Reason string
 }
 
-// Controller is the pure AIMD controller. It is not safe for concurrent
-// use; the loop serialises it.
+// Controller is the pure AIMD controller: Step plans, Commit records what
+// was applied. Its limits move only through Commit, so an action the host
+// failed to write leaves the controller where the cgroup still is, and the
+// next window plans it again. It is not safe for concurrent use; the loop
+// serialises it.
 type Controller struct {
 	p          Params
-	quota      int64 // PoolMilli means unrestricted
+	quota      int64 // 0: none
 	memHigh    int64 // 0: none
 	lastBreach time.Time
 	lastChange time.Time
@@ -104,16 +106,11 @@ func NewController(p Params) (*Controller, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Controller{p: p, quota: p.PoolMilli}, nil
+	return &Controller{p: p}, nil
 }
 
 // Quota is the best-effort quota now (0: none).
-func (c *Controller) Quota() int64 {
-	if c.quota >= c.p.PoolMilli {
-		return 0
-	}
-	return c.quota
-}
+func (c *Controller) Quota() int64 { return c.quota }
 
 // MemoryHigh is the best-effort memory high now (0: none).
 func (c *Controller) MemoryHigh() int64 { return c.memHigh }
@@ -129,9 +126,12 @@ func (c *Controller) Breaching(samples []Sample) map[string]string {
 	return out
 }
 
-// Step takes one window's samples at time now and the best-effort tier's
-// memory use (bytes), and returns the actions to apply (none most windows).
-func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory int64) []Action {
+// Step takes one window's samples at time now, the best-effort tier's
+// memory use (bytes) and the shared pool's CPU now (millicores), and
+// returns the actions to apply (none most windows). It records when a
+// protected job last breached, never a limit: Commit does that for each
+// action the host applied.
+func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poolMilli int64) []Action {
 	var acts []Action
 	cpuBreach, memBreach := -1, -1
 	var cpuWhy, memWhy string
@@ -151,19 +151,22 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory int6
 	if cpuBreach >= 0 || memBreach >= 0 {
 		c.lastBreach = now
 	}
-	if cpuBreach >= 0 && c.quota > c.p.MinMilli {
-		c.quota = max(c.p.MinMilli, int64(float64(c.quota)*c.p.Shrink))
-		c.lastChange = now
-		acts = append(acts, Action{Kind: "cpu", Op: "shrink", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[cpuBreach].JobID,
-			Reason: fmt.Sprintf("shrink best-effort CPU to %dm: %s", c.quota, cpuWhy)})
+	// A quota at or above the pool limits nothing: shrink from the pool.
+	base := poolMilli
+	if c.quota > 0 && c.quota < poolMilli {
+		base = c.quota
+	}
+	floor := min(c.p.MinMilli, poolMilli)
+	if cpuBreach >= 0 && base > floor {
+		q := max(floor, int64(float64(base)*c.p.Shrink))
+		acts = append(acts, Action{Kind: "cpu", Op: "shrink", CPUMilli: q, MemoryHigh: c.memHigh, JobID: samples[cpuBreach].JobID,
+			Reason: fmt.Sprintf("shrink best-effort CPU to %dm of a %dm shared pool: %s", q, poolMilli, cpuWhy)})
 	}
 	if memBreach >= 0 && bestEffortMemory > c.p.MinMemory {
 		target := max(c.p.MinMemory, int64(float64(bestEffortMemory)*c.p.Shrink)) &^ 4095
 		if c.memHigh == 0 || target < c.memHigh {
-			c.memHigh = target
-			c.lastChange = now
-			acts = append(acts, Action{Kind: "memory", Op: "shrink", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, JobID: samples[memBreach].JobID,
-				Reason: fmt.Sprintf("lower best-effort memory high to %d MiB: %s", c.memHigh>>20, memWhy)})
+			acts = append(acts, Action{Kind: "memory", Op: "shrink", CPUMilli: c.quota, MemoryHigh: target, JobID: samples[memBreach].JobID,
+				Reason: fmt.Sprintf("lower best-effort memory high to %d MiB: %s", target>>20, memWhy)})
 		}
 	}
 	if len(acts) > 0 || cpuBreach >= 0 || memBreach >= 0 {
@@ -174,19 +177,27 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory int6
 	if now.Sub(c.lastBreach) < c.p.RestoreAfter || now.Sub(c.lastChange) < c.p.RestoreAfter {
 		return nil
 	}
-	if c.quota < c.p.PoolMilli {
-		c.quota = min(c.p.PoolMilli, c.quota+c.p.RestoreStep)
-		c.lastChange = now
-		reason := fmt.Sprintf("restore best-effort CPU to %dm after %v within SLO", c.quota, c.p.RestoreAfter)
-		if c.Quota() == 0 {
-			reason = fmt.Sprintf("remove the best-effort CPU quota after %v within SLO", c.p.RestoreAfter)
+	if c.quota > 0 {
+		q := c.quota + c.p.RestoreStep
+		reason := fmt.Sprintf("restore best-effort CPU to %dm of a %dm shared pool after %v within SLO", q, poolMilli, c.p.RestoreAfter)
+		if q >= poolMilli {
+			q, reason = 0, fmt.Sprintf("remove the best-effort CPU quota after %v within SLO", c.p.RestoreAfter)
 		}
-		acts = append(acts, Action{Kind: "cpu", Op: "restore", CPUMilli: c.Quota(), MemoryHigh: c.memHigh, Reason: reason})
+		acts = append(acts, Action{Kind: "cpu", Op: "restore", CPUMilli: q, MemoryHigh: c.memHigh, Reason: reason})
 	}
 	if c.memHigh != 0 {
-		c.memHigh = 0
-		c.lastChange = now
-		acts = append(acts, Action{Kind: "memory", Op: "restore", CPUMilli: c.Quota(), Reason: fmt.Sprintf("remove the best-effort memory high after %v within SLO", c.p.RestoreAfter)})
+		acts = append(acts, Action{Kind: "memory", Op: "restore", CPUMilli: c.quota, Reason: fmt.Sprintf("remove the best-effort memory high after %v within SLO", c.p.RestoreAfter)})
 	}
 	return acts
+}
+
+// Commit records that the host applied a, one of Step's actions, at now.
+func (c *Controller) Commit(now time.Time, a Action) {
+	switch a.Kind {
+	case "cpu":
+		c.quota = a.CPUMilli
+	case "memory":
+		c.memHigh = a.MemoryHigh
+	}
+	c.lastChange = now
 }

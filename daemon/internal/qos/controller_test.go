@@ -1,17 +1,28 @@
 package qos
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 )
 
 func params() Params {
-	return Params{PoolMilli: 4000, MinMilli: 200, Shrink: 0.5, RestoreStep: 500, RestoreAfter: 3 * time.Second, MinEvents: 10, MinMemory: 64 << 20}
+	return Params{MinMilli: 200, Shrink: 0.5, RestoreStep: 500, RestoreAfter: 3 * time.Second, MinEvents: 10, MinMemory: 64 << 20}
 }
 
 func sample(p99 time.Duration) Sample {
 	return Sample{JobID: "job-1", RunqueueP99: 2 * time.Millisecond, P99: p99, Events: 100}
+}
+
+// step runs one window over a pool of poolMilli and commits every action
+// (the host applied them all).
+func step(c *Controller, now time.Time, samples []Sample, beMem, poolMilli int64) []Action {
+	acts := c.Step(now, samples, beMem, poolMilli)
+	for _, a := range acts {
+		c.Commit(now, a)
+	}
+	return acts
 }
 
 // A synthetic breach on a fake clock: the quota halves every breaching
@@ -25,7 +36,7 @@ func TestControllerShrinksAndRestores(t *testing.T) {
 	now := time.Unix(1000, 0)
 	tick := func(s Sample) []Action {
 		now = now.Add(time.Second)
-		return c.Step(now, []Sample{s}, 0)
+		return step(c, now, []Sample{s}, 0, 4000)
 	}
 	if acts := tick(sample(time.Millisecond)); len(acts) != 0 || c.Quota() != 0 {
 		t.Fatalf("healthy start: %+v, quota %d", acts, c.Quota())
@@ -82,7 +93,7 @@ func TestControllerMemoryPressure(t *testing.T) {
 	now := time.Unix(1000, 0)
 	psi := 12.5
 	s := Sample{JobID: "svc", PSISomeAvg10: 5, MemoryPSI: &psi}
-	acts := c.Step(now, []Sample{s}, 1<<30)
+	acts := step(c, now, []Sample{s}, 1<<30, 4000)
 	if len(acts) != 1 || acts[0].Kind != "memory" || acts[0].MemoryHigh != 512<<20 || !strings.Contains(acts[0].Reason, "12.50% > SLO 5.00%") {
 		t.Fatalf("memory breach: %+v", acts)
 	}
@@ -92,7 +103,7 @@ func TestControllerMemoryPressure(t *testing.T) {
 	low := 1.0
 	s.MemoryPSI = &low
 	now = now.Add(4 * time.Second)
-	acts = c.Step(now, []Sample{s}, 400<<20)
+	acts = step(c, now, []Sample{s}, 400<<20, 4000)
 	if len(acts) != 1 || acts[0].Kind != "memory" || acts[0].MemoryHigh != 0 {
 		t.Fatalf("after the healthy period: %+v", acts)
 	}
@@ -105,8 +116,89 @@ func TestParamsValidate(t *testing.T) {
 		t.Errorf("shrink 1: %v", err)
 	}
 	p = params()
-	p.MinMilli = 5000
-	if _, err := NewController(p); err == nil {
-		t.Error("floor above the pool accepted")
+	p.MinMilli = 0
+	if _, err := NewController(p); err == nil || !strings.Contains(err.Error(), "min best-effort quota") {
+		t.Errorf("no floor: %v", err)
+	}
+}
+
+// An action the host did not apply moves nothing: the controller stays
+// where the cgroup is and plans the same change again next window, and a
+// restore it was not told of is not taken as done either.
+func TestControllerStateOnlyAfterCommit(t *testing.T) {
+	c, err := NewController(params())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	for range 3 { // three failed writes
+		now = now.Add(time.Second)
+		acts := c.Step(now, []Sample{sample(5 * time.Millisecond)}, 0, 4000)
+		if len(acts) != 1 || acts[0].CPUMilli != 2000 {
+			t.Fatalf("breach with nothing applied: %+v, want a shrink to 2000m again", acts)
+		}
+		if c.Quota() != 0 {
+			t.Fatalf("quota %d after a failed write, want none", c.Quota())
+		}
+	}
+	now = now.Add(time.Second)
+	if acts := step(c, now, []Sample{sample(5 * time.Millisecond)}, 0, 4000); len(acts) != 1 || c.Quota() != 2000 {
+		t.Fatalf("applied shrink: %+v, quota %d", acts, c.Quota())
+	}
+	// Healthy past the period: a restore is planned; unapplied, the quota
+	// stays and the restore is planned again the next window.
+	now = now.Add(4 * time.Second)
+	for range 2 {
+		now = now.Add(time.Second)
+		acts := c.Step(now, []Sample{sample(time.Millisecond)}, 0, 4000)
+		if len(acts) != 1 || acts[0].Op != "restore" || acts[0].CPUMilli != 2500 || c.Quota() != 2000 {
+			t.Fatalf("restore not applied: %+v, quota %d", acts, c.Quota())
+		}
+	}
+}
+
+// The quota is cut from the shared pool of the window: with half the
+// host's cores held exclusively the first shrink halves what is left, the
+// floor is at most the pool, and a restore reaching the pool removes the
+// quota.
+func TestControllerCutsTheSharedPool(t *testing.T) {
+	c, err := NewController(params())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	acts := step(c, now, []Sample{sample(5 * time.Millisecond)}, 0, 2000)
+	if len(acts) != 1 || c.Quota() != 1000 || !strings.Contains(acts[0].Reason, "of a 2000m shared pool") {
+		t.Fatalf("shrink over a 2-CPU pool: %+v, quota %d; want 1000m", acts, c.Quota())
+	}
+	// The guaranteed job ends: the pool is 4 CPUs again; health restores
+	// 1000 → 1500 → … and removes the quota once it reaches the pool.
+	var quotas []int64
+	for i := 0; c.Quota() != 0 && i < 100; i++ {
+		now = now.Add(time.Second)
+		if len(step(c, now, []Sample{sample(time.Millisecond)}, 0, 4000)) > 0 {
+			quotas = append(quotas, c.Quota())
+		}
+	}
+	if want := []int64{1500, 2000, 2500, 3000, 3500, 0}; !slices.Equal(quotas, want) {
+		t.Fatalf("restores %v, want %v", quotas, want)
+	}
+	// A pool below the floor: the floor is the pool, and nothing is cut
+	// from a pool already at it.
+	now = now.Add(time.Second)
+	if acts := step(c, now, []Sample{sample(5 * time.Millisecond)}, 0, 300); len(acts) != 1 || c.Quota() != 200 {
+		t.Fatalf("shrink over a 300m pool: %+v, quota %d; want 200m", acts, c.Quota())
+	}
+	c2, _ := NewController(params())
+	if acts := step(c2, now, []Sample{sample(5 * time.Millisecond)}, 0, 150); len(acts) != 0 || c2.Quota() != 0 {
+		t.Fatalf("a pool under the floor was cut: %+v, quota %d", acts, c2.Quota())
+	}
+	// The pool shrank below a quota: the quota limits nothing, so the
+	// next shrink cuts the pool, not the quota.
+	c3, _ := NewController(params())
+	step(c3, now, []Sample{sample(5 * time.Millisecond)}, 0, 4000) // 2000m
+	now = now.Add(time.Second)
+	if step(c3, now, []Sample{sample(5 * time.Millisecond)}, 0, 1000); c3.Quota() != 500 {
+		t.Fatalf("shrink after the pool fell under the quota: quota %d, want 500m", c3.Quota())
 	}
 }

@@ -114,7 +114,10 @@ type kernelEnv struct {
 type cgHost struct {
 	m    *cgroups.Manager
 	jobs atomic.Pointer[[]Job]
+	pool int64
 }
+
+func (h *cgHost) SharedPoolMilli() int64 { return h.pool }
 
 func (h *cgHost) Running() []Job { return *h.jobs.Load() }
 func (h *cgHost) CgroupID(id string) (uint64, error) {
@@ -160,7 +163,7 @@ func newKernelEnv(t testing.TB, slo time.Duration) *kernelEnv {
 	if err != nil {
 		t.Fatalf("the kernel cannot run the probe: %v", err)
 	}
-	e := &kernelEnv{m: m, probe: probe, host: &cgHost{m: m}, pool: int64(len(cpus)) * 1000}
+	e := &kernelEnv{m: m, probe: probe, host: &cgHost{m: m, pool: int64(len(cpus)) * 1000}, pool: int64(len(cpus)) * 1000}
 	mk := func(id string, tier cgroups.Tier) *cgroups.Cgroup {
 		l, err := cgroups.Plan(cgroups.Placement{Tier: tier, SharedCPUs: cpus, MemoryLimit: 256 << 20})
 		if err != nil {

@@ -40,7 +40,7 @@ func TestKernelLoopShrinksAndRestores(t *testing.T) {
 
 	var mu sync.Mutex
 	var events []api.Event
-	p := Params{PoolMilli: e.pool, MinMilli: 100, Shrink: 0.5, RestoreStep: e.pool / 2, RestoreAfter: 600 * time.Millisecond, MinEvents: 20}
+	p := Params{MinMilli: 100, Shrink: 0.5, RestoreStep: e.pool / 2, RestoreAfter: 600 * time.Millisecond, MinEvents: 20}
 	l, err := New(Config{Window: 200 * time.Millisecond, Params: p, Publish: func(ev api.Event) {
 		mu.Lock()
 		events = append(events, ev)

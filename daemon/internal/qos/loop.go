@@ -39,6 +39,9 @@ type Host interface {
 	// kernel has none per cgroup (cgroup v1).
 	MemoryPSI(jobID string) (*float64, error)
 	BestEffortMemory() (int64, error)
+	// SharedPoolMilli is the CPU of the shared pool best-effort runs on
+	// now: the host's cores that no guaranteed job holds exclusively.
+	SharedPoolMilli() int64
 	SetBestEffortCPU(milli int64) error
 	SetBestEffortMemoryHigh(bytes int64) error
 }
@@ -295,7 +298,8 @@ func (l *Loop) Step() {
 			beMem = m
 		}
 	}
-	for _, a := range l.ctrl.Step(now, samples, beMem) {
+	pool := l.host.SharedPoolMilli()
+	for _, a := range l.ctrl.Step(now, samples, beMem, pool) {
 		var err error
 		if a.Kind == "cpu" {
 			err = l.host.SetBestEffortCPU(a.CPUMilli)
@@ -309,6 +313,9 @@ func (l *Loop) Step() {
 			reason = fmt.Sprintf("%s: failed: %v", a.Reason, err)
 			l.log.Error("qos: applying", "action", a.Reason, "err", err)
 		} else {
+			// Only a written limit moves the controller: a failed
+			// write leaves it where the cgroup is, to plan again.
+			l.ctrl.Commit(now, a)
 			l.applied = true
 			l.log.Info("qos: "+a.Reason, "job", a.JobID)
 		}
@@ -317,6 +324,7 @@ func (l *Loop) Step() {
 		l.status.LastAction, l.status.LastActionAt = reason, &t
 		l.cfg.Publish(api.Event{Time: t, Kind: api.EventQoS, JobID: a.JobID, Reason: reason})
 	}
+	l.status.SharedPool = api.MilliCPU(pool)
 	l.status.BestEffortQuota = api.MilliCPU(l.ctrl.Quota())
 	l.status.BestEffortMemoryHigh = api.Bytes(l.ctrl.MemoryHigh())
 	l.status.Protected, l.status.Breaching = protected, len(breaching)

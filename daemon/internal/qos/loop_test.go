@@ -63,6 +63,14 @@ func TestLoopStatusReportsProbeCost(t *testing.T) {
 type fakeHost struct {
 	jobs  []Job
 	quota []int64
+	pool  int64 // 0: 4 CPUs
+}
+
+func (h *fakeHost) SharedPoolMilli() int64 {
+	if h.pool == 0 {
+		return 4000
+	}
+	return h.pool
 }
 
 func (h *fakeHost) Running() []Job { return h.jobs }
@@ -129,9 +137,49 @@ func TestLoopFollowsJobsAndActs(t *testing.T) {
 	}
 }
 
-type failingHost struct{ fakeHost }
+type failingHost struct {
+	fakeHost
+	fail bool
+}
 
-func (h *failingHost) SetBestEffortCPU(int64) error { return fmt.Errorf("read-only cgroup") }
+func (h *failingHost) SetBestEffortCPU(milli int64) error {
+	if h.fail {
+		return fmt.Errorf("read-only cgroup")
+	}
+	return h.fakeHost.SetBestEffortCPU(milli)
+}
+
+// A quota write the host refuses leaves the loop where the cgroup is: the
+// status shows no quota, and once writes succeed the shrink starts from
+// the pool again, not from the quota that was never written. The pool is
+// the host's shared pool of the window (2 CPUs here, the rest held
+// exclusively).
+func TestLoopFailedWriteKeepsState(t *testing.T) {
+	probe := &fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}
+	slo := &api.QoS{RunqueueP99: api.Duration(2 * time.Millisecond)}
+	host := &failingHost{fakeHost: fakeHost{jobs: []Job{{ID: "job-1", Tier: api.TierGuaranteed, SLO: slo}}, pool: 2000}, fail: true}
+	now := time.Unix(0, 0)
+	l, err := New(Config{Window: time.Second, Params: params(), Now: func() time.Time { return now }}, probe, host, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Step()
+	for range 2 {
+		probe.add(1, 100, 8*time.Millisecond)
+		now = now.Add(time.Second)
+		l.Step()
+		if st := l.Status(); st.BestEffortQuota != 0 || st.SharedPool != 2000 {
+			t.Fatalf("refused write: quota %v, pool %v; want none of 2", st.BestEffortQuota, st.SharedPool)
+		}
+	}
+	host.fail = false
+	probe.add(1, 100, 8*time.Millisecond)
+	now = now.Add(time.Second)
+	l.Step()
+	if st := l.Status(); st.BestEffortQuota != 1000 || len(host.quota) != 1 || host.quota[0] != 1000 {
+		t.Fatalf("first written shrink: status %v, writes %v; want 1000m (half the 2-CPU pool)", st.BestEffortQuota, host.quota)
+	}
+}
 
 // The loop's counters: actions by op, resource and result; the protected
 // jobs' latency summed per class, each window's events once, kept after
@@ -179,7 +227,7 @@ func TestLoopCounters(t *testing.T) {
 	}
 
 	// An action the host refuses is counted as failed.
-	fh := &failingHost{fakeHost{jobs: host.jobs[:1]}}
+	fh := &failingHost{fakeHost: fakeHost{jobs: host.jobs[:1]}, fail: true}
 	probe2 := statsProbe{&fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}}
 	l2, _ := New(Config{Window: time.Second, Params: params(), Now: func() time.Time { return now }}, probe2, fh, slog.New(slog.DiscardHandler))
 	l2.Step()
@@ -188,6 +236,9 @@ func TestLoopCounters(t *testing.T) {
 	c2 := l2.Counters()
 	if c2.Actions[ActionKey{"shrink", "cpu", "failed"}] != 1 || c2.Actions[ActionKey{"shrink", "cpu", "applied"}] != 0 {
 		t.Errorf("refused action counted %v", c2.Actions)
+	}
+	if st := l2.Status(); st.BestEffortQuota != 0 || !strings.Contains(st.LastAction, "failed") {
+		t.Errorf("after a refused write: status quota %v, last %q; want no quota, the failure said", st.BestEffortQuota, st.LastAction)
 	}
 	if !c2.ProbeStats || c2.ProbeRuns != 400 || c2.ProbeRunNs != 50000 {
 		t.Errorf("probe stats %v %d %d, want 400 runs over 50000 ns", c2.ProbeStats, c2.ProbeRuns, c2.ProbeRunNs)

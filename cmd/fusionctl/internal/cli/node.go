@@ -227,6 +227,9 @@ func describeQoS(q api.QoSStatus) string {
 	be := "no best-effort CPU quota"
 	if q.BestEffortQuota > 0 {
 		be = "best-effort CPU held at " + q.BestEffortQuota.String()
+		if q.SharedPool > 0 {
+			be += " (shared pool " + q.SharedPool.String() + " CPU)"
+		}
 	}
 	if q.BestEffortMemoryHigh > 0 {
 		be += ", memory high " + q.BestEffortMemoryHigh.Human()
