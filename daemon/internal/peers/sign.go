@@ -154,27 +154,47 @@ func (n *Node) NotifyLeave(node *memberlist.Node) {
 }
 
 // wantKeyLocked asks the key loop for name's key, at most once per
-// keyRetry (n.mu held).
+// keyRetry (n.mu held). A request the full channel drops is not counted
+// as asked: the node's next load, or the key loop's retry of every
+// pending load, asks again.
 func (n *Node) wantKeyLocked(name string) {
 	if t, ok := n.tried[name]; ok && time.Since(t) < keyRetry {
 		return
 	}
-	n.tried[name] = time.Now()
 	select {
 	case n.want <- name:
-	default: // full: asked again after keyRetry
+		n.tried[name] = time.Now()
+	default:
+	}
+}
+
+// rewantPending asks again for the key of every member whose load waits
+// for one (a request dropped or a fetch that failed): the load itself
+// may not come again soon, as a quiet member refreshes it rarely and a
+// large cluster's refreshes wait behind its changes.
+func (n *Node) rewantPending() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for name := range n.pending {
+		n.wantKeyLocked(name)
 	}
 }
 
 // keyLoop fetches the keys asked for, one at a time, and then takes the
-// message that was waiting for each.
+// message that was waiting for each; every keyRetry it asks again for
+// the keys pending loads still wait for.
 func (n *Node) keyLoop() {
 	defer n.wg.Done()
+	retry := time.NewTicker(keyRetry)
+	defer retry.Stop()
 	for {
 		var name string
 		select {
 		case <-n.stop:
 			return
+		case <-retry.C:
+			n.rewantPending()
+			continue
 		case name = <-n.want:
 		}
 		n.mu.Lock()
