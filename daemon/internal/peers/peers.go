@@ -115,11 +115,14 @@ type Node struct {
 	wire    *boundedTransport
 	keyring *memberlist.Keyring
 	// queue holds the loads that changed (what a member held of that
-	// node before differs); refresh the same load again (a heartbeat).
-	// Gossip takes changes first and fills what room is left with
+	// node before differs); arrivals a node's first load held here
+	// (nothing to differ from: a member joining, or one new to this
+	// node); refresh the same load again (a heartbeat). Gossip takes
+	// changes first, then arrivals, and fills what room is left with
 	// refreshes, sent half as many times: a change never waits behind
-	// heartbeats, within the same packets per round.
-	queue, refresh *memberlist.TransmitLimitedQueue
+	// heartbeats, nor behind a join burst's thousand first loads, within
+	// the same packets per round.
+	queue, arrivals, refresh *memberlist.TransmitLimitedQueue
 	// lastBroadcast is this host's load as last gossiped (under mu).
 	lastBroadcast *api.PeerLoad
 
@@ -182,9 +185,29 @@ type peerView struct {
 	// raw is the signed envelope, pushed on as it came.
 	raw      []byte
 	received time.Time
-	// changed: the load differs from the view it replaced (or there was
-	// none): it is relayed as a change, else as a refresh.
-	changed bool
+	// kind: what the load was to the view it replaced, and so the queue
+	// it is relayed on.
+	kind loadKind
+}
+
+// loadKind is what a load is to the view of its node held before it.
+type loadKind uint8
+
+const (
+	refreshed loadKind = iota // the same load again (a heartbeat)
+	changed                   // it differs from the load held
+	arrived                   // the first load held of its node
+)
+
+// kindOf is what load l is to old, the view held before it (nil: none).
+func kindOf(old *peerView, l api.PeerLoad) loadKind {
+	switch {
+	case old == nil:
+		return arrived
+	case !sameLoad(old.msg.Load, l):
+		return changed
+	}
+	return refreshed
 }
 
 const (
@@ -269,6 +292,7 @@ func New(cfg Config, j Jobs, h Host, log *slog.Logger) (_ *Node, err error) {
 		return n.ml.NumMembers()
 	}
 	n.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: members}
+	n.arrivals = &memberlist.TransmitLimitedQueue{RetransmitMult: mc.RetransmitMult, NumNodes: members}
 	n.refresh = &memberlist.TransmitLimitedQueue{RetransmitMult: max(mc.RetransmitMult/2, 1), NumNodes: members}
 	if cfg.model != nil {
 		cfg.model.config(mc)
@@ -500,10 +524,16 @@ func (n *Node) gossip(l api.PeerLoad) {
 		return
 	}
 	n.mu.Lock()
-	changed := n.lastBroadcast == nil || !sameLoad(*n.lastBroadcast, l)
+	kind := arrived
+	if n.lastBroadcast != nil {
+		kind = changed
+		if sameLoad(*n.lastBroadcast, l) {
+			kind = refreshed
+		}
+	}
 	n.lastBroadcast = &l
 	n.mu.Unlock()
-	n.queueFor(changed).QueueBroadcast(&broadcast{node: n.cfg.NodeName, msg: b})
+	n.queueFor(kind).QueueBroadcast(&broadcast{node: n.cfg.NodeName, msg: b})
 }
 
 // seal makes this host's load l a load message: clamped to the gossip's
@@ -523,16 +553,19 @@ func (n *Node) seal(l api.PeerLoad) ([]byte, error) {
 	n.mu.Lock()
 	old := n.view[msg.Node]
 	if old == nil || old.msg.Seq < msg.Seq {
-		n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now(), changed: old == nil || !sameLoad(old.msg.Load, msg.Load)}
+		n.view[msg.Node] = &peerView{msg: msg, raw: b[1:], received: time.Now(), kind: kindOf(old, msg.Load)}
 	}
 	n.mu.Unlock()
 	return b, nil
 }
 
-// queueFor is the queue of a change or of a refresh.
-func (n *Node) queueFor(changed bool) *memberlist.TransmitLimitedQueue {
-	if changed {
+// queueFor is the queue of a load of kind k.
+func (n *Node) queueFor(k loadKind) *memberlist.TransmitLimitedQueue {
+	switch k {
+	case changed:
 		return n.queue
+	case arrived:
+		return n.arrivals
 	}
 	return n.refresh
 }
@@ -581,7 +614,7 @@ func (n *Node) merge(msg signedLoad) bool {
 	if ok && old.msg.Seq >= msg.Seq {
 		return false
 	}
-	n.view[msg.Node] = &peerView{msg: msg.loadMsg, raw: msg.raw, received: time.Now(), changed: !ok || !sameLoad(old.msg.Load, msg.Load)}
+	n.view[msg.Node] = &peerView{msg: msg.loadMsg, raw: msg.raw, received: time.Now(), kind: kindOf(old, msg.Load)}
 	return true
 }
 
@@ -599,14 +632,17 @@ func (n *Node) pendLocked(msg signedLoad) {
 func (n *Node) relay(msg signedLoad) {
 	b := append([]byte{kindLoad}, msg.raw...)
 	n.mu.Lock()
-	v := n.view[msg.Node]
-	changed := v == nil || v.msg.Seq != msg.Seq || v.changed
+	kind := changed // a view replaced meanwhile: relayed as news
+	if v := n.view[msg.Node]; v != nil && v.msg.Seq == msg.Seq {
+		kind = v.kind
+	}
 	n.mu.Unlock()
-	n.queueFor(changed).QueueBroadcast(&broadcast{node: msg.Node, msg: b})
+	n.queueFor(kind).QueueBroadcast(&broadcast{node: msg.Node, msg: b})
 }
 
 // broadcast is one node's load on the gossip queue: a newer one of the
-// same node replaces it, so each queue (changes, refreshes) holds at most one per node.
+// same node replaces it, so each queue (changes, arrivals, refreshes)
+// holds at most one per node.
 type broadcast struct {
 	node string
 	msg  []byte
@@ -645,15 +681,19 @@ func (n *Node) NotifyMsg(b []byte) {
 }
 
 // GetBroadcasts hands memberlist the queued loads for the next gossip:
-// changes first, then refreshes in the room left.
+// changes first, then arrivals, then refreshes in the room left.
 func (n *Node) GetBroadcasts(overhead, limit int) [][]byte {
-	out := n.queue.GetBroadcasts(overhead, limit)
+	var out [][]byte
 	used := 0
-	for _, b := range out {
-		used += len(b) + overhead
-	}
-	if limit-used > overhead {
-		out = append(out, n.refresh.GetBroadcasts(overhead, limit-used)...)
+	for _, q := range []*memberlist.TransmitLimitedQueue{n.queue, n.arrivals, n.refresh} {
+		if limit-used <= overhead {
+			break
+		}
+		got := q.GetBroadcasts(overhead, limit-used)
+		for _, b := range got {
+			used += len(b) + overhead
+		}
+		out = append(out, got...)
 	}
 	for _, b := range out {
 		n.sent.Add(int64(len(b) + overhead))

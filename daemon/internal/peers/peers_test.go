@@ -672,9 +672,12 @@ func TestDNSSeedJoins(t *testing.T) {
 	eventually(t, "b to join through its DNS seed", func() bool { return len(loads(a)) == 2 && len(loads(b)) == 2 })
 }
 
-// TestChangesGossipBeforeRefreshes: a load that changed goes on the
-// change queue, the same load again (a heartbeat) on the refresh queue,
-// and gossip takes every change before any refresh, within its limit.
+// TestChangesGossipBeforeRefreshes: a node's first load goes on the
+// arrival queue, a load that changed on the change queue, the same load
+// again (a heartbeat) on the refresh queue; gossip takes every change
+// before any arrival (a join burst's first loads, larger and newer, which
+// one queue would send first) and arrivals before refreshes, within its
+// limit.
 func TestChangesGossipBeforeRefreshes(t *testing.T) {
 	ca := newTestCA(t, t.TempDir())
 	cert, key := ca.issue(t, "a")
@@ -689,16 +692,18 @@ func TestChangesGossipBeforeRefreshes(t *testing.T) {
 	defer nd.Close()
 	nd.gossip(localLoad(host, jobs))
 	nd.gossip(localLoad(host, jobs))
-	if c, r := nd.queue.NumQueued(), nd.refresh.NumQueued(); c != 1 || r != 1 {
-		t.Fatalf("first load and the same again: %d changes and %d refreshes queued, want 1 and 1", c, r)
+	if c, a, r := nd.queue.NumQueued(), nd.arrivals.NumQueued(), nd.refresh.NumQueued(); c != 0 || a != 1 || r != 1 {
+		t.Fatalf("first load and the same again: %d changes, %d arrivals and %d refreshes queued, want 0, 1 and 1", c, a, r)
 	}
-	// A change, then refreshes of other nodes, newer (which one queue
-	// would send first), filling more than a packet.
+	// A change, then arrivals and refreshes of other nodes, larger and
+	// newer (which one queue would send first), filling more than a
+	// packet.
 	host.cpu.Store(2000)
 	nd.gossip(localLoad(host, jobs))
-	pad := strings.Repeat("r", 300)
+	pad := strings.Repeat("p", 300)
 	for i := range 20 {
-		nd.refresh.QueueBroadcast(&broadcast{node: fmt.Sprintf("r%d", i), msg: []byte(pad)})
+		nd.refresh.QueueBroadcast(&broadcast{node: fmt.Sprintf("r%d", i), msg: []byte("r" + pad)})
+		nd.arrivals.QueueBroadcast(&broadcast{node: fmt.Sprintf("a%d", i), msg: []byte("a" + pad)})
 	}
 	const overhead, limit = 3, 1400
 	out := nd.GetBroadcasts(overhead, limit)
@@ -716,6 +721,9 @@ func TestChangesGossipBeforeRefreshes(t *testing.T) {
 	for _, b := range out[1:] {
 		if m, err := decodeLoad(b); err == nil && m.Load.CPU == 2000 {
 			t.Fatalf("the change went out twice in one packet")
+		}
+		if b[0] == 'r' {
+			t.Fatalf("a refresh went out while arrivals waited")
 		}
 	}
 }
