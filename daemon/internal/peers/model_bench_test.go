@@ -150,8 +150,9 @@ func slow(mc *memberlist.Config, f time.Duration) {
 //	nice -n 10 go test -run '^$' -bench ModelledConvergence -benchtime 5x -timeout 20m ./daemon/internal/peers/
 //
 // It runs 10 and 100 members; FUSIOND_MODEL_MEMBERS=1000 (a comma list)
-// runs others: 1,000 members did not converge on the first load on the
-// test machine (docs/peers.md), so that size is not run by default.
+// runs others: 1,000 members take about 15 minutes and 5 GB at
+// FUSIOND_MODEL_SLOWDOWN=10 (most of it the join's membership gossip
+// settling; docs/peers.md), so that size is not run by default.
 func BenchmarkModelledConvergence(b *testing.B) {
 	sizes := []int{10, 100}
 	if s := os.Getenv("FUSIOND_MODEL_MEMBERS"); s != "" {
