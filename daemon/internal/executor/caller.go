@@ -27,17 +27,35 @@ var ContainerMountPoints = []string{"proc", "dev", "sys"}
 // terminates it.
 func asCaller(uid, gid uint32, groups []uint32, fn func() error) error {
 	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// No UnlockOSThread: this thread's credentials are no longer the
-		// monitor's, and it must die with this goroutine.
-		if err := setIdentity(uid, gid, groups); err != nil {
-			done <- fmt.Errorf("take the job user's identity (uid %d): %w", uid, err)
-			return
-		}
-		done <- fn()
-	}()
+	go callerThread(uid, gid, groups, fn, done)
 	return <-done
+}
+
+// callerThread is asCaller's goroutine. The one thread it must not take
+// the caller's identity on is the process's main thread: that thread
+// cannot exit (the runtime parks it for good when its goroutine ends
+// locked to it), and the kernel shows a process by its main thread's
+// credentials, so the process would be the caller's from then on (ps,
+// kill(2) permission, userdel). On the main thread it holds that thread,
+// unchanged, while another goroutine — on another thread, since this one
+// runs only the goroutine locked to it — does the work.
+func callerThread(uid, gid uint32, groups []uint32, fn func() error, done chan<- error) {
+	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		inner := make(chan error, 1)
+		go callerThread(uid, gid, groups, fn, inner)
+		err := <-inner
+		runtime.UnlockOSThread()
+		done <- err
+		return
+	}
+	// No UnlockOSThread: this thread's credentials are no longer the
+	// monitor's, and it must die with this goroutine.
+	if err := setIdentity(uid, gid, groups); err != nil {
+		done <- fmt.Errorf("take the job user's identity (uid %d): %w", uid, err)
+		return
+	}
+	done <- fn()
 }
 
 // openRootfs opens a container job's root filesystem and checks, with the

@@ -2,8 +2,11 @@ package executor
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -55,6 +58,27 @@ func TestPathLookupAsCaller(t *testing.T) {
 	req.Env = []string{"PATH=" + hidden}
 	if e := waitExit(t, r.start(req), 10e9); e.Code != 0 || strings.TrimSpace(readLog(t, req)) != "ran" {
 		t.Errorf("root's job: exit %+v: %s", e, readLog(t, req))
+	}
+}
+
+// TestAsCallerLeavesTheMainThread: asCaller's goroutine, run on the
+// process's main thread (the helper locks it there from init), does the
+// work as the user on another thread and leaves the main thread — by
+// which the kernel shows the process — root's. Taking the identity there
+// would park that thread for good with the user's credentials: the
+// process became the user's (ps -u, kill(2) permission), and userdel of
+// the test account failed under the test binary itself.
+func TestAsCallerLeavesTheMainThread(t *testing.T) {
+	b := exectest.NeedUser(t, "fusiond-tb")
+	cmd := osexec.Command(os.Args[0], strconv.FormatUint(uint64(b.UID), 10))
+	cmd.Env = append(os.Environ(), helperEnv+"="+mainThreadHelper)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v: %s", err, out)
+	}
+	want := fmt.Sprintf("fn-euid %d; main thread euid 0; process uids 0 0 0 0", b.UID)
+	if got := strings.TrimSpace(string(out)); got != want {
+		t.Fatalf("asCaller on the main thread: %q, want %q", got, want)
 	}
 }
 

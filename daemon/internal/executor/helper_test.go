@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +26,17 @@ import (
 // set it is a job program (a CPU hog, an allocator, a device opener).
 const helperEnv = "FUSIOND_EXECTEST_HELPER"
 
+// mainThreadHelper is the helper mode that calls asCaller's goroutine on
+// the main thread (TestAsCallerLeavesTheMainThread): init locks the main
+// goroutine to it, so that TestMain runs there.
+const mainThreadHelper = "ascaller-main-thread"
+
+func init() {
+	if os.Getenv(helperEnv) == mainThreadHelper {
+		runtime.LockOSThread()
+	}
+}
+
 func TestMain(m *testing.M) {
 	if code, ok := Dispatch(os.Args); ok {
 		os.Exit(code)
@@ -37,6 +49,31 @@ func TestMain(m *testing.M) {
 
 func runHelper(mode string, args []string) int {
 	switch mode {
+	case mainThreadHelper:
+		// On the main thread, as asCaller's goroutine may find itself:
+		// fn runs as the user, and the process stays root's.
+		if unix.Gettid() != unix.Getpid() {
+			fmt.Println("error: not on the main thread")
+			return 1
+		}
+		uid, _ := strconv.ParseUint(args[0], 10, 32)
+		done := make(chan error, 1)
+		var fnUID int
+		callerThread(uint32(uid), uint32(uid), nil, func() error { fnUID = unix.Geteuid(); return nil }, done)
+		if err := <-done; err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		b, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+				fmt.Printf("fn-euid %d; main thread euid %d; process uids %s\n", fnUID, unix.Geteuid(), strings.Join(strings.Fields(v), " "))
+			}
+		}
 	case "affinity":
 		var set unix.CPUSet
 		if err := unix.SchedGetaffinity(0, &set); err != nil {
