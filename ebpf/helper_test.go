@@ -104,6 +104,19 @@ func newTestCgroup(t testing.TB, name string) *testCgroup {
 	return cg
 }
 
+// setLowWeight gives cg an eighth of the default CPU weight (v1
+// cpu.shares 128, v2 cpu.weight 12).
+func (cg *testCgroup) setLowWeight(t testing.TB) {
+	t.Helper()
+	file, val := "cpu.weight", "12"
+	if cgroupV1(t) {
+		file, val = "cpu.shares", "128"
+	}
+	if err := os.WriteFile(filepath.Join(cg.dir, file), []byte(val), 0); err != nil {
+		t.Fatalf("set the weight of %s: %v", cg.dir, err)
+	}
+}
+
 // helper is a started workload process, moved into its cgroup and waiting
 // for go().
 type helper struct {

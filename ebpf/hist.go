@@ -17,6 +17,40 @@ type Histogram struct {
 	SumNs       uint64          `json:"sum_ns"`
 	Preemptions uint64          `json:"preemptions"`
 	PreemptNs   uint64          `json:"preempt_ns"`
+	// BlameNs is the waits charged to whoever held the CPU meanwhile, by
+	// Runner: it sums to SumNs but for the clocks' read races (a few per
+	// mille) and the waits that began before the probe saw the CPU's
+	// first switch.
+	BlameNs [Runners]uint64 `json:"blame_ns"`
+}
+
+// Runner is a class of task that holds a CPU while a timed task waits.
+type Runner int
+
+// The runner classes, in the probe's numbering: the CPU idle (a wake-up
+// that waited for an idle CPU to wake), each fusiond tier (numbers 1-3,
+// as qos.TierNumber gives them), a fusiond job of no tier (4), a task of
+// no registered cgroup (outside fusiond: system services, other cgroups)
+// and kernel threads (softirq work in ksoftirqd, kworkers, migration).
+const (
+	RunnerIdle Runner = iota
+	RunnerGuaranteed
+	RunnerBurstable
+	RunnerBestEffort
+	RunnerOtherJob
+	RunnerOutside
+	RunnerKernel
+	Runners int = iota
+)
+
+var runnerNames = [Runners]string{"idle", "guaranteed", "burstable", "besteffort", "job", "outside", "kernel"}
+
+// String is the runner's name as the API and metrics spell it.
+func (r Runner) String() string {
+	if r < 0 || int(r) >= Runners {
+		return "unknown"
+	}
+	return runnerNames[r]
 }
 
 // Sub returns h minus an earlier snapshot of the same cumulative
@@ -30,6 +64,9 @@ func (h Histogram) Sub(prev Histogram) Histogram {
 	d.SumNs = h.SumNs - prev.SumNs
 	d.Preemptions = h.Preemptions - prev.Preemptions
 	d.PreemptNs = h.PreemptNs - prev.PreemptNs
+	for i := range h.BlameNs {
+		d.BlameNs[i] = h.BlameNs[i] - prev.BlameNs[i]
+	}
 	return d
 }
 

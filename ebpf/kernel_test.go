@@ -7,10 +7,16 @@ package ebpf
 import (
 	"errors"
 	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestKernelProbeCountsOnlyRegisteredCgroup(t *testing.T) {
@@ -87,7 +93,7 @@ func TestKernelProbeCloseDetaches(t *testing.T) {
 }
 
 // TestKernelProbeSlotBound loads the probe with two slots: the maps the
-// kernel made have two entries, a third cgroup is refused with ErrFull
+// kernel made have two entries (jobs also the class-only cgroups), a third cgroup is refused with ErrFull
 // naming the bound and counted, and once a slot is freed the third cgroup
 // takes it and is timed.
 func TestKernelProbeSlotBound(t *testing.T) {
@@ -96,9 +102,12 @@ func TestKernelProbeSlotBound(t *testing.T) {
 		t.Fatalf("the kernel cannot run the probe: %v", err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	for name, m := range map[string]interface{ MaxEntries() uint32 }{"jobs": p.objs.Jobs, "hists": p.objs.Hists} {
-		if n := m.MaxEntries(); n != 2 {
-			t.Errorf("kernel map %s: %d entries, want 2", name, n)
+	// jobs also holds up to MaxClassCgroups cgroups registered for
+	// their class alone.
+	for name, want := range map[string]uint32{"jobs": 2 + MaxClassCgroups, "hists": 2} {
+		m := map[string]interface{ MaxEntries() uint32 }{"jobs": p.objs.Jobs, "hists": p.objs.Hists}[name]
+		if n := m.MaxEntries(); n != want {
+			t.Errorf("kernel map %s: %d entries, want %d", name, n, want)
 		}
 	}
 	a, b, c := newTestCgroup(t, "a"), newTestCgroup(t, "b"), newTestCgroup(t, "c")
@@ -175,5 +184,98 @@ func TestMaxCgroupsValidated(t *testing.T) {
 		if !strings.Contains(err.Error(), "max cgroups") || errors.Is(err, ErrUnsupported) || errors.Is(err, ErrNoBTF) {
 			t.Errorf("WithMaxCgroups(%d): %v, want an error naming the bound", n, err)
 		}
+	}
+}
+
+// pinHelper puts every thread of h on cpu (threads it starts later
+// inherit it).
+func pinHelper(t *testing.T, h *helper, cpu int) {
+	t.Helper()
+	var set unix.CPUSet
+	set.Set(cpu)
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", h.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range tasks {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if err := unix.SchedSetaffinity(tid, &set); err != nil {
+			t.Fatalf("pin thread %d to CPU %d: %v", tid, cpu, err)
+		}
+	}
+}
+
+// TestKernelProbeBlamesWhoHeldTheCPU puts a waking job and a CPU hog on
+// one CPU: with the hog in a cgroup outside fusiond's the wait is charged
+// to "outside" and to the hog's cgroup, with the hog under a best-effort
+// tier cgroup (registered for its class, not timed) to best-effort; either
+// way the shares sum to the measured wait.
+func TestKernelProbeBlamesWhoHeldTheCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		want Runner
+	}{{"outside", RunnerOutside}, {"besteffort", RunnerBestEffort}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := loadProbe(t)
+			job := newTestCgroup(t, "blame-job")
+			hogCg := newTestCgroup(t, "blame-hog")
+			if tc.want == RunnerBestEffort {
+				// The hog runs in a child of a cgroup registered as the
+				// best-effort tier: the probe finds its class by walking up.
+				child := &testCgroup{dir: filepath.Join(hogCg.dir, "job")}
+				if err := os.Mkdir(child.dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = os.Remove(child.dir) })
+				if err := p.RegisterClass(hogCg.id, uint32(RunnerBestEffort)); err != nil {
+					t.Fatal(err)
+				}
+				hogCg = child
+			}
+			if err := p.Register(job.id, uint32(RunnerBurstable)); err != nil {
+				t.Fatal(err)
+			}
+			// At a low CPU weight the job waits for the hog's slice
+			// instead of preempting it on every wake-up.
+			job.setLowWeight(t)
+			hog := startHelper(t, "hog", "", hogCg)
+			pinHelper(t, hog, 0)
+			hog.start(t)
+			w := startHelper(t, "wake:300", "", job)
+			pinHelper(t, w, 0)
+			w.start(t)
+			w.wait(t)
+			h, err := p.Histogram(job.id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sum uint64
+			for _, n := range h.BlameNs {
+				sum += n
+			}
+			t.Logf("%d waits, %v in all, blame %v (sum %v)", h.Count, time.Duration(h.SumNs), h.BlameNs, time.Duration(sum))
+			if h.Count < 300 {
+				t.Fatalf("%d waits, want at least 300", h.Count)
+			}
+			if d := math.Abs(float64(sum) - float64(h.SumNs)); d > 0.05*float64(h.SumNs) {
+				t.Errorf("blame sums to %v, the waits to %v: more than 5%% apart", time.Duration(sum), time.Duration(h.SumNs))
+			}
+			if share := float64(h.BlameNs[tc.want]) / float64(sum); share < 0.5 {
+				t.Errorf("%s holds %.0f%% of the blame, want at least half: %v", tc.want, 100*share, h.BlameNs)
+			}
+			if tc.want != RunnerOutside {
+				return
+			}
+			off, err := p.Offenders()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if off[hogCg.id] < h.BlameNs[RunnerOutside]/2 {
+				t.Errorf("the hog's cgroup %d is charged %v of the %v outside share: %v", hogCg.id, time.Duration(off[hogCg.id]), time.Duration(h.BlameNs[RunnerOutside]), off)
+			}
+		})
 	}
 }

@@ -52,9 +52,13 @@ type Probe struct {
 
 	mu    sync.Mutex
 	slots map[uint64]uint32 // cgroup id → histogram slot
-	free  []uint32
-	ncpu  int
-	max   int
+	// classOnly is the cgroups registered for their class alone (a
+	// tier's cgroup): cgroup id → tier.
+	classOnly map[uint64]uint32
+	gen       uint64 // the classification generation last written
+	free      []uint32
+	ncpu      int
+	max       int
 	// refused counts the registrations refused because every slot was
 	// taken.
 	refused uint64
@@ -114,14 +118,14 @@ func Load(opts ...Option) (*Probe, error) {
 	// configured bound replaces them before the maps are created (the
 	// programs never index hists beyond a slot Register handed out, and a
 	// lookup past the end returns NULL, which they check).
-	for _, name := range []string{"jobs", "hists"} {
+	for name, n := range map[string]int{"jobs": o.max + MaxClassCgroups, "hists": o.max} {
 		m, ok := spec.Maps[name]
 		if !ok {
 			return nil, fmt.Errorf("ebpf: the object has no %s map", name)
 		}
-		m.MaxEntries = uint32(o.max)
+		m.MaxEntries = uint32(n)
 	}
-	p := &Probe{log: o.log, slots: map[uint64]uint32{}, max: o.max}
+	p := &Probe{log: o.log, slots: map[uint64]uint32{}, classOnly: map[uint64]uint32{}, max: o.max}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -194,6 +198,10 @@ func (p *Probe) Register(id uint64, tier uint32) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.registerLocked(id, tier)
+}
+
+func (p *Probe) registerLocked(id uint64, tier uint32) error {
 	slot, ok := p.slots[id]
 	if !ok {
 		if len(p.free) == 0 {
@@ -212,6 +220,47 @@ func (p *Probe) Register(id uint64, tier uint32) error {
 	if !ok {
 		p.free = p.free[:len(p.free)-1]
 		p.slots[id] = slot
+	}
+	delete(p.classOnly, id)
+	return p.bumpLocked()
+}
+
+// MaxClassCgroups is how many cgroups RegisterClass takes.
+const MaxClassCgroups = 16
+
+// noSlot is the slot of a cgroup registered for its class alone.
+const noSlot = ^uint32(0)
+
+// RegisterClass names tier as the class of the tasks of cgroup id and of
+// its descendants down to three levels, without timing them: the cgroup
+// of a tier, so that a job the probe has no slot for is still known as
+// the tier's when it holds a CPU. A cgroup registered with Register
+// keeps its slot and takes the new tier.
+func (p *Probe) RegisterClass(id uint64, tier uint32) error {
+	if tier == 0 {
+		return fmt.Errorf("ebpf: register cgroup %d: tier must not be 0", id)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, timed := p.slots[id]; timed {
+		return p.registerLocked(id, tier)
+	}
+	if _, ok := p.classOnly[id]; !ok && len(p.classOnly) >= MaxClassCgroups {
+		return fmt.Errorf("%w: cgroup %d: %d cgroups are registered for their class", ErrFull, id, MaxClassCgroups)
+	}
+	if err := p.objs.Jobs.Put(id, runqlatJob{Slot: noSlot, Tier: tier}); err != nil {
+		return fmt.Errorf("ebpf: register cgroup %d: %w", id, err)
+	}
+	p.classOnly[id] = tier
+	return p.bumpLocked()
+}
+
+// bumpLocked tells the programs that jobs changed: every classification
+// they cached before is read again.
+func (p *Probe) bumpLocked() error {
+	p.gen++
+	if err := p.objs.Generation.Put(uint32(0), p.gen); err != nil {
+		return fmt.Errorf("ebpf: bump the classification generation: %w", err)
 	}
 	return nil
 }
@@ -232,11 +281,19 @@ func (p *Probe) Slots() SlotStats {
 	return SlotStats{Used: len(p.slots), Max: p.max, Refused: p.refused}
 }
 
-// Unregister stops timing cgroup id; unknown ids are not an error.
+// Unregister stops timing cgroup id, or forgets its class (RegisterClass);
+// unknown ids are not an error.
 func (p *Probe) Unregister(id uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	slot, ok := p.slots[id]
+	if _, class := p.classOnly[id]; class {
+		if err := p.objs.Jobs.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("ebpf: unregister cgroup %d: %w", id, err)
+		}
+		delete(p.classOnly, id)
+		return p.bumpLocked()
+	}
 	if !ok {
 		return nil
 	}
@@ -245,7 +302,24 @@ func (p *Probe) Unregister(id uint64) error {
 	}
 	delete(p.slots, id)
 	p.free = append(p.free, slot)
-	return nil
+	return p.bumpLocked()
+}
+
+// Offenders returns, by cgroup id, the waits of timed tasks charged to an
+// outside cgroup since Load: each wait's outside share goes to the last
+// outside cgroup that ran on the CPU the task waited on. At most 256
+// cgroups are kept, the least recently charged dropped first.
+func (p *Probe) Offenders() (map[uint64]uint64, error) {
+	out := map[uint64]uint64{}
+	var id, ns uint64
+	it := p.objs.Offenders.Iterate()
+	for it.Next(&id, &ns) {
+		out[id] = ns
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("ebpf: read offenders: %w", err)
+	}
+	return out, nil
 }
 
 // Histogram returns the cumulative histogram of cgroup id since it was
@@ -270,6 +344,9 @@ func (p *Probe) Histogram(id uint64) (Histogram, error) {
 		h.SumNs += c.SumNs
 		h.Preemptions += c.PreemptCount
 		h.PreemptNs += c.PreemptNs
+		for i, n := range c.BlameNs {
+			h.BlameNs[i] += n
+		}
 	}
 	return h, nil
 }

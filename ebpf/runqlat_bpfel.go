@@ -13,6 +13,23 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type runqlatClassEntry struct {
+	_     structs.HostLayout
+	Gen   uint64
+	Cgid  uint64
+	Cls   uint32
+	Tslot uint32
+}
+
+type runqlatCpuClock struct {
+	_       structs.HostLayout
+	Since   uint64
+	Cls     uint32
+	Tslot   uint32
+	LastOut uint64
+	Run     [7]uint64
+}
+
 type runqlatHist struct {
 	_            structs.HostLayout
 	Buckets      [32]uint64
@@ -20,6 +37,7 @@ type runqlatHist struct {
 	SumNs        uint64
 	PreemptCount uint64
 	PreemptNs    uint64
+	BlameNs      [7]uint64
 }
 
 type runqlatJob struct {
@@ -32,15 +50,20 @@ type runqlatStart struct {
 	_         structs.HostLayout
 	Ts        uint64
 	Preempted uint32
-	Pad       uint32
+	Cpu       uint32
+	Snap      [7]uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	runqlatMapClasses         = "classes"
+	runqlatMapClocks          = "clocks"
+	runqlatMapGeneration      = "generation"
 	runqlatMapHists           = "hists"
 	runqlatMapJobs            = "jobs"
+	runqlatMapOffenders       = "offenders"
 	runqlatMapStarts          = "starts"
 	runqlatProgSchedSwitch    = "sched_switch"
 	runqlatProgSchedWakeup    = "sched_wakeup"
@@ -99,9 +122,13 @@ type runqlatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type runqlatMapSpecs struct {
-	Hists  *ebpf.MapSpec `ebpf:"hists"`
-	Jobs   *ebpf.MapSpec `ebpf:"jobs"`
-	Starts *ebpf.MapSpec `ebpf:"starts"`
+	Classes    *ebpf.MapSpec `ebpf:"classes"`
+	Clocks     *ebpf.MapSpec `ebpf:"clocks"`
+	Generation *ebpf.MapSpec `ebpf:"generation"`
+	Hists      *ebpf.MapSpec `ebpf:"hists"`
+	Jobs       *ebpf.MapSpec `ebpf:"jobs"`
+	Offenders  *ebpf.MapSpec `ebpf:"offenders"`
+	Starts     *ebpf.MapSpec `ebpf:"starts"`
 }
 
 // runqlatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -131,15 +158,23 @@ func (o *runqlatObjects) Close() error {
 //
 // It can be passed to loadRunqlatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type runqlatMaps struct {
-	Hists  *ebpf.Map `ebpf:"hists"`
-	Jobs   *ebpf.Map `ebpf:"jobs"`
-	Starts *ebpf.Map `ebpf:"starts"`
+	Classes    *ebpf.Map `ebpf:"classes"`
+	Clocks     *ebpf.Map `ebpf:"clocks"`
+	Generation *ebpf.Map `ebpf:"generation"`
+	Hists      *ebpf.Map `ebpf:"hists"`
+	Jobs       *ebpf.Map `ebpf:"jobs"`
+	Offenders  *ebpf.Map `ebpf:"offenders"`
+	Starts     *ebpf.Map `ebpf:"starts"`
 }
 
 func (m *runqlatMaps) Close() error {
 	return _RunqlatClose(
+		m.Classes,
+		m.Clocks,
+		m.Generation,
 		m.Hists,
 		m.Jobs,
+		m.Offenders,
 		m.Starts,
 	)
 }

@@ -2,16 +2,32 @@
 //go:build ignore
 
 /*
- * Run-queue latency per job cgroup: the time from a task becoming runnable
- * (sched_wakeup, sched_wakeup_new, or being switched out while still
- * runnable) to it running (sched_switch in), recorded into a log2
- * histogram per job. Only tasks whose cgroup userspace registered in `jobs`
- * are timed, so an unrelated task costs one cgroup walk and one hash lookup.
+ * Run-queue latency per job cgroup, and who held the CPU meanwhile.
  *
- * The job key is the cgroup's kernfs id, which equals the inode number of
- * the cgroup directory on 64-bit kernels: on cgroup v2 the task's default
- * hierarchy cgroup, on v1 (cgroup_v1 set at load time) its cpu controller's
- * cgroup, read through CO-RE (task->cgroups->subsys[cpu]->cgroup->kn->id).
+ * Latency: the time from a task becoming runnable (sched_wakeup,
+ * sched_wakeup_new, or being switched out while still runnable) to it
+ * running (sched_switch in), recorded into a log2 histogram per job. Only
+ * tasks whose cgroup userspace registered in `jobs` with a slot are timed.
+ *
+ * Attribution: every CPU keeps a clock per class of runner (idle, each
+ * fusiond tier, a fusiond job of no tier, outside fusiond, kernel
+ * threads): the nanoseconds that class has held the CPU since the probe
+ * was attached. A timed task's wait is charged to each class by the growth
+ * of the clocks of the CPU it was queued on, from when it was queued to
+ * when it runs, so the shares sum to the wait. The outside share is also
+ * charged to the last outside cgroup that ran on that CPU (`offenders`).
+ *
+ * Classification is cached per cgroup: the key is the task's cpu css
+ * pointer (cgroup v1: task->cgroups->subsys[cpu]; v2: the default
+ * hierarchy cgroup), two loads the scheduler has just made hot, and the
+ * entry holds the class, the slot and the cgroup id, valid while the
+ * generation userspace bumps on every registration change is unchanged. A
+ * miss walks the cgroup and up to three ancestors through `jobs` (so a
+ * task under a tier cgroup userspace registered without a slot gets that
+ * tier).
+ *
+ * The cgroup id is the cgroup's kernfs id, the inode number of its
+ * directory on 64-bit kernels.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -21,7 +37,19 @@
 #define NBUCKETS 32
 #define MAX_JOBS 1024
 #define MAX_RUNNABLE 16384
+#define MAX_CACHED 4096
+#define MAX_OFFENDERS 256
 #define TASK_RUNNING 0
+#define PF_KTHREAD 0x00200000
+#define NOSLOT 0xffffffff
+#define ANCESTORS 4
+
+/* Runner classes; 1-4 are userspace's tier numbers. */
+#define C_IDLE 0
+#define C_OTHER_JOB 4
+#define C_OUTSIDE 5
+#define C_KERNEL 6
+#define NCLASS 7
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -29,22 +57,40 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile bool cgroup_v1 = false;
 
 struct job {
-	__u32 slot; /* index into hists */
-	__u32 tier; /* userspace's tier number; 0 is "not a job" */
+	__u32 slot; /* index into hists; NOSLOT: classified, not timed */
+	__u32 tier; /* userspace's tier number, 1-4 */
 };
 
 struct hist {
 	__u64 buckets[NBUCKETS]; /* bucket i counts latencies in [2^i, 2^(i+1)) ns; 0 holds [0, 2) */
 	__u64 count;
 	__u64 sum_ns;
-	__u64 preempt_count; /* involuntary switches out in favour of another tier's task */
-	__u64 preempt_ns;    /* the run-queue time those preemptions cost */
+	__u64 preempt_count;     /* involuntary switches out in favour of another tier's task */
+	__u64 preempt_ns;        /* the run-queue time those preemptions cost */
+	__u64 blame_ns[NCLASS];  /* the waits, by the class that held the CPU */
 };
 
 struct start {
 	__u64 ts;
 	__u32 preempted; /* switched out by a task of another tier */
-	__u32 pad;
+	__u32 cpu;       /* the CPU it was queued on */
+	__u64 snap[NCLASS];
+};
+
+/* What a CPU is running and its clocks. */
+struct cpu_clock {
+	__u64 since;     /* when the current runner got the CPU; 0 before the first switch seen */
+	__u32 cls;       /* its class */
+	__u32 tslot;     /* its slot + 1 when timed, else 0 */
+	__u64 last_out;  /* the cgroup id of the last outside runner */
+	__u64 run[NCLASS];
+};
+
+struct class_entry {
+	__u64 gen;
+	__u64 cgid;
+	__u32 cls;
+	__u32 tslot;
 };
 
 struct {
@@ -68,19 +114,95 @@ struct {
 	__type(value, struct hist);
 } hists SEC(".maps");
 
-static __always_inline __u64 task_cgroup_id(struct task_struct *t)
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cpu_clock);
+} clocks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_CACHED);
+	__type(key, __u64);
+	__type(value, struct class_entry);
+} classes SEC(".maps");
+
+/* Bumped by userspace after every change to jobs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} generation SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_OFFENDERS);
+	__type(key, __u64);
+	__type(value, __u64);
+} offenders SEC(".maps");
+
+struct runner {
+	__u64 cgid;
+	__u32 cls;
+	__u32 tslot;
+};
+
+static __always_inline struct cgroup_subsys_state *task_css(struct task_struct *t)
 {
 	if (cgroup_v1) {
 		int cpu = bpf_core_enum_value(enum cgroup_subsys_id, cpu_cgrp_id);
-		return t->cgroups->subsys[cpu]->cgroup->kn->id;
+		return t->cgroups->subsys[cpu];
 	}
-	return t->cgroups->dfl_cgrp->kn->id;
+	return &t->cgroups->dfl_cgrp->self;
 }
 
-static __always_inline struct job *task_job(struct task_struct *t)
+static __always_inline void classify(struct task_struct *t, struct runner *r)
 {
-	__u64 id = task_cgroup_id(t);
-	return bpf_map_lookup_elem(&jobs, &id);
+	r->cgid = 0;
+	r->tslot = 0;
+	if (t->pid == 0) {
+		r->cls = C_IDLE;
+		return;
+	}
+	if (t->flags & PF_KTHREAD) {
+		r->cls = C_KERNEL;
+		return;
+	}
+	__u32 zero = 0;
+	__u64 *genp = bpf_map_lookup_elem(&generation, &zero);
+	__u64 gen = genp ? *genp : 0;
+	struct cgroup_subsys_state *css = task_css(t);
+	__u64 key = (__u64)css;
+	struct class_entry *e = bpf_map_lookup_elem(&classes, &key);
+	if (e && e->gen == gen) {
+		r->cgid = e->cgid;
+		r->cls = e->cls;
+		r->tslot = e->tslot;
+		return;
+	}
+	r->cls = C_OUTSIDE;
+	for (int i = 0; i < ANCESTORS && css; i++) {
+		__u64 id = css->cgroup->kn->id;
+		if (i == 0)
+			r->cgid = id;
+		struct job *j = bpf_map_lookup_elem(&jobs, &id);
+		if (j) {
+			r->cls = j->tier;
+			if (i == 0 && j->slot != NOSLOT)
+				r->tslot = j->slot + 1;
+			break;
+		}
+		css = css->parent;
+	}
+	struct class_entry ne = { .gen = gen, .cgid = r->cgid, .cls = r->cls, .tslot = r->tslot };
+	bpf_map_update_elem(&classes, &key, &ne, BPF_ANY);
+}
+
+static __always_inline __u32 task_cpu(struct task_struct *t)
+{
+	return t->thread_info.cpu;
 }
 
 static __always_inline __u32 log2_u64(__u64 v)
@@ -95,64 +217,111 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
-static __always_inline void enqueue(struct task_struct *t, __u32 preempted)
+/* The clocks of c read at now: the settled clocks plus the current
+ * runner's time so far. */
+static __always_inline void read_clocks(struct cpu_clock *c, __u64 now, __u64 *out)
 {
-	if (!task_job(t))
-		return;
-	__u32 pid = t->pid;
-	struct start s = { .ts = bpf_ktime_get_ns(), .preempted = preempted };
+	__u32 cls = c->cls;
+	__u64 since = c->since;
+	for (int k = 0; k < NCLASS; k++)
+		out[k] = c->run[k];
+	if (since && now > since && cls < NCLASS)
+		out[cls] += now - since;
+}
+
+/* Queue timed task pid on cpu at now. */
+static __always_inline void enqueue(__u32 pid, __u32 cpu, __u64 now, __u32 preempted)
+{
+	__u32 zero = 0;
+	struct start s = { .ts = now, .preempted = preempted, .cpu = cpu };
+	struct cpu_clock *c = bpf_map_lookup_percpu_elem(&clocks, &zero, cpu);
+	if (c)
+		read_clocks(c, now, s.snap);
 	bpf_map_update_elem(&starts, &pid, &s, BPF_ANY);
+}
+
+static __always_inline void wakeup(struct task_struct *p)
+{
+	struct runner r;
+	classify(p, &r);
+	if (!r.tslot)
+		return;
+	enqueue(p->pid, task_cpu(p), bpf_ktime_get_ns(), 0);
 }
 
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(sched_wakeup, struct task_struct *p)
 {
-	enqueue(p, 0);
+	wakeup(p);
 	return 0;
 }
 
 SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(sched_wakeup_new, struct task_struct *p)
 {
-	enqueue(p, 0);
+	wakeup(p);
 	return 0;
 }
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	/* A task switched out while runnable waits on the run queue again. */
-	struct job *nj = 0;
-	bool nj_known = false;
-	/* The idle task (pid 0) is switched out runnable on every wake-up of
-	 * an idle CPU and is never a job's: skip its cgroup walk. */
-	if (prev->pid != 0 && (preempt || prev->__state == TASK_RUNNING)) {
-		struct job *pj = task_job(prev);
-		if (pj) {
-			nj = task_job(next);
-			nj_known = true;
-			__u32 nt = nj ? nj->tier : 0;
-			__u32 pid = prev->pid;
-			struct start s = { .ts = bpf_ktime_get_ns(), .preempted = preempt && nt != pj->tier };
-			bpf_map_update_elem(&starts, &pid, &s, BPF_ANY);
-		}
+	__u32 zero = 0;
+	struct cpu_clock *c = bpf_map_lookup_elem(&clocks, &zero);
+	if (!c)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 cpu = bpf_get_smp_processor_id();
+
+	/* Settle the leaving runner's time. Until the first switch seen on
+	 * this CPU the leaving runner is unknown: it stays unclassified. */
+	__u32 pcls = c->cls, ptslot = c->tslot;
+	if (c->since && now > c->since && pcls < NCLASS)
+		c->run[pcls] += now - c->since;
+
+	struct runner r;
+	classify(next, &r);
+	c->since = now;
+	c->cls = r.cls;
+	c->tslot = r.tslot;
+	if (r.cls == C_OUTSIDE)
+		c->last_out = r.cgid;
+
+	/* A timed task switched out while runnable waits on this CPU's run
+	 * queue again. prev is the runner this CPU classified at its switch
+	 * in (ptslot), unless that switch came before the probe. */
+	if (ptslot && prev->pid != 0 && (preempt || prev->__state == TASK_RUNNING)) {
+		struct start s = { .ts = now, .preempted = preempt && r.cls != pcls, .cpu = cpu };
+		for (int k = 0; k < NCLASS; k++)
+			s.snap[k] = c->run[k];
+		__u32 ppid = prev->pid;
+		bpf_map_update_elem(&starts, &ppid, &s, BPF_ANY);
 	}
 
-	__u32 pid = next->pid;
-	if (pid == 0)
+	if (!r.tslot)
 		return 0;
+	__u32 pid = next->pid;
 	struct start *s = bpf_map_lookup_elem(&starts, &pid);
 	if (!s)
 		return 0;
-	__u64 delta = bpf_ktime_get_ns() - s->ts;
+	__u64 delta = now - s->ts;
 	__u32 preempted = s->preempted;
+	__u64 blame[NCLASS];
+	struct cpu_clock *qc = c;
+	if (s->cpu != cpu)
+		qc = bpf_map_lookup_percpu_elem(&clocks, &zero, s->cpu);
+	if (qc) {
+		read_clocks(qc, now, blame);
+		for (int k = 0; k < NCLASS; k++)
+			blame[k] = blame[k] > s->snap[k] ? blame[k] - s->snap[k] : 0;
+	} else {
+		for (int k = 0; k < NCLASS; k++)
+			blame[k] = 0;
+	}
+	__u64 out_cg = qc ? qc->last_out : 0;
 	bpf_map_delete_elem(&starts, &pid);
 
-	if (!nj_known)
-		nj = task_job(next);
-	if (!nj)
-		return 0;
-	__u32 slot = nj->slot;
+	__u32 slot = r.tslot - 1;
 	struct hist *h = bpf_map_lookup_elem(&hists, &slot);
 	if (!h)
 		return 0;
@@ -169,6 +338,17 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	if (preempted) {
 		h->preempt_count++;
 		h->preempt_ns += delta;
+	}
+	for (int k = 0; k < NCLASS; k++)
+		h->blame_ns[k] += blame[k];
+	if (blame[C_OUTSIDE] && out_cg) {
+		__u64 *o = bpf_map_lookup_elem(&offenders, &out_cg);
+		if (o) {
+			__sync_fetch_and_add(o, blame[C_OUTSIDE]);
+		} else {
+			__u64 v = blame[C_OUTSIDE];
+			bpf_map_update_elem(&offenders, &out_cg, &v, BPF_NOEXIST);
+		}
 	}
 	return 0;
 }

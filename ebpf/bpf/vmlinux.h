@@ -39,32 +39,34 @@ enum {
 };
 
 #pragma clang attribute push(__attribute__((preserve_access_index)), apply_to = record)
-
 struct kernfs_node {
 	u64 id;
 };
-
-struct cgroup {
-	struct kernfs_node *kn;
-};
-
+struct cgroup;
 struct cgroup_subsys_state {
 	struct cgroup *cgroup;
+	struct cgroup_subsys_state *parent;
 };
-
+struct cgroup {
+	struct cgroup_subsys_state self;
+	struct kernfs_node *kn;
+};
 /* The array length is irrelevant: CO-RE relocates the field's offset and
  * the index is a relocated enum value (bpf_core_enum_value). */
 struct css_set {
 	struct cgroup_subsys_state *subsys[16];
 	struct cgroup *dfl_cgrp;
 };
-
+struct thread_info {
+	u32 cpu;
+};
 struct task_struct {
+	struct thread_info thread_info;
 	unsigned int __state;
+	unsigned int flags;
 	int pid;
 	struct css_set *cgroups;
 };
-
 #pragma clang attribute pop
 
 enum cgroup_subsys_id {
