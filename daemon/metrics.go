@@ -14,6 +14,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/devices"
+	"github.com/fusiond/fusiond/ebpf"
 )
 
 // inventories lists every device of every driver, for the metrics.
@@ -60,7 +61,10 @@ func qosMetrics(l *qos.Loop) metrics.QoS {
 		Protected: st.Protected, Breaching: st.Breaching,
 		ProbeStats: c.ProbeStats, ProbeRuns: c.ProbeRuns, ProbeRunNs: c.ProbeRunNs,
 		ProbeSlots: c.Slots.Max, ProbeSlotsUsed: c.Slots.Used, Untimed: c.Untimed, UntimedTotal: c.UntimedTotal,
-		Latency: make(map[api.Class]metrics.Log2Histogram, len(c.Latency))}
+		Latency: make(map[api.Class]metrics.Log2Histogram, len(c.Latency)), Delay: make(map[string]uint64, len(c.Delay))}
+	for r, ns := range c.Delay {
+		out.Delay[ebpf.Runner(r).String()] = ns
+	}
 	for k, n := range c.Actions {
 		out.Actions = append(out.Actions, metrics.QoSAction{Op: k.Op, Resource: k.Resource, Result: k.Result, Count: n})
 	}

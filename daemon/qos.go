@@ -81,6 +81,14 @@ func (h *qosHost) SharedPoolMilli() int64 {
 	return int64(runtime.NumCPU()) * 1000
 }
 
+func (h *qosHost) TierCgroupID(t api.Tier) (uint64, error) {
+	return ebpf.CgroupID(h.cg.TierCPUDir(cgroups.Tier(t)))
+}
+
+func (h *qosHost) CgroupPath(id uint64) (string, error) {
+	return h.cg.FindCPUCgroup(id)
+}
+
 func (h *qosHost) SetBestEffortCPU(milli int64) error {
 	return h.knobs.setQoSCPU(milli)
 }

@@ -29,6 +29,11 @@ type QoSConfig struct {
 	RestoreAfter Duration     `json:"restore_after"`
 	// MinEvents is how many run-queue events a window needs to count.
 	MinEvents uint64 `json:"min_events"`
+	// MinBlame is the least share of a breaching job's run-queue wait
+	// that best-effort work must have held the CPU for before the loop
+	// cuts its quota (0 to 1, exclusive of 1; default 0.1): a breach
+	// others caused is noted, not acted on.
+	MinBlame float64 `json:"min_blame"`
 	// MinBestEffortMemory is the floor of the best-effort memory high.
 	MinBestEffortMemory api.Bytes `json:"min_besteffort_memory"`
 	// MaxJobs is how many job cgroups the latency probe times at once
@@ -54,6 +59,7 @@ func DefaultQoSConfig() QoSConfig {
 		RestoreStep:         500,
 		RestoreAfter:        Duration(10 * time.Second),
 		MinEvents:           20,
+		MinBlame:            0.1,
 		MinBestEffortMemory: 256 << 20,
 		MaxJobs:             ebpf.MaxCgroups,
 	}
@@ -80,11 +86,13 @@ func (c QoSConfig) validate() (string, error) {
 		return "qos.restore_step", fmt.Errorf("must be positive")
 	case c.RestoreAfter <= 0:
 		return "qos.restore_after", fmt.Errorf("must be positive")
+	case c.MinBlame < 0 || c.MinBlame >= 1:
+		return "qos.min_blame", fmt.Errorf("must be at least 0 and below 1, got %g", c.MinBlame)
 	case c.MinBestEffortMemory < 0:
 		return "qos.min_besteffort_memory", fmt.Errorf("must not be negative")
 	case c.MaxJobs < 1 || c.MaxJobs > ebpf.MaxCgroupsLimit:
 		// The histogram map is a per-CPU array the kernel allocates in
-		// full at load: 288 bytes a slot per possible CPU.
+		// full at load: HistogramBytes a slot per possible CPU.
 		return "qos.max_jobs", fmt.Errorf("between 1 and %d job cgroups, got %d (the probe's histograms take %d bytes per slot per CPU, allocated at load)", ebpf.MaxCgroupsLimit, c.MaxJobs, ebpf.HistogramBytes)
 	}
 	return "", nil
@@ -95,7 +103,7 @@ func (c QoSConfig) params() qos.Params {
 	return qos.Params{
 		MinMilli: int64(c.MinBestEffortCPU), Shrink: c.Shrink,
 		RestoreStep: int64(c.RestoreStep), RestoreAfter: time.Duration(c.RestoreAfter),
-		MinEvents: c.MinEvents, MinMemory: int64(c.MinBestEffortMemory),
+		MinEvents: c.MinEvents, MinMemory: int64(c.MinBestEffortMemory), MinBlame: c.MinBlame,
 	}
 }
 

@@ -34,9 +34,10 @@ const MaxCgroups = 1024
 
 // MaxCgroupsLimit is the most slots WithMaxCgroups accepts. The histogram
 // map is a per-CPU array the kernel allocates in full at load: each slot
-// holds one 288-byte histogram per possible CPU, so 8192 slots take 2.4 MB
-// per CPU (302 MB on a host of 128 CPUs), locked kernel memory whether
-// jobs run or not; the default 1024 takes 295 KB per CPU.
+// holds one 344-byte histogram (with its attribution) per possible CPU, so
+// 8192 slots take 2.8 MB per CPU (361 MB on a host of 128 CPUs), locked
+// kernel memory whether jobs run or not; the default 1024 takes 352 KB per
+// CPU.
 const MaxCgroupsLimit = 8192
 
 // HistogramBytes is the kernel memory one slot's histograms take per

@@ -1,7 +1,11 @@
 package api
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -520,6 +524,77 @@ type Latency struct {
 	Preemptions uint64 `json:"preemptions,omitempty"`
 	// MemoryPressure is the job's memory PSI some avg10, where measured.
 	MemoryPressure *float64 `json:"memory_pressure,omitempty"`
+	// DelayedBy is the job's run-queue wait since it was registered,
+	// charged to whoever held the CPU meanwhile; WindowDelayedBy the last
+	// window's.
+	DelayedBy       *DelayedBy `json:"delayed_by,omitempty"`
+	WindowDelayedBy *DelayedBy `json:"window_delayed_by,omitempty"`
+}
+
+// DelayedBy is run-queue wait charged to whoever held the CPU the task
+// waited on (the latency probe's attribution, docs/qos.md "Who delayed
+// whom"): the CPU idle (waking it took that long), a task of each fusiond
+// tier (the job's own threads count in its tier), a fusiond job of no
+// tier, a task outside fusiond's cgroups, or a kernel thread.
+type DelayedBy struct {
+	Idle       Duration `json:"idle"`
+	Guaranteed Duration `json:"guaranteed"`
+	Burstable  Duration `json:"burstable"`
+	BestEffort Duration `json:"besteffort"`
+	Job        Duration `json:"job"`
+	Outside    Duration `json:"outside"`
+	Kernel     Duration `json:"kernel"`
+}
+
+// DelayPart is one runner's part of a DelayedBy.
+type DelayPart struct {
+	// By is the runner as the JSON field names it.
+	By   string
+	Wait Duration
+}
+
+// Parts lists the parts in a fixed order.
+func (d DelayedBy) Parts() []DelayPart {
+	return []DelayPart{{"idle", d.Idle}, {"guaranteed", d.Guaranteed}, {"burstable", d.Burstable}, {"besteffort", d.BestEffort},
+		{"job", d.Job}, {"outside", d.Outside}, {"kernel", d.Kernel}}
+}
+
+// Describe is the wait as shares, largest first, leaving out those under
+// 1%: "outside 85%, besteffort 10%, idle 5%" ("not attributed" when
+// nothing was charged).
+func (d DelayedBy) Describe() string {
+	total := d.Total()
+	if total <= 0 {
+		return "not attributed"
+	}
+	parts := d.Parts()
+	slices.SortStableFunc(parts, func(a, b DelayPart) int { return cmp.Compare(b.Wait, a.Wait) })
+	var out []string
+	for _, p := range parts {
+		if pct := 100 * float64(p.Wait) / float64(total); pct >= 1 {
+			out = append(out, fmt.Sprintf("%s %.0f%%", p.By, pct))
+		}
+	}
+	return strings.Join(out, ", ")
+}
+
+// Total is the whole wait.
+func (d DelayedBy) Total() Duration {
+	var t Duration
+	for _, p := range d.Parts() {
+		t += p.Wait
+	}
+	return t
+}
+
+// OutsideDelay is a cgroup outside fusiond's that held CPUs while timed
+// jobs waited, and how much of their wait it is charged.
+type OutsideDelay struct {
+	// Cgroup is its path in the cpu hierarchy ("" when not found, with
+	// ID set).
+	Cgroup string   `json:"cgroup,omitempty"`
+	ID     uint64   `json:"id"`
+	Wait   Duration `json:"wait"`
 }
 
 // QoSStatus is the QoS loop's state in node status.
@@ -556,6 +631,12 @@ type QoSStatus struct {
 	ProbeSlotsUsed   int    `json:"probe_slots_used,omitempty"`
 	UntimedJobs      int    `json:"untimed_jobs,omitempty"`
 	UntimedJobsTotal uint64 `json:"untimed_jobs_total,omitempty"`
+	// DelayedBy is the protected jobs' run-queue wait in the last window,
+	// by who held the CPU; TopOutside the cgroups outside fusiond's
+	// charged the most of the timed jobs' waits in that window (at most
+	// five).
+	DelayedBy  *DelayedBy     `json:"delayed_by,omitempty"`
+	TopOutside []OutsideDelay `json:"top_outside,omitempty"`
 	// LastAction says what the loop did last, and when.
 	LastAction   string     `json:"last_action,omitempty"`
 	LastActionAt *time.Time `json:"last_action_at,omitempty"`

@@ -94,6 +94,10 @@ type QoS struct {
 	// UntimedTotal every such job, each once.
 	ProbeSlots, ProbeSlotsUsed, Untimed int
 	UntimedTotal                        uint64
+	// Delay is the protected jobs' run-queue wait by who held the CPU
+	// (idle, guaranteed, burstable, besteffort, job, outside, kernel), in
+	// ns since the loop started.
+	Delay map[string]uint64
 }
 
 // QoSAction is one kind of QoS action and how often the loop took it.
@@ -359,7 +363,7 @@ var (
 	descQoSBreaching = prometheus.NewDesc("fusiond_qos_breaching_jobs",
 		"Protected jobs over their SLO in the loop's last window.", nil, nil)
 	descQoSActions = prometheus.NewDesc("fusiond_qos_actions_total",
-		"Actions the QoS loop took on the best-effort tier, by action (shrink, restore), resource (cpu, memory) and result (applied, failed).", []string{"action", "resource", "result"}, nil)
+		"Actions the QoS loop took on the best-effort tier, by action (shrink, restore; spare: a breach best-effort did not cause, noted), resource (cpu, memory) and result (applied, failed, noted).", []string{"action", "resource", "result"}, nil)
 	descQoSLatency = prometheus.NewDesc("fusiond_qos_runqueue_latency_seconds",
 		"Run-queue latency (wakeup to running) of the protected jobs' threads, by job class, from the eBPF probe's log2 buckets.", []string{"class"}, nil)
 	descQoSProbeRuns = prometheus.NewDesc("fusiond_qos_probe_events_total",
@@ -374,6 +378,8 @@ var (
 		"Running jobs the latency probe has no slot for (qos.max_jobs reached): not timed.", nil, nil)
 	descQoSUntimedTotal = prometheus.NewDesc("fusiond_qos_untimed_jobs_total",
 		"Jobs the latency probe had no slot for, each counted once.", nil, nil)
+	descQoSDelay = prometheus.NewDesc("fusiond_qos_delay_seconds_total",
+		"Run-queue wait of the protected jobs, by who held the CPU meanwhile: idle, a fusiond tier (guaranteed, burstable, besteffort), a fusiond job of no tier (job), a task outside fusiond's cgroups (outside) or a kernel thread (kernel).", []string{"by"}, nil)
 	descTelJobs = prometheus.NewDesc("fusiond_telemetry_jobs_followed",
 		"Running jobs whose cgroups the telemetry bus reads.", nil, nil)
 	descTelMax = prometheus.NewDesc("fusiond_telemetry_jobs_max",
@@ -398,7 +404,7 @@ func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 		descHealthy, descMIG, descRegion, descUtil, descMemUsed, descMemTotal, descPower, descTemp,
 		descTierCPU, descTierThrottled, descTierMem, descTierOOM,
 		descQoSEnabled, descQoSQuota, descQoSMemHigh, descQoSProtected, descQoSBreaching, descQoSActions,
-		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descQoSSlots, descQoSSlotsUsed, descQoSUntimed, descQoSUntimedTotal,
+		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descQoSSlots, descQoSSlotsUsed, descQoSUntimed, descQoSUntimedTotal, descQoSDelay,
 		descTelJobs, descTelMax, descTelUnfollowed, descTelUnfollowedTotal,
 		descMemCapOver, descMemCapEpisodes, descMemCapKills, descSourceFailed} {
 		ch <- d
@@ -550,6 +556,9 @@ func collectQoS(ch chan<- prometheus.Metric, q QoS) {
 	}
 	gauge(ch, descQoSUntimed, float64(q.Untimed))
 	counter(ch, descQoSUntimedTotal, float64(q.UntimedTotal))
+	for by, ns := range q.Delay {
+		counter(ch, descQoSDelay, float64(ns)/1e9, by)
+	}
 }
 
 func (h Log2Histogram) count() uint64 {

@@ -1,13 +1,18 @@
 // Package qos is the daemon's QoS loop: every window it reads each
-// protected job's run-queue latency histogram (from the eBPF probe) and
-// memory pressure, and moves the best-effort tier's CPU quota and memory
-// high with an AIMD controller — a multiplicative shrink when a protected
-// job's p99 breaks its SLO, an additive restore after a healthy period.
+// protected job's run-queue latency histogram (from the eBPF probe), who
+// held the CPU while it waited, and its memory pressure, and moves the
+// best-effort tier's CPU quota and memory high with an AIMD controller — a
+// multiplicative shrink, in proportion to best-effort's share of the
+// wait, when a protected job's p99 breaks its SLO; an additive restore
+// after a healthy period.
 package qos
 
 import (
 	"fmt"
 	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/ebpf"
 )
 
 // Params tune the controller. The pool the best-effort quota is cut from
@@ -30,6 +35,11 @@ type Params struct {
 	MinEvents uint64
 	// MinMemory is the floor of the best-effort memory high, in bytes.
 	MinMemory int64
+	// MinBlame is the least share of a breaching job's wait best-effort
+	// work must have held the CPU for before its quota is cut (0 ≤
+	// MinBlame < 1); below it the breach is someone else's and only
+	// noted.
+	MinBlame float64
 }
 
 // Validate checks the parameters.
@@ -43,6 +53,8 @@ func (p Params) Validate() error {
 		return fmt.Errorf("qos: restore step must be positive")
 	case p.RestoreAfter <= 0:
 		return fmt.Errorf("qos: restore period must be positive")
+	case p.MinBlame < 0 || p.MinBlame >= 1:
+		return fmt.Errorf("qos: min blame must be in [0, 1), got %g", p.MinBlame)
 	}
 	return nil
 }
@@ -58,6 +70,33 @@ type Sample struct {
 	P99       time.Duration
 	Events    uint64
 	MemoryPSI *float64
+	// Blame is the window's wait by who held the CPU (ebpf.Runner); all
+	// zero where the probe does not attribute.
+	Blame [ebpf.Runners]uint64
+}
+
+// bestEffortShare is the share of s's wait best-effort work held the CPU
+// for; known is false when the probe charged the wait to nobody, and the
+// share is then 1 (the loop acts as it would without attribution).
+func (s Sample) bestEffortShare() (share float64, known bool) {
+	var sum uint64
+	for _, n := range s.Blame {
+		sum += n
+	}
+	if sum == 0 {
+		return 1, false
+	}
+	return float64(s.Blame[ebpf.RunnerBestEffort]) / float64(sum), true
+}
+
+// DescribeBlame is a wait by runner as shares, largest first, leaving out
+// those under 1%: "outside 85%, besteffort 10%, idle 5%".
+func DescribeBlame(b [ebpf.Runners]uint64) string {
+	d := delayedBy(b)
+	if d == nil {
+		return api.DelayedBy{}.Describe()
+	}
+	return d.Describe()
 }
 
 // Breach reports what in s breaks its SLO ("" when nothing does).
@@ -75,8 +114,9 @@ func (s Sample) breach(minEvents uint64) string {
 type Action struct {
 	// Kind is "cpu" or "memory".
 	Kind string
-	// Op is "shrink" (a tighter limit on the best-effort tier) or
-	// "restore" (a looser one, or none).
+	// Op is "shrink" (a tighter limit on the best-effort tier),
+	// "restore" (a looser one, or none) or "spare" (a breach best-effort
+	// did not cause: nothing to write, an event to publish).
 	Op string
 	// CPUMilli is the new best-effort quota (0: no quota); MemoryHigh the
 	// new best-effort memory high (0: none).
@@ -99,6 +139,7 @@ type Controller struct {
 	memHigh    int64 // 0: none
 	lastBreach time.Time
 	lastChange time.Time
+	lastSpare  time.Time
 }
 
 // NewController starts unrestricted.
@@ -129,20 +170,36 @@ func (c *Controller) Breaching(samples []Sample) map[string]string {
 // Step takes one window's samples at time now, the best-effort tier's
 // memory use (bytes) and the shared pool's CPU now (millicores), and
 // returns the actions to apply (none most windows). It records when a
-// protected job last breached, never a limit: Commit does that for each
-// action the host applied.
+// protected job last breached because of best-effort work, never a limit:
+// Commit does that for each action the host applied.
+//
+// A run-queue breach cuts the quota in proportion to best-effort's share
+// of the breaching job's wait (the share 1 cuts it by Shrink); the job
+// with the largest share decides. A breach where best-effort held the CPU
+// for less than MinBlame of the wait changes nothing: one spare action per
+// RestoreAfter says whose it was, and it does not hold back a restore.
 func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poolMilli int64) []Action {
 	var acts []Action
 	cpuBreach, memBreach := -1, -1
 	var cpuWhy, memWhy string
+	var cpuShare float64
+	var cpuKnown bool
+	spare := -1
 	for i, s := range samples {
 		r := s.breach(c.p.MinEvents)
 		if r == "" {
 			continue
 		}
 		if s.RunqueueP99 > 0 && s.Events >= c.p.MinEvents && s.P99 > s.RunqueueP99 {
-			if cpuBreach < 0 {
-				cpuBreach, cpuWhy = i, r
+			share, known := s.bestEffortShare()
+			if known && share < c.p.MinBlame {
+				if spare < 0 {
+					spare = i
+				}
+				continue
+			}
+			if cpuBreach < 0 || share > cpuShare {
+				cpuBreach, cpuWhy, cpuShare, cpuKnown = i, r, share, known
 			}
 		} else if memBreach < 0 {
 			memBreach, memWhy = i, r
@@ -158,41 +215,60 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poo
 	}
 	floor := min(c.p.MinMilli, poolMilli)
 	if cpuBreach >= 0 && base > floor {
-		q := max(floor, int64(float64(base)*c.p.Shrink))
-		acts = append(acts, Action{Kind: "cpu", Op: "shrink", CPUMilli: q, MemoryHigh: c.memHigh, JobID: samples[cpuBreach].JobID,
-			Reason: fmt.Sprintf("shrink best-effort CPU to %dm of a %dm shared pool: %s", q, poolMilli, cpuWhy)})
-	}
-	if memBreach >= 0 && bestEffortMemory > c.p.MinMemory {
-		target := max(c.p.MinMemory, int64(float64(bestEffortMemory)*c.p.Shrink)) &^ 4095
-		if c.memHigh == 0 || target < c.memHigh {
-			acts = append(acts, Action{Kind: "memory", Op: "shrink", CPUMilli: c.quota, MemoryHigh: target, JobID: samples[memBreach].JobID,
-				Reason: fmt.Sprintf("lower best-effort memory high to %d MiB: %s", target>>20, memWhy)})
+		factor := 1 - (1-c.p.Shrink)*cpuShare
+		q := max(floor, int64(float64(base)*factor))
+		why := cpuWhy
+		if cpuKnown {
+			why = fmt.Sprintf("%s; the wait: %s", cpuWhy, DescribeBlame(samples[cpuBreach].Blame))
+		}
+		if q < base {
+			acts = append(acts, Action{Kind: "cpu", Op: "shrink", CPUMilli: q, MemoryHigh: c.memHigh, JobID: samples[cpuBreach].JobID,
+				Reason: fmt.Sprintf("shrink best-effort CPU to %dm of a %dm shared pool: %s", q, poolMilli, why)})
 		}
 	}
-	if len(acts) > 0 || cpuBreach >= 0 || memBreach >= 0 {
+	if spare >= 0 && cpuBreach < 0 && now.Sub(c.lastSpare) >= c.p.RestoreAfter {
+		s := samples[spare]
+		share, _ := s.bestEffortShare()
+		acts = append(acts, Action{Kind: "cpu", Op: "spare", CPUMilli: c.quota, MemoryHigh: c.memHigh, JobID: s.JobID,
+			Reason: fmt.Sprintf("best-effort not throttled: %s, but best-effort held the CPU for %.0f%% of the wait (below %.0f%%): %s",
+				s.breach(c.p.MinEvents), 100*share, 100*c.p.MinBlame, DescribeBlame(s.Blame))})
+	}
+	if cpuBreach >= 0 || memBreach >= 0 {
+		if memBreach >= 0 && bestEffortMemory > c.p.MinMemory {
+			target := max(c.p.MinMemory, int64(float64(bestEffortMemory)*c.p.Shrink)) &^ 4095
+			if c.memHigh == 0 || target < c.memHigh {
+				acts = append(acts, Action{Kind: "memory", Op: "shrink", CPUMilli: c.quota, MemoryHigh: target, JobID: samples[memBreach].JobID,
+					Reason: fmt.Sprintf("lower best-effort memory high to %d MiB: %s", target>>20, memWhy)})
+			}
+		}
 		return acts
 	}
-	// Healthy: restore one step per RestoreAfter since the last breach and
-	// the last change.
+	// Healthy, or breached by others only: restore one step per
+	// RestoreAfter since the last breach best-effort caused and the last
+	// change.
 	if now.Sub(c.lastBreach) < c.p.RestoreAfter || now.Sub(c.lastChange) < c.p.RestoreAfter {
-		return nil
+		return acts
 	}
 	if c.quota > 0 {
 		q := c.quota + c.p.RestoreStep
-		reason := fmt.Sprintf("restore best-effort CPU to %dm of a %dm shared pool after %v within SLO", q, poolMilli, c.p.RestoreAfter)
+		reason := fmt.Sprintf("restore best-effort CPU to %dm of a %dm shared pool after %v without a breach best-effort caused", q, poolMilli, c.p.RestoreAfter)
 		if q >= poolMilli {
-			q, reason = 0, fmt.Sprintf("remove the best-effort CPU quota after %v within SLO", c.p.RestoreAfter)
+			q, reason = 0, fmt.Sprintf("remove the best-effort CPU quota after %v without a breach best-effort caused", c.p.RestoreAfter)
 		}
 		acts = append(acts, Action{Kind: "cpu", Op: "restore", CPUMilli: q, MemoryHigh: c.memHigh, Reason: reason})
 	}
 	if c.memHigh != 0 {
-		acts = append(acts, Action{Kind: "memory", Op: "restore", CPUMilli: c.quota, Reason: fmt.Sprintf("remove the best-effort memory high after %v within SLO", c.p.RestoreAfter)})
+		acts = append(acts, Action{Kind: "memory", Op: "restore", CPUMilli: c.quota, Reason: fmt.Sprintf("remove the best-effort memory high after %v without a breach", c.p.RestoreAfter)})
 	}
 	return acts
 }
 
 // Commit records that the host applied a, one of Step's actions, at now.
 func (c *Controller) Commit(now time.Time, a Action) {
+	if a.Op == "spare" {
+		c.lastSpare = now
+		return
+	}
 	switch a.Kind {
 	case "cpu":
 		c.quota = a.CPUMilli

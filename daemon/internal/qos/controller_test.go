@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fusiond/fusiond/ebpf"
 )
 
 func params() Params {
@@ -200,5 +202,94 @@ func TestControllerCutsTheSharedPool(t *testing.T) {
 	now = now.Add(time.Second)
 	if step(c3, now, []Sample{sample(5 * time.Millisecond)}, 0, 1000); c3.Quota() != 500 {
 		t.Fatalf("shrink after the pool fell under the quota: quota %d, want 500m", c3.Quota())
+	}
+}
+
+// blamed is a breaching sample whose wait is charged be ns to best-effort
+// and out ns to outside.
+func blamed(be, out uint64) Sample {
+	s := sample(5 * time.Millisecond)
+	s.Blame[ebpf.RunnerBestEffort], s.Blame[ebpf.RunnerOutside] = be, out
+	return s
+}
+
+// The cut follows best-effort's share of the wait: all of it halves the
+// quota, a quarter cuts an eighth, less than MinBlame cuts nothing.
+func TestControllerCutsInProportionToBlame(t *testing.T) {
+	p := params()
+	p.MinBlame = 0.1
+	for _, tc := range []struct {
+		be, out uint64
+		want    int64
+	}{{100, 0, 2000}, {25, 75, 3500}, {5, 95, 0}, {0, 0, 2000}} {
+		c, err := NewController(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acts := step(c, time.Unix(1000, 0), []Sample{blamed(tc.be, tc.out)}, 0, 4000)
+		if c.Quota() != tc.want {
+			t.Errorf("best-effort %d, outside %d: quota %dm, want %dm (actions %+v)", tc.be, tc.out, c.Quota(), tc.want, acts)
+		}
+		if tc.be+tc.out > 0 && tc.want > 0 && !strings.Contains(acts[0].Reason, "the wait: ") {
+			t.Errorf("shrink reason %q does not say whose the wait was", acts[0].Reason)
+		}
+	}
+	// Of two breaching jobs, the one best-effort delayed most decides.
+	c, _ := NewController(p)
+	other := blamed(10, 90)
+	other.JobID = "job-2"
+	acts := step(c, time.Unix(1000, 0), []Sample{other, blamed(80, 20)}, 0, 4000)
+	if len(acts) != 1 || acts[0].JobID != "job-1" || c.Quota() != 2400 {
+		t.Errorf("two breaching jobs: actions %+v, quota %d; want job-1's cut to 2400m", acts, c.Quota())
+	}
+}
+
+// A breach best-effort did not cause writes nothing, is noted once per
+// RestoreAfter, and does not hold back the restore of a quota an earlier,
+// best-effort breach set.
+func TestControllerSparesBestEffortForOthersBreaches(t *testing.T) {
+	p := params()
+	p.MinBlame = 0.1
+	c, err := NewController(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	step(c, now, []Sample{blamed(100, 0)}, 0, 4000)
+	if c.Quota() != 2000 {
+		t.Fatalf("quota %d after a best-effort breach", c.Quota())
+	}
+	var spares, restores int
+	for range 10 {
+		now = now.Add(time.Second)
+		for _, a := range step(c, now, []Sample{blamed(1, 99)}, 0, 4000) {
+			switch a.Op {
+			case "spare":
+				spares++
+				if a.JobID != "job-1" || !strings.Contains(a.Reason, "not throttled") || !strings.Contains(a.Reason, "outside 99%") {
+					t.Errorf("spare %+v", a)
+				}
+			case "restore":
+				restores++
+			default:
+				t.Errorf("outside breach: %+v", a)
+			}
+		}
+	}
+	// Spares at 1 s, 4 s, 7 s, 10 s; restores at 3 s, 6 s, 9 s (each
+	// RestoreAfter since the last change).
+	if spares != 4 || restores != 3 || c.Quota() != 3500 {
+		t.Errorf("10 s of outside breaches: %d spares, %d restores, quota %d; want 4, 3 and 3500m", spares, restores, c.Quota())
+	}
+}
+
+func TestDescribeBlame(t *testing.T) {
+	var b [ebpf.Runners]uint64
+	if got := DescribeBlame(b); got != "not attributed" {
+		t.Errorf("empty: %q", got)
+	}
+	b[ebpf.RunnerOutside], b[ebpf.RunnerBestEffort], b[ebpf.RunnerIdle], b[ebpf.RunnerKernel] = 850, 100, 45, 5
+	if got, want := DescribeBlame(b), "outside 85%, besteffort 10%, idle 4%"; got != want {
+		t.Errorf("DescribeBlame %q, want %q", got, want)
 	}
 }

@@ -128,7 +128,11 @@ func (h *cgHost) CgroupID(id string) (uint64, error) {
 	return ebpf.CgroupID(c.CPUDir())
 }
 func (h *cgHost) MemoryPSI(string) (*float64, error) { return nil, nil }
-func (h *cgHost) BestEffortMemory() (int64, error)   { return 0, nil }
+func (h *cgHost) TierCgroupID(t api.Tier) (uint64, error) {
+	return ebpf.CgroupID(h.m.TierCPUDir(cgroups.Tier(t)))
+}
+func (h *cgHost) CgroupPath(id uint64) (string, error) { return h.m.FindCPUCgroup(id) }
+func (h *cgHost) BestEffortMemory() (int64, error)     { return 0, nil }
 func (h *cgHost) SetBestEffortCPU(milli int64) error {
 	return h.m.SetTierCPUQuota(cgroups.BestEffort, milli)
 }
@@ -260,4 +264,95 @@ type tlog struct{ t testing.TB }
 func (w tlog) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// cpus is the CPUs this test may run on.
+func (e *kernelEnv) cpus(t testing.TB) []int {
+	t.Helper()
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		t.Fatal(err)
+	}
+	var cpus []int
+	for i := range 1024 {
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	return cpus
+}
+
+// pinProc puts every thread of p on cpu (threads it starts later inherit
+// it).
+func pinProc(t testing.TB, p *proc, cpu int) {
+	t.Helper()
+	var set unix.CPUSet
+	set.Set(cpu)
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range tasks {
+		var tid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &tid); err != nil {
+			continue
+		}
+		if err := unix.SchedSetaffinity(tid, &set); err != nil {
+			t.Fatalf("pin thread %d to CPU %d: %v", tid, cpu, err)
+		}
+	}
+}
+
+// outsideCgroup is a cgroup outside the test's fusiond hierarchy, in the
+// cpu hierarchy's root: path is its name from that root.
+type outsideCgroup struct{ dir, path string }
+
+func newOutsideCgroup(t testing.TB) *outsideCgroup {
+	t.Helper()
+	root := cgroups.DefaultRoot
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
+		root = filepath.Join(root, "cpu")
+	}
+	name := fmt.Sprintf("fusiond-qostest-%d-outside", os.Getpid())
+	dir := filepath.Join(root, name)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for i := 0; i < 100; i++ {
+			if err := os.Remove(dir); err == nil || errors.Is(err, os.ErrNotExist) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Errorf("cleanup %s", dir)
+	})
+	return &outsideCgroup{dir: dir, path: "/" + name}
+}
+
+// startOutsideHog starts a CPU hog in c.
+func startOutsideHog(t testing.TB, c *outsideCgroup) *proc {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "work")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=hog", "FUSIOND_QOSHELPER_OUT="+out)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	if err := os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), fmt.Appendf(nil, "%d", cmd.Process.Pid), 0); err != nil {
+		t.Fatalf("move the hog into %s: %v", c.dir, err)
+	}
+	if _, err := in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	return &proc{cmd: cmd, out: out}
 }

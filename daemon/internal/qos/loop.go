@@ -1,10 +1,13 @@
 package qos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,6 +45,11 @@ type Host interface {
 	// SharedPoolMilli is the CPU of the shared pool best-effort runs on
 	// now: the host's cores that no guaranteed job holds exclusively.
 	SharedPoolMilli() int64
+	// TierCgroupID is the id the probe keys a tier's cgroup by.
+	TierCgroupID(t api.Tier) (uint64, error)
+	// CgroupPath names the cgroup the probe keys by id (a cgroup outside
+	// fusiond's, in the cpu hierarchy).
+	CgroupPath(id uint64) (string, error)
 	SetBestEffortCPU(milli int64) error
 	SetBestEffortMemoryHigh(bytes int64) error
 }
@@ -79,6 +87,14 @@ type Loop struct {
 	untimed      map[string]bool
 	untimedTotal uint64
 	atBound      bool
+	// tiers is true once every tier's cgroup is registered for its
+	// class; delay sums the protected jobs' waits by runner over the
+	// loop's life; offenders is the probe's last reading of the outside
+	// cgroups' charges, paths the names found for their ids.
+	tiers     bool
+	delay     [ebpf.Runners]uint64
+	offenders map[uint64]uint64
+	paths     map[uint64]string
 }
 
 // ActionKey names a kind of action for counting: Op is shrink or
@@ -105,6 +121,9 @@ type Counters struct {
 	Slots        ebpf.SlotStats
 	Untimed      int
 	UntimedTotal uint64
+	// Delay is the protected jobs' run-queue wait by who held the CPU
+	// (ebpf.Runner), since the loop started.
+	Delay [ebpf.Runners]uint64
 }
 
 type tracked struct {
@@ -148,6 +167,7 @@ func New(cfg Config, probe Probe, host Host, log *slog.Logger) (*Loop, error) {
 	}
 	return &Loop{cfg: cfg, probe: probe, host: host, log: log, ctrl: ctrl, jobs: map[string]*tracked{},
 		actions: map[ActionKey]uint64{}, latency: map[api.Class]*ebpf.Histogram{}, untimed: map[string]bool{},
+		offenders: map[uint64]uint64{}, paths: map[uint64]string{},
 		status: api.QoSStatus{Probes: "attached", Enabled: true, Window: api.Duration(cfg.Window)}}, nil
 }
 
@@ -185,6 +205,9 @@ func (l *Loop) Step() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.cfg.Now()
+	if !l.tiers {
+		l.tiers = l.registerTiers()
+	}
 	running := l.host.Running()
 	seen := map[string]bool{}
 	var samples []Sample
@@ -249,7 +272,7 @@ func (l *Loop) Step() {
 		protected++
 		l.addLatency(j.class, j.last)
 		s := Sample{JobID: rj.ID, RunqueueP99: time.Duration(j.slo.RunqueueP99), PSISomeAvg10: j.slo.PSISomeAvg10,
-			P99: j.last.Quantile(0.99), Events: j.last.Count}
+			P99: j.last.Quantile(0.99), Events: j.last.Count, Blame: j.last.BlameNs}
 		if j.slo.PSISomeAvg10 > 0 {
 			if psi, err := l.host.MemoryPSI(rj.ID); err == nil {
 				s.MemoryPSI, j.psi = psi, psi
@@ -298,8 +321,31 @@ func (l *Loop) Step() {
 			beMem = m
 		}
 	}
+	var window [ebpf.Runners]uint64
+	for _, smp := range samples {
+		for i, n := range smp.Blame {
+			window[i] += n
+			l.delay[i] += n
+		}
+	}
+	l.status.DelayedBy = delayedBy(window)
+	l.status.TopOutside = l.topOutside()
 	pool := l.host.SharedPoolMilli()
 	for _, a := range l.ctrl.Step(now, samples, beMem, pool) {
+		if a.Op == "spare" {
+			// Nothing to write: say whose breach it was.
+			reason := a.Reason
+			if len(l.status.TopOutside) > 0 {
+				reason += "; top outside cgroups: " + describeOutside(l.status.TopOutside)
+			}
+			l.ctrl.Commit(now, a)
+			l.actions[ActionKey{Op: a.Op, Resource: a.Kind, Result: "noted"}]++
+			l.log.Info("qos: "+reason, "job", a.JobID)
+			t := now.UTC()
+			l.status.LastAction, l.status.LastActionAt = reason, &t
+			l.cfg.Publish(api.Event{Time: t, Kind: api.EventQoS, JobID: a.JobID, Reason: reason})
+			continue
+		}
 		var err error
 		if a.Kind == "cpu" {
 			err = l.host.SetBestEffortCPU(a.CPUMilli)
@@ -328,6 +374,123 @@ func (l *Loop) Step() {
 	l.status.BestEffortQuota = api.MilliCPU(l.ctrl.Quota())
 	l.status.BestEffortMemoryHigh = api.Bytes(l.ctrl.MemoryHigh())
 	l.status.Protected, l.status.Breaching = protected, len(breaching)
+}
+
+// registerTiers registers each tier's cgroup with the probe for its
+// class, so a job the probe has no slot for is still known as its tier's
+// when it holds a CPU. It reports whether every tier is registered (or
+// the probe does not classify); the loop tries again each window until
+// then.
+func (l *Loop) registerTiers() bool {
+	p, ok := l.probe.(interface {
+		RegisterClass(cgroupID uint64, tier uint32) error
+	})
+	if !ok {
+		return true
+	}
+	done := true
+	for _, t := range api.Tiers {
+		id, err := l.host.TierCgroupID(t)
+		if err == nil {
+			err = p.RegisterClass(id, TierNumber(t))
+		}
+		if err != nil {
+			l.log.Warn("qos: registering a tier's cgroup with the probe", "tier", t, "err", err)
+			done = false
+		}
+	}
+	return done
+}
+
+// maxTopOutside is how many outside cgroups the status names.
+const maxTopOutside = 5
+
+// topOutside reads the probe's charges to outside cgroups and returns
+// those charged the most since the last window, with their paths.
+func (l *Loop) topOutside() []api.OutsideDelay {
+	p, ok := l.probe.(interface {
+		Offenders() (map[uint64]uint64, error)
+	})
+	if !ok {
+		return nil
+	}
+	now, err := p.Offenders()
+	if err != nil {
+		l.log.Warn("qos: reading the outside cgroups' charges", "err", err)
+		return nil
+	}
+	var out []api.OutsideDelay
+	for id, ns := range now {
+		// A cgroup the kernel's LRU dropped and charged again starts
+		// from zero: its delta is what it holds.
+		d := ns
+		if prev, ok := l.offenders[id]; ok && prev <= ns {
+			d = ns - prev
+		}
+		if d > 0 {
+			out = append(out, api.OutsideDelay{ID: id, Wait: api.Duration(d)})
+		}
+	}
+	l.offenders = now
+	slices.SortFunc(out, func(a, b api.OutsideDelay) int {
+		return cmp.Or(cmp.Compare(b.Wait, a.Wait), cmp.Compare(a.ID, b.ID))
+	})
+	if len(out) > maxTopOutside {
+		out = out[:maxTopOutside]
+	}
+	for i := range out {
+		out[i].Cgroup = l.cgroupPath(out[i].ID)
+	}
+	return out
+}
+
+// maxPaths bounds the cache of outside cgroups' names.
+const maxPaths = 1024
+
+// cgroupPath names an outside cgroup once and remembers it ("" when the
+// host cannot find it: it may be gone).
+func (l *Loop) cgroupPath(id uint64) string {
+	if p, ok := l.paths[id]; ok {
+		return p
+	}
+	p, err := l.host.CgroupPath(id)
+	if err != nil {
+		l.log.Debug("qos: naming an outside cgroup", "id", id, "err", err)
+		return ""
+	}
+	if len(l.paths) >= maxPaths {
+		clear(l.paths)
+	}
+	l.paths[id] = p
+	return p
+}
+
+// describeOutside names outside cgroups and their charges on one line.
+func describeOutside(top []api.OutsideDelay) string {
+	parts := make([]string, 0, len(top))
+	for _, o := range top {
+		name := o.Cgroup
+		if name == "" {
+			name = fmt.Sprintf("cgroup id %d", o.ID)
+		}
+		parts = append(parts, fmt.Sprintf("%s %v", name, time.Duration(o.Wait).Round(time.Microsecond)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// delayedBy is a wait by runner in the API's shape; nil when nothing was
+// charged.
+func delayedBy(b [ebpf.Runners]uint64) *api.DelayedBy {
+	var sum uint64
+	for _, n := range b {
+		sum += n
+	}
+	if sum == 0 {
+		return nil
+	}
+	d := func(r ebpf.Runner) api.Duration { return api.Duration(b[r]) }
+	return &api.DelayedBy{Idle: d(ebpf.RunnerIdle), Guaranteed: d(ebpf.RunnerGuaranteed), Burstable: d(ebpf.RunnerBurstable),
+		BestEffort: d(ebpf.RunnerBestEffort), Job: d(ebpf.RunnerOtherJob), Outside: d(ebpf.RunnerOutside), Kernel: d(ebpf.RunnerKernel)}
 }
 
 // freeSlot unregisters an unprotected job to give its slot to protected
@@ -386,6 +549,7 @@ func (l *Loop) Counters() Counters {
 		out.Latency[c] = *h
 	}
 	out.Untimed, out.UntimedTotal = l.status.UntimedJobs, l.status.UntimedJobsTotal
+	out.Delay = l.delay
 	l.mu.Unlock()
 	out.Slots = l.slots()
 	out.ProbeRuns, out.ProbeRunNs, out.ProbeStats = l.probeStats()
@@ -434,7 +598,8 @@ func (l *Loop) JobLatency(id string) *api.Latency {
 		return nil
 	}
 	out := &api.Latency{State: j.state, P50: api.Duration(j.last.Quantile(0.5)), P99: api.Duration(j.last.Quantile(0.99)),
-		Count: j.last.Count, Histogram: j.total.Buckets[:], Preemptions: j.total.Preemptions, MemoryPressure: j.psi}
+		Count: j.last.Count, Histogram: j.total.Buckets[:], Preemptions: j.total.Preemptions, MemoryPressure: j.psi,
+		DelayedBy: delayedBy(j.total.BlameNs), WindowDelayedBy: delayedBy(j.last.BlameNs)}
 	out.Histogram = append([]uint64(nil), out.Histogram...)
 	if j.slo != nil {
 		s := *j.slo

@@ -1,6 +1,7 @@
 package qos
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -79,10 +80,14 @@ func (h *fakeHost) CgroupID(id string) (uint64, error) {
 	_, err := fmt.Sscanf(id, "job-%d", &n)
 	return n, err
 }
-func (h *fakeHost) MemoryPSI(string) (*float64, error)  { return nil, nil }
-func (h *fakeHost) BestEffortMemory() (int64, error)    { return 0, nil }
-func (h *fakeHost) SetBestEffortCPU(milli int64) error  { h.quota = append(h.quota, milli); return nil }
-func (h *fakeHost) SetBestEffortMemoryHigh(int64) error { return nil }
+func (h *fakeHost) MemoryPSI(string) (*float64, error) { return nil, nil }
+func (h *fakeHost) TierCgroupID(t api.Tier) (uint64, error) {
+	return 100 + uint64(TierNumber(t)), nil
+}
+func (h *fakeHost) CgroupPath(id uint64) (string, error) { return fmt.Sprintf("/outside/%d", id), nil }
+func (h *fakeHost) BestEffortMemory() (int64, error)     { return 0, nil }
+func (h *fakeHost) SetBestEffortCPU(milli int64) error   { h.quota = append(h.quota, milli); return nil }
+func (h *fakeHost) SetBestEffortMemoryHigh(int64) error  { return nil }
 
 func TestLoopFollowsJobsAndActs(t *testing.T) {
 	probe := &fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}}
@@ -242,5 +247,104 @@ func TestLoopCounters(t *testing.T) {
 	}
 	if !c2.ProbeStats || c2.ProbeRuns != 400 || c2.ProbeRunNs != 50000 {
 		t.Errorf("probe stats %v %d %d, want 400 runs over 50000 ns", c2.ProbeStats, c2.ProbeRuns, c2.ProbeRunNs)
+	}
+}
+
+// blameProbe is a fakeProbe that classifies tiers and charges outside
+// cgroups, as *ebpf.Probe does.
+type blameProbe struct {
+	*fakeProbe
+	classes   map[uint64]uint32
+	offenders map[uint64]uint64
+}
+
+func (p *blameProbe) RegisterClass(id uint64, tier uint32) error { p.classes[id] = tier; return nil }
+func (p *blameProbe) Offenders() (map[uint64]uint64, error) {
+	out := map[uint64]uint64{}
+	for k, v := range p.offenders {
+		out[k] = v
+	}
+	return out, nil
+}
+
+// blame charges ns of cgroup id's wait to runner r.
+func (p *blameProbe) blame(id uint64, r ebpf.Runner, ns uint64) {
+	h := p.hists[id]
+	h.BlameNs[r] += ns
+	p.hists[id] = h
+}
+
+// The loop registers the tiers' cgroups for their class, shows the wait
+// by runner in show and status, and, for a breach charged to outside
+// load, writes nothing and publishes whose it was, naming the outside
+// cgroups charged the most in that window.
+func TestLoopSparesBestEffortForOutsideLoad(t *testing.T) {
+	probe := &blameProbe{fakeProbe: &fakeProbe{reg: map[uint64]uint32{}, hists: map[uint64]ebpf.Histogram{}},
+		classes: map[uint64]uint32{}, offenders: map[uint64]uint64{}}
+	slo := &api.QoS{RunqueueP99: api.Duration(2 * time.Millisecond)}
+	host := &fakeHost{jobs: []Job{{ID: "job-1", Tier: api.TierBurstable, SLO: slo}}}
+	var events []api.Event
+	p := params()
+	p.MinBlame = 0.1
+	now := time.Unix(0, 0)
+	l, err := New(Config{Window: time.Second, Params: p, Now: func() time.Time { return now }, Publish: func(e api.Event) { events = append(events, e) }},
+		probe, host, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Step()
+	for _, tier := range api.Tiers {
+		if probe.classes[100+uint64(TierNumber(tier))] != TierNumber(tier) {
+			t.Fatalf("tier cgroups registered for their class: %v", probe.classes)
+		}
+	}
+	probe.offenders[77], probe.offenders[78] = 1000, 5 // before this window
+	l.Step()
+	probe.add(1, 100, 8*time.Millisecond)
+	probe.blame(1, ebpf.RunnerOutside, 700_000_000)
+	probe.blame(1, ebpf.RunnerBestEffort, 10_000_000)
+	probe.blame(1, ebpf.RunnerIdle, 90_000_000)
+	probe.offenders[77] += 600_000_000
+	probe.offenders[78] += 100_000_000
+	now = now.Add(time.Second)
+	l.Step()
+	if len(host.quota) != 0 {
+		t.Errorf("quota writes %v for a breach outside load caused", host.quota)
+	}
+	if len(events) != 1 || events[0].JobID != "job-1" || !strings.Contains(events[0].Reason, "not throttled") ||
+		!strings.Contains(events[0].Reason, "outside 88%") || !strings.Contains(events[0].Reason, "top outside cgroups: /outside/77 600ms, /outside/78 100ms") {
+		t.Fatalf("events %+v", events)
+	}
+	st := l.Status()
+	if st.DelayedBy == nil || st.DelayedBy.Outside != api.Duration(700*time.Millisecond) || st.DelayedBy.BestEffort != api.Duration(10*time.Millisecond) ||
+		len(st.TopOutside) != 2 || st.TopOutside[0].Cgroup != "/outside/77" || st.TopOutside[0].Wait != api.Duration(600*time.Millisecond) {
+		t.Errorf("status %+v (delayed by %+v)", st, st.DelayedBy)
+	}
+	lat := l.JobLatency("job-1")
+	if lat.WindowDelayedBy == nil || lat.WindowDelayedBy.Total() != api.Duration(800*time.Millisecond) || lat.DelayedBy.Idle != api.Duration(90*time.Millisecond) {
+		t.Errorf("latency %+v", lat)
+	}
+	if c := l.Counters(); c.Delay[ebpf.RunnerOutside] != 700_000_000 || c.Actions[ActionKey{Op: "spare", Resource: "cpu", Result: "noted"}] != 1 {
+		t.Errorf("counters %+v", c)
+	}
+}
+
+// The API's names for the runners are the probe's: each runner's wait
+// lands in the JSON field of its name.
+func TestDelayedByNamesAreTheProbes(t *testing.T) {
+	for r := range ebpf.Runners {
+		var b [ebpf.Runners]uint64
+		b[r] = 7
+		raw, err := json.Marshal(delayedBy(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]string
+		if err := json.Unmarshal(raw, &m); err != nil {
+			t.Fatal(err)
+		}
+		if m[ebpf.Runner(r).String()] != "7ns" {
+			t.Errorf("runner %s: JSON %s", ebpf.Runner(r), raw)
+		}
 	}
 }

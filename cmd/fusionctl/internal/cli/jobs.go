@@ -475,6 +475,9 @@ func showJob(w io.Writer, j api.Job) error {
 	}
 	if l := j.Latency; l != nil {
 		p("Latency", "%s", describeLatency(*l))
+		if l.DelayedBy != nil {
+			p("Delayed by", "%s", describeDelayedBy(*l))
+		}
 	}
 	p("Created", "%s", j.CreatedAt.Local().Format(time.RFC3339))
 	if j.StartedAt != nil {
@@ -669,6 +672,19 @@ func describeLatency(l api.Latency) string {
 		s += fmt.Sprintf("; memory PSI %.2f%%", *l.MemoryPressure)
 	}
 	return s
+}
+
+// describeDelayedBy is who held the CPU while the job waited: the last
+// window and since the job started.
+func describeDelayedBy(l api.Latency) string {
+	var parts []string
+	if d := l.WindowDelayedBy; d != nil {
+		parts = append(parts, fmt.Sprintf("last window %v: %s", d.Total(), d.Describe()))
+	}
+	if d := l.DelayedBy; d != nil {
+		parts = append(parts, fmt.Sprintf("since start %v: %s", d.Total(), d.Describe()))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // printHistogram prints the non-empty log2 buckets of a run-queue latency

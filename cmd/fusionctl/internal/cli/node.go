@@ -244,8 +244,30 @@ func describeQoS(q api.QoSStatus) string {
 	if q.ProbeEvents > 0 {
 		s += fmt.Sprintf("; probe cost %.0f ns/event over %d events", q.ProbeNsPerEvent, q.ProbeEvents)
 	}
+	if d := q.DelayedBy; d != nil {
+		s += fmt.Sprintf("; protected jobs waited %v last window: %s", d.Total(), d.Describe())
+	}
+	if len(q.TopOutside) > 0 {
+		s += "; top outside cgroups: " + describeOutside(q.TopOutside)
+	}
 	if q.LastAction != "" && q.LastActionAt != nil {
-		s += fmt.Sprintf("; last: %s (%s)", q.LastAction, q.LastActionAt.Local().Format("15:04:05"))
+		// The reason may name cgroups outside fusiond's, which their
+		// owners name.
+		s += fmt.Sprintf("; last: %s (%s)", esc(q.LastAction), q.LastActionAt.Local().Format("15:04:05"))
 	}
 	return s
+}
+
+// describeOutside names the outside cgroups charged the most and their
+// charges (paths escaped: a cgroup's owner names it).
+func describeOutside(top []api.OutsideDelay) string {
+	parts := make([]string, 0, len(top))
+	for _, o := range top {
+		name := esc(o.Cgroup)
+		if o.Cgroup == "" {
+			name = fmt.Sprintf("cgroup id %d (gone)", o.ID)
+		}
+		parts = append(parts, fmt.Sprintf("%s %v", name, o.Wait))
+	}
+	return strings.Join(parts, ", ")
 }

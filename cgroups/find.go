@@ -1,0 +1,80 @@
+package cgroups
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"syscall"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+)
+
+// TierCPUDir is the directory whose tasks the CPU scheduler groups as tier
+// t (the tier's cgroup; on v1 in the cpu hierarchy), which the latency
+// probe keys the tier by.
+func (m *Manager) TierCPUDir(t Tier) string {
+	return filepath.Join(m.cpuRoot(), m.tierRel(t))
+}
+
+// cpuRoot is the root of the hierarchy the cpu controller is on.
+func (m *Manager) cpuRoot() string {
+	if m.mode == ModeV2 {
+		return m.opts.root
+	}
+	return filepath.Join(m.opts.root, string(cgroup1.Cpu))
+}
+
+// maxFindDirs bounds FindCPUCgroup's walk.
+const maxFindDirs = 20000
+
+// errFound stops the walk.
+var errFound = errors.New("found")
+
+// FindCPUCgroup names the cgroup of the cpu hierarchy whose directory has
+// inode number id (the kernfs id the latency probe reports) as a path
+// from the hierarchy's root, such as /system.slice/cron.service. It walks
+// the hierarchy, at most 20,000 directories; a cgroup not found (gone, or
+// beyond the bound) is an error.
+func (m *Manager) FindCPUCgroup(id uint64) (string, error) {
+	root := m.cpuRoot()
+	var found string
+	dirs := 0
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p == root {
+				return err
+			}
+			return fs.SkipDir // a cgroup removed under the walk
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		if dirs++; dirs > maxFindDirs {
+			return fmt.Errorf("more than %d cgroups under %s", maxFindDirs, root)
+		}
+		info, err := d.Info()
+		if err != nil {
+			return fs.SkipDir
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok && st.Ino == id {
+			rel, err := filepath.Rel(root, p)
+			if err != nil {
+				return err
+			}
+			found = "/" + rel
+			if rel == "." {
+				found = "/"
+			}
+			return errFound
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errFound):
+		return found, nil
+	case err != nil:
+		return "", fmt.Errorf("find cgroup %d: %w", id, err)
+	}
+	return "", fmt.Errorf("find cgroup %d: no such cgroup under %s", id, root)
+}
