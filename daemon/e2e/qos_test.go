@@ -73,6 +73,14 @@ func TestQoSLoop(t *testing.T) {
 	if !strings.Contains(show, "Latency:") || !strings.Contains(show, "SLO run-queue p99 ≤ 10µs") || !strings.Contains(show, "Run-queue latency (since the job started):") {
 		t.Errorf("show of the service job lacks its latency:\n%s", show)
 	}
+	// Who held the CPU while it waited: the hogs, among others, and the
+	// shrink said so.
+	if !strings.Contains(show, "Delayed by:") || !strings.Contains(show, "since start") || !strings.Contains(shrink.Reason, "the wait: ") {
+		t.Errorf("show of the service job lacks who delayed it (shrink %q):\n%s", shrink.Reason, show)
+	}
+	if !strings.Contains(st, "protected jobs waited") {
+		t.Errorf("status lacks the protected jobs' wait by runner:\n%s", st)
+	}
 	if j, _ := c.Get(ctx, hogs[0]); j.Latency == nil || j.Latency.State != "unprotected" || j.Latency.SLO != nil {
 		t.Errorf("best-effort job's latency: %+v", j.Latency)
 	}
