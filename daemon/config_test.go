@@ -105,6 +105,8 @@ func TestLoadConfig(t *testing.T) {
 		"allow_unisolated_jobs: maybe\n":                   "allow_unisolated_jobs",
 		"qos: {window: 1ms}\n":                             "qos.window",
 		"qos: {shrink: 1.5}\n":                             "qos.shrink",
+		"qos: {min_blame: 1}\n":                            "qos.min_blame",
+		"qos: {breach_windows: 0}\n":                       "qos.breach_windows",
 		"qos: {restore_step: 0}\n":                         "qos.restore_step",
 		"qos: {classes: {gaming: {runqueue_p99: 2ms}}}\n":  "qos.classes.gaming",
 		"qos: {classes: {service: {runqueue_p99: 1us}}}\n": "qos.classes.service.runqueue_p99",

@@ -34,6 +34,10 @@ type QoSConfig struct {
 	// cuts its quota (0 to 1, exclusive of 1; default 0.1): a breach
 	// others caused is noted, not acted on.
 	MinBlame float64 `json:"min_blame"`
+	// BreachWindows is how many windows in a row a protected job's p99
+	// must break its SLO (best-effort to blame) before the loop cuts the
+	// quota (1-100; default 2): one window's p99 is noisy.
+	BreachWindows int `json:"breach_windows"`
 	// MinBestEffortMemory is the floor of the best-effort memory high.
 	MinBestEffortMemory api.Bytes `json:"min_besteffort_memory"`
 	// MaxJobs is how many job cgroups the latency probe times at once
@@ -60,6 +64,7 @@ func DefaultQoSConfig() QoSConfig {
 		RestoreAfter:        Duration(10 * time.Second),
 		MinEvents:           20,
 		MinBlame:            0.1,
+		BreachWindows:       2,
 		MinBestEffortMemory: 256 << 20,
 		MaxJobs:             ebpf.MaxCgroups,
 	}
@@ -86,6 +91,8 @@ func (c QoSConfig) validate() (string, error) {
 		return "qos.restore_step", fmt.Errorf("must be positive")
 	case c.RestoreAfter <= 0:
 		return "qos.restore_after", fmt.Errorf("must be positive")
+	case c.BreachWindows < 1 || c.BreachWindows > 100:
+		return "qos.breach_windows", fmt.Errorf("between 1 and 100 windows, got %d", c.BreachWindows)
 	case c.MinBlame < 0 || c.MinBlame >= 1:
 		return "qos.min_blame", fmt.Errorf("must be at least 0 and below 1, got %g", c.MinBlame)
 	case c.MinBestEffortMemory < 0:
@@ -103,7 +110,7 @@ func (c QoSConfig) params() qos.Params {
 	return qos.Params{
 		MinMilli: int64(c.MinBestEffortCPU), Shrink: c.Shrink,
 		RestoreStep: int64(c.RestoreStep), RestoreAfter: time.Duration(c.RestoreAfter),
-		MinEvents: c.MinEvents, MinMemory: int64(c.MinBestEffortMemory), MinBlame: c.MinBlame,
+		MinEvents: c.MinEvents, MinMemory: int64(c.MinBestEffortMemory), MinBlame: c.MinBlame, BreachWindows: c.BreachWindows,
 	}
 }
 

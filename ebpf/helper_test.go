@@ -111,6 +111,11 @@ func (cg *testCgroup) setLowWeight(t testing.TB) {
 	file, val := "cpu.weight", "12"
 	if cgroupV1(t) {
 		file, val = "cpu.shares", "128"
+	} else {
+		// The cpu controller must be on for the root's children.
+		if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte("+cpu"), 0); err != nil {
+			t.Fatalf("enable the cpu controller: %v", err)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(cg.dir, file), []byte(val), 0); err != nil {
 		t.Fatalf("set the weight of %s: %v", cg.dir, err)

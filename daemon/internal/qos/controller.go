@@ -40,6 +40,10 @@ type Params struct {
 	// MinBlame < 1); below it the breach is someone else's and only
 	// noted.
 	MinBlame float64
+	// BreachWindows is how many windows in a row a job's p99 must break
+	// its SLO, best-effort to blame, before the quota is cut (0 and 1:
+	// the first): one window's p99 over a few hundred waits is noisy.
+	BreachWindows int
 }
 
 // Validate checks the parameters.
@@ -53,6 +57,8 @@ func (p Params) Validate() error {
 		return fmt.Errorf("qos: restore step must be positive")
 	case p.RestoreAfter <= 0:
 		return fmt.Errorf("qos: restore period must be positive")
+	case p.BreachWindows < 0:
+		return fmt.Errorf("qos: breach windows must not be negative")
 	case p.MinBlame < 0 || p.MinBlame >= 1:
 		return fmt.Errorf("qos: min blame must be in [0, 1), got %g", p.MinBlame)
 	}
@@ -140,6 +146,9 @@ type Controller struct {
 	lastBreach time.Time
 	lastChange time.Time
 	lastSpare  time.Time
+	// streak counts, per job, the windows in a row it breached with
+	// best-effort to blame.
+	streak map[string]int
 }
 
 // NewController starts unrestricted.
@@ -147,7 +156,7 @@ func NewController(p Params) (*Controller, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	return &Controller{p: p}, nil
+	return &Controller{p: p, streak: map[string]int{}}, nil
 }
 
 // Quota is the best-effort quota now (0: none).
@@ -174,8 +183,9 @@ func (c *Controller) Breaching(samples []Sample) map[string]string {
 // Commit does that for each action the host applied.
 //
 // A run-queue breach cuts the quota in proportion to best-effort's share
-// of the breaching job's wait (the share 1 cuts it by Shrink); the job
-// with the largest share decides. A breach where best-effort held the CPU
+// of the breaching job's wait and to the p99's overshoot (the share 1 at
+// twice the SLO or more cuts it by Shrink, the share 1 at 1.5 times the
+// SLO by half as much); the job asking for the largest cut decides. A breach where best-effort held the CPU
 // for less than MinBlame of the wait changes nothing: one spare action per
 // RestoreAfter says whose it was, and it does not hold back a restore.
 func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poolMilli int64) []Action {
@@ -185,6 +195,8 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poo
 	var cpuShare float64
 	var cpuKnown bool
 	spare := -1
+	streak := map[string]int{}
+	pending := false // a breach not yet confirmed
 	for i, s := range samples {
 		r := s.breach(c.p.MinEvents)
 		if r == "" {
@@ -198,6 +210,14 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poo
 				}
 				continue
 			}
+			// A p99 just over its SLO asks for a small cut: the share
+			// scales by the overshoot, in full from twice the SLO.
+			share *= min(1, float64(s.P99-s.RunqueueP99)/float64(s.RunqueueP99))
+			streak[s.JobID] = c.streak[s.JobID] + 1
+			if streak[s.JobID] < c.p.BreachWindows {
+				pending = true
+				continue
+			}
 			if cpuBreach < 0 || share > cpuShare {
 				cpuBreach, cpuWhy, cpuShare, cpuKnown = i, r, share, known
 			}
@@ -205,7 +225,8 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poo
 			memBreach, memWhy = i, r
 		}
 	}
-	if cpuBreach >= 0 || memBreach >= 0 {
+	c.streak = streak
+	if cpuBreach >= 0 || memBreach >= 0 || pending {
 		c.lastBreach = now
 	}
 	// A quota at or above the pool limits nothing: shrink from the pool.
@@ -226,14 +247,14 @@ func (c *Controller) Step(now time.Time, samples []Sample, bestEffortMemory, poo
 				Reason: fmt.Sprintf("shrink best-effort CPU to %dm of a %dm shared pool: %s", q, poolMilli, why)})
 		}
 	}
-	if spare >= 0 && cpuBreach < 0 && now.Sub(c.lastSpare) >= c.p.RestoreAfter {
+	if spare >= 0 && cpuBreach < 0 && !pending && now.Sub(c.lastSpare) >= c.p.RestoreAfter {
 		s := samples[spare]
 		share, _ := s.bestEffortShare()
 		acts = append(acts, Action{Kind: "cpu", Op: "spare", CPUMilli: c.quota, MemoryHigh: c.memHigh, JobID: s.JobID,
 			Reason: fmt.Sprintf("best-effort not throttled: %s, but best-effort held the CPU for %.0f%% of the wait (below %.0f%%): %s",
 				s.breach(c.p.MinEvents), 100*share, 100*c.p.MinBlame, DescribeBlame(s.Blame))})
 	}
-	if cpuBreach >= 0 || memBreach >= 0 {
+	if cpuBreach >= 0 || memBreach >= 0 || pending {
 		if memBreach >= 0 && bestEffortMemory > c.p.MinMemory {
 			target := max(c.p.MinMemory, int64(float64(bestEffortMemory)*c.p.Shrink)) &^ 4095
 			if c.memHigh == 0 || target < c.memHigh {

@@ -81,8 +81,9 @@ func TestControllerShrinksAndRestores(t *testing.T) {
 			t.Fatalf("quota never removed: %d", c.Quota())
 		}
 	}
-	// A breach during the restore starts shrinking from where it is.
-	if acts := tick(sample(3 * time.Millisecond)); len(acts) != 1 || c.Quota() != 2000 {
+	// A breach during the restore starts shrinking from where it is (the
+	// pool); 3 ms over an SLO of 2 ms overshoots by half: half the cut.
+	if acts := tick(sample(3 * time.Millisecond)); len(acts) != 1 || c.Quota() != 3000 {
 		t.Fatalf("breach after restore: %+v quota %d", acts, c.Quota())
 	}
 }
@@ -214,7 +215,8 @@ func blamed(be, out uint64) Sample {
 }
 
 // The cut follows best-effort's share of the wait: all of it halves the
-// quota, a quarter cuts an eighth, less than MinBlame cuts nothing.
+// quota, a quarter cuts an eighth, less than MinBlame cuts nothing; and
+// the p99's overshoot: just over the SLO cuts little.
 func TestControllerCutsInProportionToBlame(t *testing.T) {
 	p := params()
 	p.MinBlame = 0.1
@@ -234,8 +236,14 @@ func TestControllerCutsInProportionToBlame(t *testing.T) {
 			t.Errorf("shrink reason %q does not say whose the wait was", acts[0].Reason)
 		}
 	}
-	// Of two breaching jobs, the one best-effort delayed most decides.
 	c, _ := NewController(p)
+	just := blamed(100, 0)
+	just.P99 = 2200 * time.Microsecond // 10% over
+	if step(c, time.Unix(1000, 0), []Sample{just}, 0, 4000); c.Quota() != 3800 {
+		t.Errorf("p99 10%% over its SLO, all best-effort's: quota %dm, want 3800m", c.Quota())
+	}
+	// Of two breaching jobs, the one best-effort delayed most decides.
+	c, _ = NewController(p)
 	other := blamed(10, 90)
 	other.JobID = "job-2"
 	acts := step(c, time.Unix(1000, 0), []Sample{other, blamed(80, 20)}, 0, 4000)
@@ -291,5 +299,30 @@ func TestDescribeBlame(t *testing.T) {
 	b[ebpf.RunnerOutside], b[ebpf.RunnerBestEffort], b[ebpf.RunnerIdle], b[ebpf.RunnerKernel] = 850, 100, 45, 5
 	if got, want := DescribeBlame(b), "outside 85%, besteffort 10%, idle 4%"; got != want {
 		t.Errorf("DescribeBlame %q, want %q", got, want)
+	}
+}
+
+// With BreachWindows 2, one breaching window cuts nothing (and restores
+// nothing); the second in a row cuts; a healthy window between starts the
+// count again.
+func TestControllerWaitsForBreachWindows(t *testing.T) {
+	p := params()
+	p.BreachWindows = 2
+	c, err := NewController(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	tick := func(s Sample) []Action {
+		now = now.Add(time.Second)
+		return step(c, now, []Sample{s}, 0, 4000)
+	}
+	var quotas []int64
+	for _, p99 := range []time.Duration{5, 1, 5, 1, 5, 5, 5} {
+		tick(sample(p99 * time.Millisecond))
+		quotas = append(quotas, c.Quota())
+	}
+	if want := []int64{0, 0, 0, 0, 0, 2000, 1000}; !slices.Equal(quotas, want) {
+		t.Errorf("quotas %v, want %v", quotas, want)
 	}
 }

@@ -115,6 +115,24 @@ type cgHost struct {
 	m    *cgroups.Manager
 	jobs atomic.Pointer[[]Job]
 	pool int64
+	// equal gives the best-effort tier the burstable tier's CPU weight
+	// again after every quota write (which sets the tier's own weight):
+	// a host where best-effort work competes on equal terms.
+	equal bool
+}
+
+// equalTierWeights gives the best-effort tier the burstable tier's CPU
+// weight.
+func (h *cgHost) equalTierWeights() error {
+	file := "cpu.weight"
+	if h.m.Mode() == cgroups.ModeV1 {
+		file = "cpu.shares"
+	}
+	w, err := os.ReadFile(filepath.Join(h.m.TierCPUDir(cgroups.Burstable), file))
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(h.m.TierCPUDir(cgroups.BestEffort), file), w, 0)
 }
 
 func (h *cgHost) SharedPoolMilli() int64 { return h.pool }
@@ -134,7 +152,10 @@ func (h *cgHost) TierCgroupID(t api.Tier) (uint64, error) {
 func (h *cgHost) CgroupPath(id uint64) (string, error) { return h.m.FindCPUCgroup(id) }
 func (h *cgHost) BestEffortMemory() (int64, error)     { return 0, nil }
 func (h *cgHost) SetBestEffortCPU(milli int64) error {
-	return h.m.SetTierCPUQuota(cgroups.BestEffort, milli)
+	if err := h.m.SetTierCPUQuota(cgroups.BestEffort, milli); err != nil || !h.equal {
+		return err
+	}
+	return h.equalTierWeights()
 }
 func (h *cgHost) SetBestEffortMemoryHigh(b int64) error {
 	return h.m.SetTierMemoryHigh(cgroups.BestEffort, b)
