@@ -78,3 +78,42 @@ func (m *Manager) FindCPUCgroup(id uint64) (string, error) {
 	}
 	return "", fmt.Errorf("find cgroup %d: no such cgroup under %s", id, root)
 }
+
+// TierThreads lists the thread ids of every task in tier t's cgroup and
+// its descendants (the jobs and what they made), read from the cpu
+// hierarchy: cgroup.threads on v2, tasks on v1.
+func (m *Manager) TierThreads(t Tier) ([]int, error) {
+	if !t.Valid() {
+		return nil, fmt.Errorf("%w: tier %q", ErrInvalidPlacement, t)
+	}
+	file := "tasks"
+	if m.mode == ModeV2 {
+		file = "cgroup.threads"
+	}
+	var out []int
+	root := m.TierCPUDir(t)
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p == root && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			return fs.SkipDir // no such tier yet, or removed under the walk
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		tids, err := readPids(filepath.Join(p, file))
+		if err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return fs.SkipDir // removed under the walk
+			}
+			return err
+		}
+		out = append(out, tids...)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("threads of tier %s: %w", t, err)
+	}
+	return out, nil
+}

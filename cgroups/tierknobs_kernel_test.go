@@ -2,7 +2,10 @@ package cgroups
 
 import (
 	"os"
+	"os/exec"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -108,5 +111,40 @@ func TestKernelJobQuotaUnderThrottledTier(t *testing.T) {
 	check("tier throttled under it")
 	if err := m.SetTierCPUQuota(BestEffort, 0); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// On the real kernel: a tier's threads are every thread of its jobs'
+// processes, and FindCPUCgroup names a job's cgroup by its directory's
+// inode.
+func TestKernelTierThreadsAndFind(t *testing.T) {
+	m := newKernelManager(t)
+	cg := mustCreate(t, m, "threads-job", Placement{Tier: BestEffort, SharedCPUs: onlineCPUs(t), MemoryLimit: 256 * mib})
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	if err := cg.AddProc(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	tids, err := m.TierThreads(BestEffort)
+	if err != nil || !slices.Contains(tids, cmd.Process.Pid) {
+		t.Errorf("best-effort threads %v, %v: want the job's process %d", tids, err, cmd.Process.Pid)
+	}
+	if tids, err := m.TierThreads(Burstable); err != nil || slices.Contains(tids, cmd.Process.Pid) {
+		t.Errorf("burstable threads %v, %v", tids, err)
+	}
+	st, err := os.Stat(cg.CPUDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino := st.Sys().(*syscall.Stat_t).Ino
+	got, err := m.FindCPUCgroup(ino)
+	if want := "/" + cg.Path(); err != nil || got != want {
+		t.Errorf("FindCPUCgroup(%d) = %q, %v; want %q", ino, got, err, want)
+	}
+	if _, err := m.FindCPUCgroup(1<<62 + 7); err == nil {
+		t.Error("an unknown id was found")
 	}
 }

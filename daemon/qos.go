@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/cgroups/resctrl"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
@@ -97,6 +98,69 @@ func (h *qosHost) SetBestEffortMemoryHigh(bytes int64) error {
 	return h.knobs.setQoSMemory(bytes)
 }
 
+// resctrlGroup is the resctrl control group best-effort work runs in.
+const resctrlGroup = "fusiond-besteffort"
+
+// qosCache is the QoS loop's second actuator: the best-effort tier's
+// resctrl group (cache ways, memory bandwidth).
+type qosCache struct {
+	fs *resctrl.FS
+	g  *resctrl.Group
+	cg *cgroups.Manager
+}
+
+var _ qos.Cache = (*qosCache)(nil)
+
+func (c *qosCache) SetBestEffortShare(share float64) error { return c.g.SetShare(share) }
+
+// Sync moves the best-effort tier's threads that are not in the group
+// into it (a thread's children start in its group, so this catches the
+// threads a job made before its first window).
+func (c *qosCache) Sync() error {
+	want, err := c.cg.TierThreads(cgroups.BestEffort)
+	if err != nil || len(want) == 0 {
+		return err
+	}
+	have, err := c.g.Tasks()
+	if err != nil {
+		return err
+	}
+	in := make(map[int]bool, len(have))
+	for _, t := range have {
+		in[t] = true
+	}
+	var missing []int
+	for _, t := range want {
+		if !in[t] {
+			missing = append(missing, t)
+		}
+	}
+	_, err = c.g.Add(missing)
+	return err
+}
+
+func (c *qosCache) Describe() string { return "resctrl " + c.fs.Resources() }
+
+// openResctrl opens the best-effort resctrl group, unrestricted; off says
+// why there is none.
+func openResctrl(cfg QoSConfig, cg *cgroups.Manager) (c *qosCache, off string) {
+	if !cfg.Resctrl {
+		return nil, "off: qos.resctrl is false"
+	}
+	fs, err := resctrl.Open(cfg.ResctrlRoot)
+	if err != nil {
+		return nil, "off: " + err.Error()
+	}
+	g, err := fs.Group(resctrlGroup)
+	if err == nil {
+		err = g.SetShare(1)
+	}
+	if err != nil {
+		return nil, "off: " + err.Error()
+	}
+	return &qosCache{fs: fs, g: g, cg: cg}, ""
+}
+
 // startQoS loads the latency probes and starts the QoS loop. Without
 // cgroups, without a kernel that runs the probes, or switched off, the
 // daemon runs without them: the returned status says why, and the loop is
@@ -117,8 +181,16 @@ func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *be
 		off.Probes = "off: " + err.Error()
 		return nil, off, func() {}
 	}
-	loop, err = qos.New(qos.Config{Window: time.Duration(cfg.Window), Params: cfg.params(), Publish: mgr.PublishQoS},
-		probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg, knobs: knobs, bus: bus, shared: shared}, log)
+	qcfg := qos.Config{Window: time.Duration(cfg.Window), Params: cfg.params(), Publish: mgr.PublishQoS}
+	cache, cacheOff := openResctrl(cfg, cg)
+	if cache != nil {
+		qcfg.Cache = cache
+		log.Info("qos: best-effort cache and memory bandwidth follow its CPU quota", "resctrl", cache.Describe(), "group", resctrlGroup)
+	} else {
+		qcfg.CacheOff = cacheOff
+		log.Info("qos: no second actuator", "resctrl", cacheOff)
+	}
+	loop, err = qos.New(qcfg, probe, &qosHost{cfg: cfg, mgr: mgr, cg: cg, knobs: knobs, bus: bus, shared: shared}, log)
 	if err != nil {
 		_ = probe.Close()
 		off.Probes = fmt.Sprintf("off: %v", err)
@@ -135,6 +207,12 @@ func startQoS(ctx context.Context, cfg QoSConfig, cg *cgroups.Manager, knobs *be
 		<-done
 		if err := probe.Close(); err != nil {
 			log.Warn("closing the latency probes", "err", err)
+		}
+		if cache != nil {
+			// Its threads go back to the root's group.
+			if err := cache.g.Remove(); err != nil {
+				log.Warn("removing the best-effort resctrl group", "err", err)
+			}
 		}
 	}
 }

@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"time"
 
+	"github.com/fusiond/fusiond/cgroups/resctrl"
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/qos"
 	"github.com/fusiond/fusiond/ebpf"
@@ -46,6 +48,11 @@ type QoSConfig struct {
 	// fusionctl status notes it, fusiond_qos_untimed_jobs counts it and
 	// one warning is logged per episode.
 	MaxJobs int `json:"max_jobs"`
+	// Resctrl drives best-effort work's share of the caches and of memory
+	// bandwidth with the CPU quota, where the host has resctrl (Intel
+	// RDT, AMD PQoS) mounted at ResctrlRoot.
+	Resctrl     bool   `json:"resctrl"`
+	ResctrlRoot string `json:"resctrl_root"`
 }
 
 // DefaultQoSConfig protects service and inference jobs at a 2 ms
@@ -67,6 +74,8 @@ func DefaultQoSConfig() QoSConfig {
 		BreachWindows:       2,
 		MinBestEffortMemory: 256 << 20,
 		MaxJobs:             ebpf.MaxCgroups,
+		Resctrl:             true,
+		ResctrlRoot:         resctrl.DefaultRoot,
 	}
 }
 
@@ -95,6 +104,8 @@ func (c QoSConfig) validate() (string, error) {
 		return "qos.breach_windows", fmt.Errorf("between 1 and 100 windows, got %d", c.BreachWindows)
 	case c.MinBlame < 0 || c.MinBlame >= 1:
 		return "qos.min_blame", fmt.Errorf("must be at least 0 and below 1, got %g", c.MinBlame)
+	case c.Resctrl && !filepath.IsAbs(c.ResctrlRoot):
+		return "qos.resctrl_root", fmt.Errorf("must be an absolute path, got %q", c.ResctrlRoot)
 	case c.MinBestEffortMemory < 0:
 		return "qos.min_besteffort_memory", fmt.Errorf("must not be negative")
 	case c.MaxJobs < 1 || c.MaxJobs > ebpf.MaxCgroupsLimit:

@@ -637,6 +637,10 @@ type QoSStatus struct {
 	// five).
 	DelayedBy  *DelayedBy     `json:"delayed_by,omitempty"`
 	TopOutside []OutsideDelay `json:"top_outside,omitempty"`
+	// Resctrl is the loop's second actuator: the cache and memory
+	// bandwidth resctrl allocates and best-effort's share of them, or
+	// "off: " and why (no RDT/PQoS, not mounted, switched off).
+	Resctrl string `json:"resctrl,omitempty"`
 	// LastAction says what the loop did last, and when.
 	LastAction   string     `json:"last_action,omitempty"`
 	LastActionAt *time.Time `json:"last_action_at,omitempty"`

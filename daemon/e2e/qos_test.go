@@ -3,7 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,7 +24,10 @@ import (
 // restored and removed.
 func TestQoSLoop(t *testing.T) {
 	dir := publicTempDir(t)
-	d := newDaemon(t, dir, "qos: {window: 200ms, restore_after: 1s, restore_step: 1000m, classes: {service: {runqueue_p99: 10us}}}\n")
+	// The second actuator through its production path, on a resctrl root
+	// laid out as the kernel shows it (this host has no RDT).
+	rdt := fakeResctrl(t)
+	d := newDaemon(t, dir, fmt.Sprintf("qos: {window: 200ms, restore_after: 1s, restore_step: 1000m, resctrl_root: %s, classes: {service: {runqueue_p99: 10us}}}\n", rdt))
 	d.start()
 	c := d.client()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -84,6 +90,24 @@ func TestQoSLoop(t *testing.T) {
 	if j, _ := c.Get(ctx, hogs[0]); j.Latency == nil || j.Latency.State != "unprotected" || j.Latency.SLO != nil {
 		t.Errorf("best-effort job's latency: %+v", j.Latency)
 	}
+	// The shrink moved best-effort's cache and bandwidth share with its
+	// quota, and the hogs' threads are in its resctrl group.
+	group := filepath.Join(rdt, "fusiond-besteffort")
+	if b, err := os.ReadFile(filepath.Join(group, "schemata")); err != nil || string(b) == fullSchemata || !strings.Contains(shrink.Reason, "best-effort cache and bandwidth at") {
+		t.Errorf("resctrl schemata after a shrink: %q, %v (shrink %q)", b, err, shrink.Reason)
+	}
+	if !strings.Contains(st, "cache and bandwidth: resctrl L3 (2 domains), MB (2 domains); best-effort at") {
+		t.Errorf("status lacks the resctrl share:\n%s", st)
+	}
+	hog, _ := c.Get(ctx, hogs[0])
+	deadline = time.After(10 * time.Second)
+	for tasks, _ := os.ReadFile(filepath.Join(group, "tasks")); !slices.Contains(strings.Fields(string(tasks)), fmt.Sprint(hog.PID)); tasks, _ = os.ReadFile(filepath.Join(group, "tasks")) {
+		select {
+		case <-deadline:
+			t.Fatalf("hog %d not in the resctrl group's tasks: %q", hog.PID, tasks)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 
 	if _, err := c.Cancel(ctx, svc.ID); err != nil {
 		t.Fatal(err)
@@ -104,10 +128,38 @@ func TestQoSLoop(t *testing.T) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	if b, err := os.ReadFile(filepath.Join(group, "schemata")); err != nil || string(b) != fullSchemata {
+		t.Errorf("resctrl schemata after the quota's removal: %q, %v; want the root's", b, err)
+	}
 	for _, id := range hogs {
 		if _, err := c.Cancel(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, c, id, api.StateCancelled)
 	}
+}
+
+// fullSchemata is fakeResctrl's root schemata as fusiond writes it back.
+const fullSchemata = "L3:0=fffff;1=fffff\nMB:0=100;1=100\n"
+
+// fakeResctrl lays out a resctrl root as the kernel shows it on a
+// two-socket server with L3 allocation (20 ways) and memory bandwidth
+// allocation in steps of 10%.
+func fakeResctrl(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	for name, body := range map[string]string{
+		"info/L3/cbm_mask": "fffff\n", "info/L3/min_cbm_bits": "1\n",
+		"info/MB/bandwidth_gran": "10\n", "info/MB/min_bandwidth": "10\n",
+		"schemata": "    L3:0=fffff;1=fffff\n    MB:0=100;1=100\n",
+	} {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
 }

@@ -54,10 +54,27 @@ type Host interface {
 	SetBestEffortMemoryHigh(bytes int64) error
 }
 
+// Cache is the loop's second actuator over best-effort work where the
+// hardware has one: a share of each cache's ways and of memory bandwidth
+// (resctrl: Intel RDT, AMD PQoS).
+type Cache interface {
+	// SetBestEffortShare gives best-effort work share (0 < share ≤ 1) of
+	// each cache and of memory bandwidth; 1 lifts the limit.
+	SetBestEffortShare(share float64) error
+	// Sync moves the best-effort threads not yet under the limit there.
+	Sync() error
+	// Describe says what is allocated: "L3 (2 domains), MB (2 domains)".
+	Describe() string
+}
+
 // Config is the loop's configuration.
 type Config struct {
 	Window time.Duration
 	Params Params
+	// Cache is the second actuator; nil where the host has none, and
+	// CacheOff then says why for the status.
+	Cache    Cache
+	CacheOff string
 	// Publish sends an event to `fusionctl events`.
 	Publish func(api.Event)
 	Now     func() time.Time
@@ -92,6 +109,7 @@ type Loop struct {
 	// loop's life; offenders is the probe's last reading of the outside
 	// cgroups' charges, paths the names found for their ids.
 	tiers     bool
+	cacheErr  bool // a Sync failure logged, until one succeeds
 	delay     [ebpf.Runners]uint64
 	offenders map[uint64]uint64
 	paths     map[uint64]string
@@ -168,7 +186,7 @@ func New(cfg Config, probe Probe, host Host, log *slog.Logger) (*Loop, error) {
 	return &Loop{cfg: cfg, probe: probe, host: host, log: log, ctrl: ctrl, jobs: map[string]*tracked{},
 		actions: map[ActionKey]uint64{}, latency: map[api.Class]*ebpf.Histogram{}, untimed: map[string]bool{},
 		offenders: map[uint64]uint64{}, paths: map[uint64]string{},
-		status: api.QoSStatus{Probes: "attached", Enabled: true, Window: api.Duration(cfg.Window)}}, nil
+		status: api.QoSStatus{Probes: "attached", Enabled: true, Window: api.Duration(cfg.Window), Resctrl: resctrlStatus(cfg, 1)}}, nil
 }
 
 // Run steps the loop every window until ctx ends, then lifts the
@@ -187,6 +205,11 @@ func (l *Loop) Run(ctx context.Context) {
 				}
 				if err := l.host.SetBestEffortMemoryHigh(0); err != nil {
 					l.log.Warn("qos: lifting the best-effort memory high", "err", err)
+				}
+				if l.cfg.Cache != nil {
+					if err := l.cfg.Cache.SetBestEffortShare(1); err != nil {
+						l.log.Warn("qos: lifting the best-effort cache and bandwidth limit", "err", err)
+					}
 				}
 			}
 			for _, j := range l.jobs {
@@ -207,6 +230,15 @@ func (l *Loop) Step() {
 	now := l.cfg.Now()
 	if !l.tiers {
 		l.tiers = l.registerTiers()
+	}
+	if c := l.cfg.Cache; c != nil {
+		switch err := c.Sync(); {
+		case err != nil && !l.cacheErr:
+			l.cacheErr = true
+			l.log.Warn("qos: moving best-effort threads under the cache and bandwidth limit (logged once until it works)", "err", err)
+		case err == nil:
+			l.cacheErr = false
+		}
 	}
 	running := l.host.Running()
 	seen := map[string]bool{}
@@ -363,7 +395,10 @@ func (l *Loop) Step() {
 			// write leaves it where the cgroup is, to plan again.
 			l.ctrl.Commit(now, a)
 			l.applied = true
-			l.log.Info("qos: "+a.Reason, "job", a.JobID)
+			if a.Kind == "cpu" {
+				reason += l.setCacheShare(a.CPUMilli, pool)
+			}
+			l.log.Info("qos: "+reason, "job", a.JobID)
 		}
 		l.actions[key]++
 		t := now.UTC()
@@ -374,6 +409,41 @@ func (l *Loop) Step() {
 	l.status.BestEffortQuota = api.MilliCPU(l.ctrl.Quota())
 	l.status.BestEffortMemoryHigh = api.Bytes(l.ctrl.MemoryHigh())
 	l.status.Protected, l.status.Breaching = protected, len(breaching)
+}
+
+// setCacheShare moves the second actuator with the CPU quota: best-effort
+// gets the quota's share of the pool of each cache and of memory
+// bandwidth (all of them with no quota). It returns what to add to the
+// action's reason.
+func (l *Loop) setCacheShare(quota, pool int64) string {
+	c := l.cfg.Cache
+	if c == nil {
+		return ""
+	}
+	share := 1.0
+	if quota > 0 && pool > 0 {
+		share = min(1, float64(quota)/float64(pool))
+	}
+	if err := c.SetBestEffortShare(share); err != nil {
+		l.log.Error("qos: setting the best-effort cache and bandwidth share", "share", share, "err", err)
+		return fmt.Sprintf("; cache and bandwidth share %.0f%%: failed: %v", 100*share, err)
+	}
+	l.status.Resctrl = resctrlStatus(l.cfg, share)
+	if share == 1 {
+		return "; best-effort cache and bandwidth limit lifted"
+	}
+	return fmt.Sprintf("; best-effort cache and bandwidth at %.0f%%", 100*share)
+}
+
+// resctrlStatus is the status's line for the second actuator.
+func resctrlStatus(cfg Config, share float64) string {
+	if cfg.Cache == nil {
+		return cmp.Or(cfg.CacheOff, "off")
+	}
+	if share >= 1 {
+		return cfg.Cache.Describe() + "; best-effort unrestricted"
+	}
+	return fmt.Sprintf("%s; best-effort at %.0f%%", cfg.Cache.Describe(), 100*share)
 }
 
 // registerTiers registers each tier's cgroup with the probe for its

@@ -244,6 +244,9 @@ func describeQoS(q api.QoSStatus) string {
 	if q.ProbeEvents > 0 {
 		s += fmt.Sprintf("; probe cost %.0f ns/event over %d events", q.ProbeNsPerEvent, q.ProbeEvents)
 	}
+	if q.Resctrl != "" {
+		s += "; cache and bandwidth: " + q.Resctrl
+	}
 	if d := q.DelayedBy; d != nil {
 		s += fmt.Sprintf("; protected jobs waited %v last window: %s", d.Total(), d.Describe())
 	}
