@@ -151,24 +151,17 @@ func (f *FS) readResource(name, vals string) (*resource, error) {
 	return r, nil
 }
 
-func (f *FS) infoInt(res, file string) (uint64, error) {
-	b, err := os.ReadFile(filepath.Join(f.root, "info", res, file))
-	if err != nil {
-		return 0, fmt.Errorf("resctrl: %w", err)
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("resctrl: info/%s/%s: %w", res, file, err)
-	}
-	return n, nil
-}
+func (f *FS) infoInt(res, file string) (uint64, error) { return f.info(res, file, 10) }
 
-func (f *FS) infoHex(res, file string) (uint64, error) {
+func (f *FS) infoHex(res, file string) (uint64, error) { return f.info(res, file, 16) }
+
+// info reads the number in info/res/file.
+func (f *FS) info(res, file string, base int) (uint64, error) {
 	b, err := os.ReadFile(filepath.Join(f.root, "info", res, file))
 	if err != nil {
 		return 0, fmt.Errorf("resctrl: %w", err)
 	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 16, 64)
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), base, 64)
 	if err != nil {
 		return 0, fmt.Errorf("resctrl: info/%s/%s: %w", res, file, err)
 	}

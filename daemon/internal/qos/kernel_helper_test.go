@@ -76,6 +76,13 @@ func (p *proc) work() uint64 {
 
 func startProc(t testing.TB, cg *cgroups.Cgroup, mode string) *proc {
 	t.Helper()
+	return startProcIn(t, mode, cg.AddProc)
+}
+
+// startProcIn starts a helper, has move put it in its cgroup, then lets it
+// run.
+func startProcIn(t testing.TB, mode string, move func(pid int) error) *proc {
+	t.Helper()
 	out := filepath.Join(t.TempDir(), "work")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+mode, "FUSIOND_QOSHELPER_OUT="+out)
@@ -91,7 +98,7 @@ func startProc(t testing.TB, cg *cgroups.Cgroup, mode string) *proc {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	if err := cg.AddProc(cmd.Process.Pid); err != nil {
+	if err := move(cmd.Process.Pid); err != nil {
 		t.Fatalf("move helper: %v", err)
 	}
 	if _, err := in.Write([]byte("go\n")); err != nil {
@@ -171,16 +178,7 @@ func newKernelEnv(t testing.TB, slo time.Duration) *kernelEnv {
 	if err != nil {
 		t.Fatalf("cgroups unusable: %v", err)
 	}
-	var set unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &set); err != nil {
-		t.Fatal(err)
-	}
-	var cpus []int
-	for i := range 1024 {
-		if set.IsSet(i) {
-			cpus = append(cpus, i)
-		}
-	}
+	cpus := affinityCPUs(t)
 	if err := m.SetSharedCPUs(cpus); err != nil {
 		t.Fatal(err)
 	}
@@ -287,8 +285,8 @@ func (w tlog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// cpus is the CPUs this test may run on.
-func (e *kernelEnv) cpus(t testing.TB) []int {
+// affinityCPUs is the CPUs this test may run on.
+func affinityCPUs(t testing.TB) []int {
 	t.Helper()
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
@@ -354,26 +352,7 @@ func newOutsideCgroup(t testing.TB) *outsideCgroup {
 // startOutsideHog starts a CPU hog in c.
 func startOutsideHog(t testing.TB, c *outsideCgroup) *proc {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "work")
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=hog", "FUSIOND_QOSHELPER_OUT="+out)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+	return startProcIn(t, "hog", func(pid int) error {
+		return os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), fmt.Appendf(nil, "%d", pid), 0)
 	})
-	if err := os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), fmt.Appendf(nil, "%d", cmd.Process.Pid), 0); err != nil {
-		t.Fatalf("move the hog into %s: %v", c.dir, err)
-	}
-	if _, err := in.Write([]byte("go\n")); err != nil {
-		t.Fatal(err)
-	}
-	return &proc{cmd: cmd, out: out}
 }

@@ -38,21 +38,7 @@ func TestKernelLoopShrinksAndRestores(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	free := rate(time.Second)
 
-	var mu sync.Mutex
-	var events []api.Event
-	p := Params{MinMilli: 100, Shrink: 0.5, RestoreStep: e.pool / 2, RestoreAfter: 600 * time.Millisecond, MinEvents: 20}
-	l, err := New(Config{Window: 200 * time.Millisecond, Params: p, Publish: func(ev api.Event) {
-		mu.Lock()
-		events = append(events, ev)
-		mu.Unlock()
-	}}, e.probe, e.host, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	l, events := runLoop(t, e, Params{MinMilli: 100, Shrink: 0.5, RestoreStep: e.pool / 2, RestoreAfter: 600 * time.Millisecond, MinEvents: 20})
 
 	deadline := time.Now().Add(15 * time.Second)
 	for e.tierQuota(t) != 100 {
@@ -68,12 +54,10 @@ func TestKernelLoopShrinksAndRestores(t *testing.T) {
 	if held > free*0.5 {
 		t.Errorf("hogs at a 100m quota still did %.0f%% of their free work rate", 100*held/free)
 	}
-	mu.Lock()
-	if len(events) == 0 || events[0].Kind != api.EventQoS || events[0].JobID != "svc" || !strings.Contains(events[0].Reason, "p99") ||
-		!strings.Contains(events[0].Reason, "the wait: ") || !strings.Contains(events[0].Reason, "besteffort") {
-		t.Errorf("first event %+v, want a qos shrink naming svc, its p99 and best-effort's share of the wait", events)
+	if evs := events(); len(evs) == 0 || evs[0].Kind != api.EventQoS || evs[0].JobID != "svc" || !strings.Contains(evs[0].Reason, "p99") ||
+		!strings.Contains(evs[0].Reason, "the wait: ") || !strings.Contains(evs[0].Reason, "besteffort") {
+		t.Errorf("first event %+v, want a qos shrink naming svc, its p99 and best-effort's share of the wait", evs)
 	}
-	mu.Unlock()
 
 	e.setSLO(time.Second)
 	deadline = time.Now().Add(15 * time.Second)
@@ -88,9 +72,8 @@ func TestKernelLoopShrinksAndRestores(t *testing.T) {
 	if lat := l.JobLatency("svc"); lat.State == "breach" {
 		t.Errorf("svc after restore: %+v", lat)
 	}
-	mu.Lock()
-	last := events[len(events)-1]
-	mu.Unlock()
+	all := events()
+	last := all[len(all)-1]
 	if !strings.Contains(last.Reason, "remove the best-effort CPU quota") {
 		t.Errorf("last event %+v, want the quota's removal", last)
 	}
@@ -102,7 +85,7 @@ func TestKernelLoopShrinksAndRestores(t *testing.T) {
 // alone and says whose breach it was, naming the hog's cgroup.
 func TestKernelLoopSparesBestEffortForOutsideLoad(t *testing.T) {
 	e := newKernelEnv(t, 10*time.Microsecond)
-	cpus := e.cpus(t)
+	cpus := affinityCPUs(t)
 	svc := startProc(t, e.svc, "wake")
 	pinProc(t, svc, cpus[0])
 	outside := newOutsideCgroup(t)
@@ -114,37 +97,21 @@ func TestKernelLoopSparesBestEffortForOutsideLoad(t *testing.T) {
 		pinProc(t, be, cpus[len(cpus)-1])
 	}
 
-	var mu sync.Mutex
-	var events []api.Event
-	p := Params{MinMilli: 100, Shrink: 0.5, RestoreStep: e.pool / 2, RestoreAfter: 600 * time.Millisecond, MinEvents: 20, MinBlame: 0.1}
-	l, err := New(Config{Window: 200 * time.Millisecond, Params: p, Publish: func(ev api.Event) {
-		mu.Lock()
-		events = append(events, ev)
-		mu.Unlock()
-	}}, e.probe, e.host, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	l, events := runLoop(t, e, Params{MinMilli: 100, Shrink: 0.5, RestoreStep: e.pool / 2, RestoreAfter: 600 * time.Millisecond, MinEvents: 20, MinBlame: 0.1})
 
 	// A breach noted as someone else's: the spare event.
 	deadline := time.Now().Add(15 * time.Second)
 	var spare api.Event
 	for spare.Reason == "" {
 		if time.Now().After(deadline) {
-			t.Fatalf("no spare event after 15 s; status %+v, events %+v", l.Status(), events)
+			t.Fatalf("no spare event after 15 s; status %+v, events %+v", l.Status(), events())
 		}
 		time.Sleep(100 * time.Millisecond)
-		mu.Lock()
-		for _, ev := range events {
+		for _, ev := range events() {
 			if strings.Contains(ev.Reason, "best-effort not throttled") {
 				spare = ev
 			}
 		}
-		mu.Unlock()
 	}
 	time.Sleep(2 * time.Second) // more windows in breach
 	st := l.Status()
@@ -152,13 +119,11 @@ func TestKernelLoopSparesBestEffortForOutsideLoad(t *testing.T) {
 	if q := e.tierQuota(t); q != 0 {
 		t.Errorf("best-effort quota %dm with only outside load on the job's CPU, want none", q)
 	}
-	mu.Lock()
-	for _, ev := range events {
+	for _, ev := range events() {
 		if strings.Contains(ev.Reason, "shrink") {
 			t.Errorf("the loop shrank best-effort for outside load: %s", ev.Reason)
 		}
 	}
-	mu.Unlock()
 	if spare.JobID != "svc" || !strings.Contains(spare.Reason, "outside") || !strings.Contains(spare.Reason, outside.path) {
 		t.Errorf("spare event %+v, want it to name svc, outside and the hog's cgroup %s", spare, outside.path)
 	}
@@ -173,5 +138,30 @@ func TestKernelLoopSparesBestEffortForOutsideLoad(t *testing.T) {
 	if !found && len(st.TopOutside) > 0 {
 		// The last window may have been quiet; the event named it.
 		t.Logf("top outside in the last window: %+v", st.TopOutside)
+	}
+}
+
+// runLoop runs a loop over e with p and a 200 ms window until the test
+// ends; events returns what it published so far.
+func runLoop(t *testing.T, e *kernelEnv, p Params) (l *Loop, events func() []api.Event) {
+	t.Helper()
+	var mu sync.Mutex
+	var evs []api.Event
+	l, err := New(Config{Window: 200 * time.Millisecond, Params: p, Publish: func(ev api.Event) {
+		mu.Lock()
+		evs = append(evs, ev)
+		mu.Unlock()
+	}}, e.probe, e.host, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l, func() []api.Event {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]api.Event(nil), evs...)
 	}
 }
