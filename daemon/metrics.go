@@ -60,7 +60,7 @@ func qosMetrics(l *qos.Loop) metrics.QoS {
 	out := metrics.QoS{Enabled: st.Enabled, BestEffortCPUMilli: int64(st.BestEffortQuota), BestEffortMemoryHigh: int64(st.BestEffortMemoryHigh),
 		Protected: st.Protected, Breaching: st.Breaching,
 		ProbeStats: c.ProbeStats, ProbeRuns: c.ProbeRuns, ProbeRunNs: c.ProbeRunNs,
-		ProbeSlots: c.Slots.Max, ProbeSlotsUsed: c.Slots.Used, Untimed: c.Untimed, UntimedTotal: c.UntimedTotal,
+		ProbeSlots: c.Slots.Max, ProbeSlotsUsed: c.Slots.Used, Untimed: c.Untimed, UntimedTotal: c.UntimedTotal, LostWaits: c.LostWaits,
 		Latency: make(map[api.Class]metrics.Log2Histogram, len(c.Latency)), Delay: make(map[string]uint64, len(c.Delay))}
 	for r, ns := range c.Delay {
 		out.Delay[ebpf.Runner(r).String()] = ns

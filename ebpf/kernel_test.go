@@ -55,6 +55,9 @@ func TestKernelProbeCountsOnlyRegisteredCgroup(t *testing.T) {
 	if h.Quantile(0.5) <= 0 || h.Quantile(0.5) > h.Quantile(0.99) {
 		t.Errorf("quantiles out of order: p50 %v p99 %v", h.Quantile(0.5), h.Quantile(0.99))
 	}
+	if lost, err := p.LostWaits(); err != nil || lost != 0 {
+		t.Errorf("lost waits %d, %v: one timed thread at a time shares no slot", lost, err)
+	}
 	o, err := p.Histogram(other.id)
 	if err != nil {
 		t.Fatal(err)

@@ -306,6 +306,17 @@ func (p *Probe) Unregister(id uint64) error {
 	return p.bumpLocked()
 }
 
+// LostWaits counts the waits the probe dropped since Load: two timed
+// threads whose ids share a slot of the pending-wait array (65,536 slots)
+// waited at once, and the first one's wait was overwritten.
+func (p *Probe) LostWaits() (uint64, error) {
+	var n uint64
+	if err := p.objs.Lost.Lookup(uint32(0), &n); err != nil {
+		return 0, fmt.Errorf("ebpf: read lost waits: %w", err)
+	}
+	return n, nil
+}
+
 // Offenders returns, by cgroup id, the waits of timed tasks charged to an
 // outside cgroup since Load: each wait's outside share goes to the last
 // outside cgroup that ran on the CPU the task waited on. At most 256

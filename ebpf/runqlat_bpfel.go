@@ -15,6 +15,7 @@ import (
 
 type runqlatClassEntry struct {
 	_     structs.HostLayout
+	Key   uint64
 	Gen   uint64
 	Cgid  uint64
 	Cls   uint32
@@ -49,8 +50,10 @@ type runqlatJob struct {
 type runqlatStart struct {
 	_         structs.HostLayout
 	Ts        uint64
-	Preempted uint32
+	Pid       uint32
 	Cpu       uint32
+	Preempted uint32
+	Pad       uint32
 	Snap      [7]uint64
 }
 
@@ -63,6 +66,7 @@ const (
 	runqlatMapGeneration      = "generation"
 	runqlatMapHists           = "hists"
 	runqlatMapJobs            = "jobs"
+	runqlatMapLost            = "lost"
 	runqlatMapOffenders       = "offenders"
 	runqlatMapStarts          = "starts"
 	runqlatProgSchedSwitch    = "sched_switch"
@@ -127,6 +131,7 @@ type runqlatMapSpecs struct {
 	Generation *ebpf.MapSpec `ebpf:"generation"`
 	Hists      *ebpf.MapSpec `ebpf:"hists"`
 	Jobs       *ebpf.MapSpec `ebpf:"jobs"`
+	Lost       *ebpf.MapSpec `ebpf:"lost"`
 	Offenders  *ebpf.MapSpec `ebpf:"offenders"`
 	Starts     *ebpf.MapSpec `ebpf:"starts"`
 }
@@ -163,6 +168,7 @@ type runqlatMaps struct {
 	Generation *ebpf.Map `ebpf:"generation"`
 	Hists      *ebpf.Map `ebpf:"hists"`
 	Jobs       *ebpf.Map `ebpf:"jobs"`
+	Lost       *ebpf.Map `ebpf:"lost"`
 	Offenders  *ebpf.Map `ebpf:"offenders"`
 	Starts     *ebpf.Map `ebpf:"starts"`
 }
@@ -174,6 +180,7 @@ func (m *runqlatMaps) Close() error {
 		m.Generation,
 		m.Hists,
 		m.Jobs,
+		m.Lost,
 		m.Offenders,
 		m.Starts,
 	)

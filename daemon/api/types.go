@@ -622,6 +622,10 @@ type QoSStatus struct {
 	// the kernel counts (sysctl kernel.bpf_stats_enabled=1).
 	ProbeEvents     uint64  `json:"probe_events,omitempty"`
 	ProbeNsPerEvent float64 `json:"probe_ns_per_event,omitempty"`
+	// ProbeLostWaits counts the waits the probe dropped since it was
+	// loaded: two timed threads whose ids share a slot of its
+	// pending-wait array waited at once.
+	ProbeLostWaits uint64 `json:"probe_lost_waits,omitempty"`
 	// ProbeSlots is how many job cgroups the probe can time at once
 	// (qos.max_jobs), ProbeSlotsUsed how many it times now; UntimedJobs
 	// counts the running jobs it has no slot for now (not timed, their

@@ -36,8 +36,8 @@
 
 #define NBUCKETS 32
 #define MAX_JOBS 1024
-#define MAX_RUNNABLE 16384
-#define MAX_CACHED 4096
+#define START_SLOTS 65536 /* a power of two: a thread's slot is its id's low bits */
+#define CLASS_SLOTS 4096 /* a power of two */
 #define MAX_OFFENDERS 256
 #define TASK_RUNNING 0
 #define PF_KTHREAD 0x00200000
@@ -71,9 +71,11 @@ struct hist {
 };
 
 struct start {
-	__u64 ts;
-	__u32 preempted; /* switched out by a task of another tier */
+	__u64 ts;        /* 0: no wait pending */
+	__u32 pid;       /* the thread the slot holds */
 	__u32 cpu;       /* the CPU it was queued on */
+	__u32 preempted; /* switched out by a task of another class */
+	__u32 pad;
 	__u64 snap[NCLASS];
 };
 
@@ -87,6 +89,7 @@ struct cpu_clock {
 };
 
 struct class_entry {
+	__u64 key; /* the css's serial_nr; 0: empty or being written */
 	__u64 gen;
 	__u64 cgid;
 	__u32 cls;
@@ -100,12 +103,25 @@ struct {
 	__type(value, struct job);
 } jobs SEC(".maps");
 
+/* Pending waits by thread id modulo START_SLOTS: an array, so a lookup
+ * is a few instructions where a hash map's update and delete took most of
+ * a timed event's cost. Two timed threads whose ids share a slot and wait
+ * at once lose the first one's wait (counted in `lost`); a slot a thread
+ * left (its job unregistered while it waited) is overwritten by the next
+ * wait queued there. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_RUNNABLE);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, START_SLOTS);
 	__type(key, __u32);
 	__type(value, struct start);
 } starts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -121,10 +137,14 @@ struct {
 	__type(value, struct cpu_clock);
 } clocks SEC(".maps");
 
+/* The classification cache, direct-mapped by a hash of the css pointer:
+ * an array, so a hit costs a multiply and a few loads where a hash map's
+ * lookup cost most of an event; two cgroups sharing a slot only walk
+ * more often. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_CACHED);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CLASS_SLOTS);
+	__type(key, __u32);
 	__type(value, struct class_entry);
 } classes SEC(".maps");
 
@@ -174,9 +194,12 @@ static __always_inline void classify(struct task_struct *t, struct runner *r)
 	__u64 *genp = bpf_map_lookup_elem(&generation, &zero);
 	__u64 gen = genp ? *genp : 0;
 	struct cgroup_subsys_state *css = task_css(t);
-	__u64 key = (__u64)css;
-	struct class_entry *e = bpf_map_lookup_elem(&classes, &key);
-	if (e && e->gen == gen) {
+	/* The css's serial number: unique for the boot, never reused. */
+	__u64 key = css->serial_nr;
+	/* Fibonacci hashing: the top bits of key × 2^64/φ. */
+	__u32 idx = (__u32)((key * 0x9E3779B97F4A7C15ULL) >> 52) & (CLASS_SLOTS - 1);
+	struct class_entry *e = bpf_map_lookup_elem(&classes, &idx);
+	if (e && *(volatile __u64 *)&e->key == key && e->gen == gen) {
 		r->cgid = e->cgid;
 		r->cls = e->cls;
 		r->tslot = e->tslot;
@@ -196,8 +219,16 @@ static __always_inline void classify(struct task_struct *t, struct runner *r)
 		}
 		css = css->parent;
 	}
-	struct class_entry ne = { .gen = gen, .cgid = r->cgid, .cls = r->cls, .tslot = r->tslot };
-	bpf_map_update_elem(&classes, &key, &ne, BPF_ANY);
+	if (!e)
+		return;
+	/* Emptied while written, so a reader on another CPU does not take
+	 * half of it (a read racing the refill still can: one event). */
+	*(volatile __u64 *)&e->key = 0;
+	e->gen = gen;
+	e->cgid = r->cgid;
+	e->cls = r->cls;
+	e->tslot = r->tslot;
+	*(volatile __u64 *)&e->key = key;
 }
 
 static __always_inline __u32 task_cpu(struct task_struct *t)
@@ -229,15 +260,40 @@ static __always_inline void read_clocks(struct cpu_clock *c, __u64 now, __u64 *o
 		out[cls] += now - since;
 }
 
+/* The slot of thread pid, holding a wait queued at now: a wait of another
+ * thread still pending there is lost. */
+static __always_inline struct start *start_slot(__u32 pid, __u64 now)
+{
+	__u32 idx = pid & (START_SLOTS - 1);
+	struct start *s = bpf_map_lookup_elem(&starts, &idx);
+	if (!s)
+		return 0;
+	if (s->ts && s->pid != pid) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&lost, &zero);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+	}
+	s->pid = pid;
+	s->ts = now;
+	return s;
+}
+
 /* Queue timed task pid on cpu at now. */
 static __always_inline void enqueue(__u32 pid, __u32 cpu, __u64 now, __u32 preempted)
 {
 	__u32 zero = 0;
-	struct start s = { .ts = now, .preempted = preempted, .cpu = cpu };
+	struct start *s = start_slot(pid, now);
+	if (!s)
+		return;
+	s->preempted = preempted;
+	s->cpu = cpu;
 	struct cpu_clock *c = bpf_map_lookup_percpu_elem(&clocks, &zero, cpu);
 	if (c)
-		read_clocks(c, now, s.snap);
-	bpf_map_update_elem(&starts, &pid, &s, BPF_ANY);
+		read_clocks(c, now, s->snap);
+	else
+		for (int k = 0; k < NCLASS; k++)
+			s->snap[k] = 0;
 }
 
 static __always_inline void wakeup(struct task_struct *p)
@@ -291,18 +347,21 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 	 * queue again. prev is the runner this CPU classified at its switch
 	 * in (ptslot), unless that switch came before the probe. */
 	if (ptslot && prev->pid != 0 && (preempt || prev->__state == TASK_RUNNING)) {
-		struct start s = { .ts = now, .preempted = preempt && r.cls != pcls, .cpu = cpu };
-		for (int k = 0; k < NCLASS; k++)
-			s.snap[k] = c->run[k];
-		__u32 ppid = prev->pid;
-		bpf_map_update_elem(&starts, &ppid, &s, BPF_ANY);
+		struct start *s = start_slot(prev->pid, now);
+		if (s) {
+			s->preempted = preempt && r.cls != pcls;
+			s->cpu = cpu;
+			for (int k = 0; k < NCLASS; k++)
+				s->snap[k] = c->run[k];
+		}
 	}
 
 	if (!r.tslot)
 		return 0;
 	__u32 pid = next->pid;
-	struct start *s = bpf_map_lookup_elem(&starts, &pid);
-	if (!s)
+	__u32 idx = pid & (START_SLOTS - 1);
+	struct start *s = bpf_map_lookup_elem(&starts, &idx);
+	if (!s || !s->ts || s->pid != pid)
 		return 0;
 	__u64 delta = now - s->ts;
 	__u32 preempted = s->preempted;
@@ -319,7 +378,7 @@ int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_s
 			blame[k] = 0;
 	}
 	__u64 out_cg = qc ? qc->last_out : 0;
-	bpf_map_delete_elem(&starts, &pid);
+	s->ts = 0;
 
 	__u32 slot = r.tslot - 1;
 	struct hist *h = bpf_map_lookup_elem(&hists, &slot);

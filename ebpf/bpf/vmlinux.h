@@ -46,6 +46,7 @@ struct cgroup;
 struct cgroup_subsys_state {
 	struct cgroup *cgroup;
 	struct cgroup_subsys_state *parent;
+	u64 serial_nr;
 };
 struct cgroup {
 	struct cgroup_subsys_state self;

@@ -98,6 +98,8 @@ type QoS struct {
 	// (idle, guaranteed, burstable, besteffort, job, outside, kernel), in
 	// ns since the loop started.
 	Delay map[string]uint64
+	// LostWaits is the waits the probe dropped since it was loaded.
+	LostWaits uint64
 }
 
 // QoSAction is one kind of QoS action and how often the loop took it.
@@ -378,6 +380,8 @@ var (
 		"Running jobs the latency probe has no slot for (qos.max_jobs reached): not timed.", nil, nil)
 	descQoSUntimedTotal = prometheus.NewDesc("fusiond_qos_untimed_jobs_total",
 		"Jobs the latency probe had no slot for, each counted once.", nil, nil)
+	descQoSLost = prometheus.NewDesc("fusiond_qos_probe_lost_waits_total",
+		"Run-queue waits the latency probe dropped: two timed threads whose ids share a slot of its pending-wait array waited at once.", nil, nil)
 	descQoSDelay = prometheus.NewDesc("fusiond_qos_delay_seconds_total",
 		"Run-queue wait of the protected jobs, by who held the CPU meanwhile: idle, a fusiond tier (guaranteed, burstable, besteffort), a fusiond job of no tier (job), a task outside fusiond's cgroups (outside) or a kernel thread (kernel).", []string{"by"}, nil)
 	descTelJobs = prometheus.NewDesc("fusiond_telemetry_jobs_followed",
@@ -404,7 +408,7 @@ func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 		descHealthy, descMIG, descRegion, descUtil, descMemUsed, descMemTotal, descPower, descTemp,
 		descTierCPU, descTierThrottled, descTierMem, descTierOOM,
 		descQoSEnabled, descQoSQuota, descQoSMemHigh, descQoSProtected, descQoSBreaching, descQoSActions,
-		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descQoSSlots, descQoSSlotsUsed, descQoSUntimed, descQoSUntimedTotal, descQoSDelay,
+		descQoSLatency, descQoSProbeRuns, descQoSProbeTime, descQoSSlots, descQoSSlotsUsed, descQoSUntimed, descQoSUntimedTotal, descQoSDelay, descQoSLost,
 		descTelJobs, descTelMax, descTelUnfollowed, descTelUnfollowedTotal,
 		descMemCapOver, descMemCapEpisodes, descMemCapKills, descSourceFailed} {
 		ch <- d
@@ -559,6 +563,7 @@ func collectQoS(ch chan<- prometheus.Metric, q QoS) {
 	for by, ns := range q.Delay {
 		counter(ch, descQoSDelay, float64(ns)/1e9, by)
 	}
+	counter(ch, descQoSLost, float64(q.LostWaits))
 }
 
 func (h Log2Histogram) count() uint64 {

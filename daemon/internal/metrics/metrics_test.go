@@ -49,7 +49,7 @@ func testMetrics(t *testing.T) *Metrics {
 				Latency:    map[api.Class]Log2Histogram{api.ClassService: {Buckets: lat, SumNs: 3_000_000_000}},
 				ProbeStats: true, ProbeRuns: 400, ProbeRunNs: 50_000,
 				ProbeSlots: 1024, ProbeSlotsUsed: 1024, Untimed: 3, UntimedTotal: 7,
-				Delay: map[string]uint64{"outside": 1_500_000_000, "besteffort": 250_000_000}}
+				Delay: map[string]uint64{"outside": 1_500_000_000, "besteffort": 250_000_000}, LostWaits: 4}
 		},
 		Telemetry: func() Telemetry { return Telemetry{Followed: 512, Max: 512, Unfollowed: 2, UnfollowedTotal: 9} },
 	}})
@@ -141,6 +141,7 @@ func TestValues(t *testing.T) {
 		`fusiond_qos_untimed_jobs_total 7`,
 		`fusiond_qos_delay_seconds_total{by="outside"} 1.5`,
 		`fusiond_qos_delay_seconds_total{by="besteffort"} 0.25`,
+		`fusiond_qos_probe_lost_waits_total 4`,
 		`fusiond_telemetry_jobs_followed 512`,
 		`fusiond_telemetry_jobs_max 512`,
 		`fusiond_telemetry_jobs_unfollowed 2`,

@@ -142,6 +142,9 @@ type Counters struct {
 	// Delay is the protected jobs' run-queue wait by who held the CPU
 	// (ebpf.Runner), since the loop started.
 	Delay [ebpf.Runners]uint64
+	// LostWaits is the waits the probe dropped (two timed threads in one
+	// slot of its pending-wait array at once), when it says.
+	LostWaits uint64
 }
 
 type tracked struct {
@@ -623,7 +626,21 @@ func (l *Loop) Counters() Counters {
 	l.mu.Unlock()
 	out.Slots = l.slots()
 	out.ProbeRuns, out.ProbeRunNs, out.ProbeStats = l.probeStats()
+	out.LostWaits = l.lostWaits()
 	return out
+}
+
+// lostWaits is the waits the probe dropped (0 when it does not say).
+func (l *Loop) lostWaits() uint64 {
+	p, ok := l.probe.(interface{ LostWaits() (uint64, error) })
+	if !ok {
+		return 0
+	}
+	n, err := p.LostWaits()
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // probeStats sums the kernel's accounting of the probe's programs; ok is
@@ -655,6 +672,7 @@ func (l *Loop) Status() api.QoSStatus {
 	if runs, ns, ok := l.probeStats(); ok {
 		s.ProbeEvents, s.ProbeNsPerEvent = runs, float64(ns)/float64(runs)
 	}
+	s.ProbeLostWaits = l.lostWaits()
 	return s
 }
 

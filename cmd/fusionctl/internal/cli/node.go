@@ -244,6 +244,9 @@ func describeQoS(q api.QoSStatus) string {
 	if q.ProbeEvents > 0 {
 		s += fmt.Sprintf("; probe cost %.0f ns/event over %d events", q.ProbeNsPerEvent, q.ProbeEvents)
 	}
+	if q.ProbeLostWaits > 0 {
+		s += fmt.Sprintf("; %d waits lost (threads sharing a probe slot)", q.ProbeLostWaits)
+	}
 	if q.Resctrl != "" {
 		s += "; cache and bandwidth: " + q.Resctrl
 	}
