@@ -89,7 +89,7 @@ struct cpu_clock {
 };
 
 struct class_entry {
-	__u64 key; /* the css's serial_nr; 0: empty or being written */
+	__u64 key; /* the css's serial_nr + 1; 0: empty or being written */
 	__u64 gen;
 	__u64 cgid;
 	__u32 cls;
@@ -194,8 +194,9 @@ static __always_inline void classify(struct task_struct *t, struct runner *r)
 	__u64 *genp = bpf_map_lookup_elem(&generation, &zero);
 	__u64 gen = genp ? *genp : 0;
 	struct cgroup_subsys_state *css = task_css(t);
-	/* The css's serial number: unique for the boot, never reused. */
-	__u64 key = css->serial_nr;
+	/* The css's serial number: unique for the boot, never reused; + 1,
+	 * as an empty slot's key is 0 (and a root's serial may be). */
+	__u64 key = css->serial_nr + 1;
 	/* Fibonacci hashing: the top bits of key × 2^64/φ. */
 	__u32 idx = (__u32)((key * 0x9E3779B97F4A7C15ULL) >> 52) & (CLASS_SLOTS - 1);
 	struct class_entry *e = bpf_map_lookup_elem(&classes, &idx);
