@@ -108,11 +108,12 @@ type Loop struct {
 	// class; delay sums the protected jobs' waits by runner over the
 	// loop's life; offenders is the probe's last reading of the outside
 	// cgroups' charges, paths the names found for their ids.
-	tiers     bool
-	cacheErr  bool // a Sync failure logged, until one succeeds
-	delay     [ebpf.Runners]uint64
-	offenders map[uint64]uint64
-	paths     map[uint64]string
+	tiers       bool
+	tiersWarned bool // a registration failure logged
+	cacheErr    bool // a Sync failure logged, until one succeeds
+	delay       [ebpf.Runners]uint64
+	offenders   map[uint64]uint64
+	paths       map[uint64]string
 }
 
 // ActionKey names a kind of action for counting: Op is shrink or
@@ -468,10 +469,13 @@ func (l *Loop) registerTiers() bool {
 			err = p.RegisterClass(id, TierNumber(t))
 		}
 		if err != nil {
-			l.log.Warn("qos: registering a tier's cgroup with the probe", "tier", t, "err", err)
+			if !l.tiersWarned {
+				l.log.Warn("qos: registering a tier's cgroup with the probe (tried again each window, logged once)", "tier", t, "err", err)
+			}
 			done = false
 		}
 	}
+	l.tiersWarned = !done
 	return done
 }
 
@@ -520,16 +524,18 @@ func (l *Loop) topOutside() []api.OutsideDelay {
 // maxPaths bounds the cache of outside cgroups' names.
 const maxPaths = 1024
 
-// cgroupPath names an outside cgroup once and remembers it ("" when the
-// host cannot find it: it may be gone).
+// cgroupPath names an outside cgroup once and remembers it, or that the
+// host cannot find it ("": it may be gone).
 func (l *Loop) cgroupPath(id uint64) string {
 	if p, ok := l.paths[id]; ok {
 		return p
 	}
 	p, err := l.host.CgroupPath(id)
 	if err != nil {
+		// Remembered too: a cgroup gone stays gone, and the walk is not
+		// cheap on a host of many cgroups.
 		l.log.Debug("qos: naming an outside cgroup", "id", id, "err", err)
-		return ""
+		p = ""
 	}
 	if len(l.paths) >= maxPaths {
 		clear(l.paths)
