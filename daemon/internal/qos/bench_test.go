@@ -16,7 +16,9 @@ import (
 // tier's CPU weight: at its own weight best-effort preempts nothing), load
 // outside fusiond's cgroups (two hogs per CPU in a cgroup of their own,
 // beside one best-effort hog per CPU at the tier's weight), or both (hogs
-// of each kind, best-effort at equal weight). In each, a
+// of each kind, best-effort at equal weight); besteffort-busy is the first
+// with a protected job that works 400 µs after each wake-up instead of
+// sleeping at once. In each, a
 // latency-sensitive job (waking every millisecond, burstable tier) runs
 // alone, beside the interferers with the QoS loop off, with the loop on
 // (SLO: 1.5 × the solo p99), and alone again. It reports the job's
@@ -29,17 +31,18 @@ import (
 func BenchmarkInterference(b *testing.B) {
 	for _, setup := range []struct {
 		name          string
-		outside, hogs bool // outside hogs; best-effort hogs that interfere
-	}{{"besteffort", false, true}, {"outside", true, false}, {"both", true, true}} {
+		svc           string // the protected job's helper mode
+		outside, hogs bool   // outside hogs; best-effort hogs that interfere
+	}{{"besteffort", "wake", false, true}, {"besteffort-busy", "busy", false, true}, {"outside", "wake", true, false}, {"both", "wake", true, true}} {
 		b.Run(setup.name, func(b *testing.B) {
 			for b.Loop() {
-				interference(b, setup.outside, setup.hogs)
+				interference(b, setup.svc, setup.outside, setup.hogs)
 			}
 		})
 	}
 }
 
-func interference(b *testing.B, outsideLoad, beInterferes bool) {
+func interference(b *testing.B, svcMode string, outsideLoad, beInterferes bool) {
 	const phase = 4 * time.Second
 	e := newKernelEnv(b, time.Second)
 	id := mustID(b, e)
@@ -74,7 +77,7 @@ func interference(b *testing.B, outsideLoad, beInterferes bool) {
 		}
 		return h1.Sub(h0)
 	}
-	startProc(b, e.svc, "wake")
+	startProc(b, e.svc, svcMode)
 	time.Sleep(300 * time.Millisecond)
 	solo := window(phase).Quantile(0.99)
 

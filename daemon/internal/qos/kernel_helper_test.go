@@ -39,6 +39,12 @@ func runHelper(mode string) int {
 		for {
 			time.Sleep(time.Millisecond)
 		}
+	case "busy": // a service that works 400 µs after each 1 ms sleep
+		for {
+			time.Sleep(time.Millisecond)
+			for end := time.Now().Add(400 * time.Microsecond); time.Now().Before(end); {
+			}
+		}
 	case "hog": // a best-effort CPU hog; reports its work on SIGTERM-less kill via a file
 		var n uint64
 		out := os.Getenv("FUSIOND_QOSHELPER_OUT")
