@@ -96,9 +96,13 @@ func supported() bool {
 }
 
 func (f *FS) readResource(name, vals string) (*resource, error) {
+	// Under code/data prioritisation the kernel describes L3CODE and
+	// L3DATA in info/ directories of those names.
 	info := name
-	for _, suffix := range []string{"CODE", "DATA"} {
-		info = strings.TrimSuffix(info, suffix)
+	if _, err := os.Stat(filepath.Join(f.root, "info", name)); err != nil {
+		for _, suffix := range []string{"CODE", "DATA"} {
+			info = strings.TrimSuffix(info, suffix)
+		}
 	}
 	r := &resource{name: name, full: map[string]uint64{}}
 	switch {

@@ -68,14 +68,19 @@ func TestSchemataShares(t *testing.T) {
 	}
 }
 
-// Code/data prioritisation splits L3 in two lines; mba_MBps gives
+// Code/data prioritisation splits L3 in two lines, described in
+// info/L3CODE and info/L3DATA (info/L3 has no cbm_mask here); mba_MBps gives
 // bandwidth in MBps; a mask need not start at way 0; resources fusiond
 // does not drive are left out.
 func TestSchemataVariants(t *testing.T) {
 	f, err := Open(fakeRoot(t, map[string]string{
-		"info/L3/cbm_mask":     "ff0\n",
-		"info/L3/min_cbm_bits": "2\n",
-		"schemata":             "L3CODE:0=ff0\nL3DATA:0=ff0\nMB:0=20000\nSMBA:0=100\n",
+		"info/L3/cbm_mask":         "",
+		"info/L3/min_cbm_bits":     "",
+		"info/L3CODE/cbm_mask":     "ff0\n",
+		"info/L3CODE/min_cbm_bits": "2\n",
+		"info/L3DATA/cbm_mask":     "ff0\n",
+		"info/L3DATA/min_cbm_bits": "2\n",
+		"schemata":                 "L3CODE:0=ff0\nL3DATA:0=ff0\nMB:0=20000\nSMBA:0=100\n",
 	}))
 	if err != nil {
 		t.Fatal(err)

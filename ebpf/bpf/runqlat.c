@@ -261,6 +261,11 @@ static __always_inline void read_clocks(struct cpu_clock *c, __u64 now, __u64 *o
 		out[cls] += now - since;
 }
 
+/* A wait pending longer than this (the last histogram bucket's start) is
+ * taken for one its thread left behind (its job unregistered while it
+ * waited), not for one lost when overwritten. */
+#define STALE_NS (1ULL << (NBUCKETS - 1))
+
 /* The slot of thread pid, holding a wait queued at now: a wait of another
  * thread still pending there is lost. */
 static __always_inline struct start *start_slot(__u32 pid, __u64 now)
@@ -269,7 +274,7 @@ static __always_inline struct start *start_slot(__u32 pid, __u64 now)
 	struct start *s = bpf_map_lookup_elem(&starts, &idx);
 	if (!s)
 		return 0;
-	if (s->ts && s->pid != pid) {
+	if (s->ts && s->pid != pid && now - s->ts < STALE_NS) {
 		__u32 zero = 0;
 		__u64 *n = bpf_map_lookup_elem(&lost, &zero);
 		if (n)
