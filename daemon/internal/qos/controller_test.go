@@ -123,6 +123,16 @@ func TestParamsValidate(t *testing.T) {
 	if _, err := NewController(p); err == nil || !strings.Contains(err.Error(), "min best-effort quota") {
 		t.Errorf("no floor: %v", err)
 	}
+	p = params()
+	p.MinBlame = 1
+	if _, err := NewController(p); err == nil || !strings.Contains(err.Error(), "min blame") {
+		t.Errorf("min blame 1: %v", err)
+	}
+	p = params()
+	p.BreachWindows = -1
+	if _, err := NewController(p); err == nil || !strings.Contains(err.Error(), "breach windows") {
+		t.Errorf("breach windows -1: %v", err)
+	}
 }
 
 // An action the host did not apply moves nothing: the controller stays
