@@ -295,10 +295,13 @@ func newCluster(t *testing.T) *cluster {
 	return &cluster{t: t, ca: newTestCA(t, t.TempDir())}
 }
 
-// eventually polls cond for up to 10 s.
+// eventually polls cond for up to 30 s. A passing run takes a second or
+// two; the margin is for a loaded CI host, where memberlist's local
+// profile (500 ms probe timeouts) may hold a member suspect for seconds
+// (not seen here), and a 10 s bound failed a 4-member join once there.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
