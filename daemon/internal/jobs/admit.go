@@ -94,7 +94,8 @@ func (m *Manager) AcceptHandover(ctx context.Context, o Offer, spec api.JobSpec)
 }
 
 // Admit runs the admission steps over e and returns the jobs it queued
-// (for a peer's job: placed), with their records on disk. Whatever the
+// (for a peer's job: placed, or already starting when its start came
+// before the answer), with their records on disk. Whatever the
 // outcome, the audit step records it.
 func (m *Manager) Admit(ctx context.Context, e Entry) (out []api.Job, err error) {
 	repeat := false

@@ -377,7 +377,10 @@ func TestAdmissionPeerJobRecords(t *testing.T) {
 	big := small()
 	big.Resources.CPU = 2000
 	a, err := m.AcceptHandover(context.Background(), jobs.Offer{From: api.Provenance{Node: "o", JobID: "1", Key: "o/1#1"}, User: "nobody"}, big)
-	if err != nil || a.State != api.StatePlaced || a.Allocation == nil {
+	// The answer is the job as it is after the pass placed it: placed,
+	// or already on its way to running when its start came first (a
+	// loaded host's slow store write is enough).
+	if err != nil || !slices.Contains([]api.State{api.StatePlaced, api.StateStarting, api.StateRunning}, a.State) || a.Allocation == nil {
 		t.Fatalf("accepted: %s %+v, %v", a.State, a.Allocation, err)
 	}
 	var stored api.Job
