@@ -107,6 +107,30 @@ type JobSpec struct {
 
 	// Replicas makes a service or inference job elastic (see Replicas).
 	Replicas *Replicas `json:"replicas,omitempty"`
+
+	// Pod makes the job a device hold for a Kubernetes pod: the devices
+	// kubelet allocated through fusiond's device plugin (docs/kubernetes.md).
+	// Such a job runs no process; it holds its devices until kubelet frees
+	// them. Only the kubelet source may set it.
+	Pod *PodHold `json:"pod,omitempty"`
+}
+
+// PodHold is what kubelet allocated to one container of a pod: the
+// plugin's resource and the device IDs of it kubelet chose.
+type PodHold struct {
+	// Resource is the extended resource ("fusiond.io/gpu-h200").
+	Resource string `json:"resource"`
+	// Devices are the device plugin's device IDs of Resource.
+	Devices []string `json:"devices"`
+}
+
+// PodRef names the pod container a device hold belongs to, as kubelet's
+// pod-resources API reports it.
+type PodRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid,omitempty"`
+	Container string `json:"container,omitempty"`
 }
 
 // Resources is a job's resource request.
@@ -242,6 +266,9 @@ type Job struct {
 	// Origin, on that peer, which daemon the job came from.
 	Handover *Handover   `json:"handover,omitempty"`
 	Origin   *Provenance `json:"origin,omitempty"`
+	// Pod, on a pod's device hold (Spec.Pod), is the pod container it
+	// belongs to, once kubelet's pod resources name it.
+	Pod *PodRef `json:"pod,omitempty"`
 }
 
 // Allocation is what the placement engine reserved for a job.

@@ -48,7 +48,8 @@ func list[T ~string](valid []T) string {
 
 // ApplyDefaults fills in the fields a user may leave out: the name (from the
 // command), the class (batch), the GPU count (1 when a GPU block is given),
-// the topology policy (best-effort) and the restart policy (never). The
+// the topology policy (best-effort) and the restart policy (never; none
+// for a pod's device hold). The
 // tier default depends on configuration and is left to the daemon.
 func (s *JobSpec) ApplyDefaults() {
 	if s.Name == "" && len(s.Command) > 0 {
@@ -72,7 +73,7 @@ func (s *JobSpec) ApplyDefaults() {
 	if g := s.Resources.GPU; g != nil && g.Count == 0 {
 		g.Count = 1
 	}
-	if s.Restart == nil {
+	if s.Restart == nil && s.Pod == nil { // a pod's hold runs nothing to restart
 		s.Restart = &Restart{Policy: RestartNever}
 	}
 }
@@ -80,6 +81,9 @@ func (s *JobSpec) ApplyDefaults() {
 // Validate checks a spec (after ApplyDefaults) and returns the first problem
 // as an *Error naming the field, or nil.
 func (s *JobSpec) Validate() error {
+	if s.Pod != nil {
+		return s.validatePod()
+	}
 	if err := validateCommand(s.Command); err != nil {
 		return err
 	}
@@ -186,6 +190,14 @@ func validateCommand(cmd []string) error {
 }
 
 func (r *Resources) validate() error {
+	if err := r.validateAmounts(); err != nil {
+		return err
+	}
+	return r.validateDevices()
+}
+
+// validateAmounts checks the CPU and memory a job asks for.
+func (r *Resources) validateAmounts() error {
 	switch {
 	case r.CPU == 0:
 		return FieldError("resources.cpu", "required: CPU in cores (2, 0.5) or millicores (\"500m\")")
@@ -200,6 +212,11 @@ func (r *Resources) validate() error {
 	case r.Memory < MinMemory:
 		return FieldError("resources.memory", "at least %s, got %s", MinMemory, r.Memory)
 	}
+	return nil
+}
+
+// validateDevices checks the GPUs and FPGA a job asks for.
+func (r *Resources) validateDevices() error {
 	if g := r.GPU; g != nil {
 		switch {
 		case g.Count < 0 || g.Count > MaxGPUCount:
@@ -224,6 +241,47 @@ func (r *Resources) validate() error {
 		}
 	}
 	return nil
+}
+
+// MaxPodDevices is the most device IDs one pod's device hold names.
+const MaxPodDevices = 64
+
+// validatePod checks a pod's device hold (Spec.Pod): what kubelet
+// allocated to one container through the device plugin. It runs no
+// process here, and the pod's CPU and memory are kubelet's, so only its
+// name, class, tier and devices are checked.
+func (s *JobSpec) validatePod() error {
+	p := s.Pod
+	switch {
+	case len(s.Command) > 0 || len(s.Env) > 0 || s.Rootfs != "" || s.Workdir != "" || s.Gang != nil || s.Restart != nil || s.Replicas != nil || s.QoS != nil:
+		return FieldError("pod", "a pod's device hold runs no process: command, env, rootfs, workdir, gang, restart, replicas and qos must be empty")
+	case s.Resources.CPU != 0 || s.Resources.Memory != 0:
+		return FieldError("pod", "a pod's CPU and memory are kubelet's: resources.cpu and resources.memory must be empty")
+	case s.Name == "" || len(s.Name) > MaxNameLen || !nameRE.MatchString(s.Name):
+		return FieldError("name", "must be 1-%d characters of letters, digits, '.', '_' or '-', starting with a letter or digit", MaxNameLen)
+	case !oneOf(s.Class, Classes):
+		return FieldError("class", "unknown class %q (want one of: %s)", s.Class, list(Classes))
+	case s.Tier != "" && !oneOf(s.Tier, Tiers):
+		return FieldError("tier", "unknown tier %q (want one of: %s)", s.Tier, list(Tiers))
+	case p.Resource == "" || len(p.Resource) > 253 || !labelRE.MatchString(p.Resource):
+		return FieldError("pod.resource", "required: an extended resource name such as fusiond.io/gpu-h200")
+	case len(p.Devices) == 0 || len(p.Devices) > MaxPodDevices:
+		return FieldError("pod.devices", "between 1 and %d device IDs, got %d", MaxPodDevices, len(p.Devices))
+	}
+	seen := make(map[string]bool, len(p.Devices))
+	for i, id := range p.Devices {
+		if id == "" || len(id) > 256 || !refNameRE.MatchString(id) {
+			return FieldError("pod.devices["+strconv.Itoa(i)+"]", "not a device ID of the plugin")
+		}
+		if seen[id] {
+			return FieldError("pod.devices["+strconv.Itoa(i)+"]", "device %q named twice", id)
+		}
+		seen[id] = true
+	}
+	if s.Resources.GPU == nil && s.Resources.FPGA == nil {
+		return FieldError("pod.resource", "a pod's device hold holds a GPU, a MIG instance, a GPU share or an FPGA region")
+	}
+	return s.Resources.validateDevices()
 }
 
 // DecodeSpec strictly decodes a JSON job spec, applies defaults and

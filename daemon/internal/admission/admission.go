@@ -25,10 +25,16 @@ const (
 	Gang Source = "gang"
 	// Replica is a replica the elastic scaler adds to a service.
 	Replica Source = "replica"
+	// Kubelet is a pod's device hold: devices kubelet allocated to a
+	// pod's container through fusiond's device plugin (its Allocate).
+	// The caller is kubelet, root on this host; the hold runs no
+	// process and is placed at once on the devices kubelet chose, or
+	// refused.
+	Kubelet Source = "kubelet"
 )
 
 // Sources lists every source, in the order docs/architecture.md gives.
-var Sources = []Source{Socket, Batch, Peer, Gang, Replica}
+var Sources = []Source{Socket, Batch, Peer, Gang, Replica, Kubelet}
 
 // FromPeer reports whether jobs of s come from another daemon: their
 // identity is a peer's assertion, resolved under the peer policy.

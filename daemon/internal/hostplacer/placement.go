@@ -82,6 +82,9 @@ type Options struct {
 	// busy per NUMA node) for the engine's load and energy dimensions;
 	// nil: every device counts as unloaded and unmeasured.
 	Live LiveSource
+	// Pods offers the host's devices to kubelet as extended resources
+	// (pods.go); nil: the host serves no pods.
+	Pods *PodOptions
 }
 
 type held struct {
@@ -95,6 +98,9 @@ type held struct {
 	// placement).
 	score  float64
 	scored bool
+	// pod is set for a pod's device hold (HoldPod, or Reclaim of a job
+	// with Spec.Pod): the resource and the device IDs kubelet allocated.
+	pod *api.PodHold
 }
 
 // Placer places jobs on this host with the engine.
@@ -861,7 +867,8 @@ func (p *Placer) allocation(req *sched.Request, a *sched.Assignment, explain str
 }
 
 // Reclaim reserves again what a job re-attached after a daemon restart
-// holds, from its recorded allocation, so nothing is handed out twice.
+// holds, from its recorded allocation, so nothing is handed out twice. A
+// pod's device hold (Spec.Pod) is held as a pod hold again (pods.go).
 func (p *Placer) Reclaim(j *api.Job) error {
 	a := j.Allocation
 	if a == nil {
@@ -954,7 +961,7 @@ func (p *Placer) Reclaim(j *api.Job) error {
 	if err := p.eng.Commit(&req, &as, []*sched.Node{p.node}); err != nil {
 		return fmt.Errorf("re-reserving job %s: %w", j.ID, err)
 	}
-	p.held[j.ID] = held{req: req, assign: as, cpus: cpus}
+	p.held[j.ID] = held{req: req, assign: as, cpus: cpus, pod: clonePodHold(j.Spec.Pod)}
 	if !b.zero() {
 		p.borrowed[j.ID] = b
 	}
@@ -996,7 +1003,8 @@ func renameGPUs(a *api.Allocation, renamed map[string]string) {
 	}
 }
 
-// Release returns a job's reservation; releasing twice is harmless.
+// Release returns a job's reservation (a pod hold's too, forgotten with
+// it); releasing twice is harmless.
 func (p *Placer) Release(j *api.Job) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

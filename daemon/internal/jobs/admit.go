@@ -25,6 +25,10 @@ type Entry struct {
 	Caller api.Caller
 	// Offer is a peer's hand-over (sources Peer and Gang).
 	Offer *Offer
+	// Pod is kubelet's allocation (source Kubelet): its hold is placed
+	// on kubelet's devices at once, and Admit leaves the devices' grant
+	// there (pods.go).
+	Pod   *PodEntry
 	Specs []api.JobSpec
 }
 
@@ -139,8 +143,15 @@ func (m *Manager) Admit(ctx context.Context, e Entry) (out []api.Job, err error)
 	defer m.unreserve(res)
 	// Step 5 (step 4, the audit, is the deferred record): the queue.
 	jobs, err := m.enqueue(e, owner, tiers, sizes)
-	if err != nil || e.Offer == nil {
+	switch {
+	case err != nil:
 		return jobs, err
+	case e.Pod != nil:
+		// A pod's hold is never queued: held on kubelet's devices now, or
+		// refused.
+		return m.holdPod(jobs[0], e.Pod)
+	case e.Offer == nil:
+		return jobs, nil
 	}
 	return m.settleOffer(ctx, jobs[0], e.Offer)
 }
@@ -181,13 +192,23 @@ func (m *Manager) validate(e Entry) ([]int64, []api.Tier, error) {
 			return nil, nil, name(i, &api.Error{Code: api.CodeTooLarge, Limit: LimitMaxSpecBytes,
 				Message: fmt.Sprintf("the job spec takes %s, more than the limit of %s (limit %s)", api.Bytes(sizes[i]).Human(), api.Bytes(n).Human(), LimitMaxSpecBytes)})
 		}
-		// A peer's job must be able to run here: it is never handed on.
-		admit := m.admit1
-		if e.Offer != nil {
-			admit = m.placer.Admit
-		}
-		if err := admit(*spec); err != nil {
-			return nil, nil, name(i, err)
+		switch {
+		case spec.Pod != nil && e.Source != admission.Kubelet:
+			return nil, nil, name(i, api.FieldError("pod", "a pod's device hold is made only by kubelet, through fusiond's device plugin"))
+		case (spec.Pod == nil || e.Pod == nil) && e.Source == admission.Kubelet:
+			return nil, nil, name(i, api.FieldError("pod", "required from kubelet: the devices it allocated"))
+		case spec.Pod != nil:
+			// Held on kubelet's devices or refused (pods.go): no
+			// queue to wait in.
+		default:
+			// A peer's job must be able to run here: it is never handed on.
+			admit := m.admit1
+			if e.Offer != nil {
+				admit = m.placer.Admit
+			}
+			if err := admit(*spec); err != nil {
+				return nil, nil, name(i, err)
+			}
 		}
 		tiers[i] = cmp.Or(spec.Tier, m.cfg.DefaultTiers[spec.Class], api.TierBurstable)
 	}
@@ -226,6 +247,8 @@ func (m *Manager) enqueue(e Entry, c api.Caller, tiers []api.Tier, sizes []int64
 		reason = fmt.Sprintf("handed over by peer %s (its job %s), to run as %s (uid %d)", e.Offer.From.Node, e.Offer.From.JobID, c.User, c.UID)
 	case e.Source == admission.Replica:
 		reason = fmt.Sprintf("added by the elastic scaler for %s (uid %d)", cmp.Or(c.User, "?"), c.UID)
+	case e.Source == admission.Kubelet:
+		reason = "allocated by kubelet to a pod's container: " + strings.Join(e.Specs[0].Pod.Devices, ", ")
 	}
 	var origin *api.Provenance
 	if e.Offer != nil {
@@ -400,6 +423,12 @@ func (m *Manager) auditAdmission(ctx context.Context, e Entry, jobs []api.Job, e
 		rec.Method, rec.Path = "POST", "/v1/batches"
 	case admission.Replica:
 		rec.PID = 0
+	case admission.Kubelet:
+		rec.Action, rec.Method, rec.Path, rec.Status = "kubelet.allocate", "gRPC", "/v1beta1.DevicePlugin/Allocate", 200
+		rec.PID = 0
+		if len(e.Specs) == 1 && e.Specs[0].Pod != nil {
+			rec.Message = e.Specs[0].Pod.Resource + " " + strings.Join(e.Specs[0].Pod.Devices, ",")
+		}
 	}
 	if o := e.Offer; o != nil {
 		rec.Action, rec.Method, rec.Path, rec.Status = "peer.offer", "POST", "/peer/v1/offers", 200

@@ -49,6 +49,12 @@ type Limits struct {
 	// ExemptRoot exempts uid 0 from the per-user limits (not from the
 	// log budget).
 	ExemptRoot bool
+	// PodHolds caps the pods' device holds (kubelet's allocations through
+	// the device plugin) held at once: kubelet's Allocate past it is
+	// refused with 429. Kubelet is held to this limit and the node's spec
+	// budget, not to root's per-user limits: a hold runs nothing and
+	// writes no log.
+	PodHolds int
 }
 
 // Limit names, as the configuration file spells them.
@@ -82,6 +88,9 @@ type reservation struct {
 	// peer and key are a peer's offer's: counted against the peer's
 	// limits, and its key claimed, until it is stored.
 	peer, key string
+	// pod is set for kubelet's pod holds (counted against
+	// Limits.PodHolds).
+	pod bool
 }
 
 // errAccepted is the limits step's answer for an offer whose key is
@@ -96,7 +105,7 @@ func (e errAccepted) Error() string { return "the key is job " + e.id + " here a
 // queued; it reserves the batch. The caller must call m.unreserve.
 func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, error) {
 	specs := e.Specs
-	r := &reservation{uid: c.UID, pending: len(specs), gangs: map[string]int{}}
+	r := &reservation{uid: c.UID, pending: len(specs), gangs: map[string]int{}, pod: e.Source == admission.Kubelet}
 	if e.Offer != nil {
 		r.peer, r.key = e.Offer.From.Node, e.Offer.From.Key
 	}
@@ -142,8 +151,13 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 	// Every user's live specs, and every remembered job's, for the
 	// node's budget.
 	live, held := int64(0), int64(0)
+	// The pods' device holds.
+	pods := 0
 	for _, j := range m.jobs {
 		held += m.specBytesOf(j)
+		if j.Spec.Pod != nil && !j.State.Terminal() {
+			pods++
+		}
 		if !j.State.Terminal() {
 			live += m.specBytesOf(j)
 		}
@@ -171,6 +185,9 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 			pending += o.pending
 			bytes += o.bytes
 		}
+		if o.pod {
+			pods += o.pending
+		}
 		if r.peer != "" && o.peer == r.peer {
 			peerJobs += o.pending
 			peerBytes += o.bytes
@@ -189,6 +206,13 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 	}
 	if b := l.SpecBudget; b > 0 && held+r.bytes > b {
 		m.kickGC() // finished jobs make room
+	}
+	if r.pod {
+		if n := l.PodHolds; n > 0 && pods+len(specs) > n {
+			return nil, api.QuotaError(LimitPodHolds, "kubelet holds %d pods' devices here, the most allowed (%d)", pods, n)
+		}
+		m.reserved[r] = struct{}{}
+		return r, nil
 	}
 	if b := l.LogBudget; b > 0 && m.logTotal > b {
 		return nil, api.QuotaError(LimitLogBudget, "the jobs' logs hold %s, over the node's log budget of %s; finished jobs' logs are being removed to make room, try again when running jobs finish",

@@ -209,6 +209,12 @@ func (m *Manager) Recover() error {
 	m.cordoned = cordon == "true"
 	attached := 0
 	for _, j := range unfinished {
+		if j.Spec.Pod != nil {
+			if err := m.recoverPod(j); err != nil {
+				return err
+			}
+			continue
+		}
 		if j.Handover != nil {
 			if err := m.resumeHandover(j); err != nil {
 				return err
@@ -903,14 +909,14 @@ type RunningJob struct {
 
 // Running lists the jobs running on this host, oldest first (the QoS
 // loop's view of what to protect and what to squeeze); jobs handed over
-// to peers run there. It copies only what RunningJob holds, so a poller
+// to peers run there, and pods' device holds run nothing here. It copies only what RunningJob holds, so a poller
 // holds the manager's lock for a fraction of what a copy of each record
 // costs.
 func (m *Manager) Running() []RunningJob {
 	m.mu.Lock()
 	out := make([]RunningJob, 0, m.running)
 	for _, j := range m.jobs {
-		if j.State == api.StateRunning && j.Handover == nil {
+		if j.State == api.StateRunning && j.Handover == nil && j.Spec.Pod == nil {
 			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
 			if j.StartedAt != nil {
 				r.StartedAt = *j.StartedAt
@@ -958,6 +964,9 @@ func (m *Manager) Cancel(_ context.Context, c api.Caller, id string) (api.Job, e
 	case state.Terminal():
 		m.mu.Unlock()
 		return api.Job{}, api.Errorf(api.CodeConflict, "job %s already %s", id, state)
+	case j.Spec.Pod != nil:
+		m.mu.Unlock()
+		return api.Job{}, api.Errorf(api.CodeConflict, "job %s holds devices kubelet allocated to a pod: it ends when kubelet frees them (delete the pod)", id)
 	case j.Handover != nil:
 		m.mu.Unlock()
 		return m.cancelHandedOver(c, j, by)

@@ -84,15 +84,19 @@ func (m *Manager) schedule() {
 	for _, j := range m.jobs {
 		switch j.State {
 		case api.StatePending:
-			if m.releasing[j.ID] {
-				continue // its last placement is being given back
+			if m.releasing[j.ID] || j.Spec.Pod != nil {
+				// Its last placement is being given back, or it is a
+				// pod's device hold (pods.go): never queued.
+				continue
 			}
 			pending = append(pending, j)
 			if _, ok := q.queuedAt[j.ID]; !ok {
 				q.queuedAt[j.ID] = pendingSince(j, now)
 			}
 		case api.StatePlaced, api.StateStarting, api.StateRunning:
-			active[j.Owner.UID]++
+			if j.Spec.Pod == nil { // kubelet's holds are not root's jobs
+				active[j.Owner.UID]++
+			}
 		}
 	}
 	for id := range q.queuedAt {

@@ -387,7 +387,7 @@ func jobTable(w io.Writer, jobs []api.Job) error {
 		if r := []rune(reason); len(r) > 70 {
 			reason = string(r[:67]) + "..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", esc(j.ID), esc(j.Spec.Name), esc(string(j.Spec.Class)), j.Tier, j.State, esc(user), age(j.CreatedAt), reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", esc(j.ID), esc(podName(j)), esc(string(j.Spec.Class)), j.Tier, j.State, esc(user), age(j.CreatedAt), reason)
 	}
 	return tw.Flush()
 }
@@ -425,7 +425,9 @@ func showJob(w io.Writer, j api.Job) error {
 	if j.Reason != "" {
 		p("Reason", "%s", j.Reason)
 	}
-	p("Command", "%s", strings.Join(j.Spec.Command, " "))
+	if j.Spec.Pod == nil {
+		p("Command", "%s", strings.Join(j.Spec.Command, " "))
+	}
 	if j.Spec.Workdir != "" {
 		p("Workdir", "%s", j.Spec.Workdir)
 	}
@@ -443,6 +445,7 @@ func showJob(w io.Writer, j api.Job) error {
 	r := j.Spec.Resources
 	p("Requests", "cpu %s, memory %s%s", r.CPU, r.Memory, deviceRequest(r))
 	showProvenance(p, j)
+	showPod(p, j)
 	if a := j.Allocation; a != nil {
 		p("Allocation", "cpu %s, memory %s", a.CPU, a.Memory)
 		if a.CPUSet != "" {
