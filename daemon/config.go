@@ -99,6 +99,9 @@ type Config struct {
 	// Peers is the membership among other fusiond and the hand-over of
 	// jobs that do not fit here (see PeersConfig; off by default).
 	Peers PeersConfig `json:"peers"`
+	// Kubernetes serves the devices to kubelet as a device plugin (see
+	// KubernetesConfig; off by default).
+	Kubernetes KubernetesConfig `json:"kubernetes"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -296,6 +299,7 @@ func DefaultConfig() Config {
 		Elastic:    DefaultElasticConfig(),
 		Reclaim:    DefaultReclaimConfig(),
 		Peers:      DefaultPeersConfig(),
+		Kubernetes: DefaultKubernetesConfig(),
 	}
 }
 
@@ -460,6 +464,9 @@ func (c *Config) Validate() error {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Peers.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Kubernetes.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	return nil

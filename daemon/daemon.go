@@ -20,6 +20,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
 	"github.com/fusiond/fusiond/daemon/internal/audit"
+	"github.com/fusiond/fusiond/daemon/internal/deviceplugin"
 	"github.com/fusiond/fusiond/daemon/internal/executor"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
@@ -74,6 +75,9 @@ type Daemon struct {
 	peers    *peers.Node
 	// qos is the QoS loop, nil when it does not run.
 	qos *qos.Loop
+	// plugin is the kubelet device plugin, nil when it does not run
+	// (kubernetes.device_plugin); Serve starts it.
+	plugin *deviceplugin.Plugin
 
 	// parts are what New starts, in the order of their needs; Close
 	// stops them.
@@ -231,6 +235,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 				return hw
 			}
 			popts.Profiles = cfg.Placement.profiles()
+			popts.Pods = cfg.Kubernetes.podOptions(d.hw, log)
 			popts.Live = busLive{r: bus, over: liveOver}
 			engine = hostplacer.New(inventory(), popts)
 			if runner, err = newExecutor(cfg, cg, cgErr, engine.SharedCPUs, memNodes, log); err != nil {
@@ -287,6 +292,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 					LogBytes:     int64(cfg.Limits.PerUser.LogBytes),
 					LogBudget:    int64(cfg.Limits.LogBudget),
 					ExemptRoot:   cfg.Limits.ExemptRoot,
+					PodHolds:     cfg.Kubernetes.MaxHolds,
 				},
 				Observer: d.metrics,
 				Queue:    cfg.Scheduling.queue(),
@@ -391,9 +397,19 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 		},
 		Stop: noErr(func() { stopPower(); <-powerDone }),
 	}, {
+		// The kubelet device plugin over the placer's resources and the
+		// manager's holds, once recovery holds the pods' devices again;
+		// Serve starts it.
+		Name:  "kubernetes",
+		Needs: []string{"jobs", "placer", "hardware", "recovery", "qos"},
+		Start: func(context.Context) (err error) {
+			d.plugin, err = newDevicePlugin(cfg.Kubernetes, d.mgr, engine, d.hw, func() bool { return d.qos != nil }, o.Version.Version, log)
+			return err
+		},
+	}, {
 		// The API's handler; Serve serves it.
 		Name:  "api",
-		Needs: []string{"jobs", "placer", "hardware", "audit", "metrics", "peers", "telemetry-bus", "qos", "reclaim"},
+		Needs: []string{"jobs", "placer", "hardware", "audit", "metrics", "peers", "telemetry-bus", "qos", "reclaim", "kubernetes"},
 		Start: func(context.Context) error {
 			var adminGID *uint32
 			if cfg.AdminGroup != "" {
@@ -404,7 +420,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 				adminGID = &gid
 			}
 			svc := &service{Manager: d.mgr, placer: engine, runner: runner, hw: d.hw, version: o.Version.Version, started: time.Now().UTC(), qos: d.qos, qosOff: qosOff, telemetry: bus,
-				reclaim: reclaimLoop, reclaimOff: reclaimOff, fileLimit: fileLimitNote(cfg, log)}
+				reclaim: reclaimLoop, reclaimOff: reclaimOff, fileLimit: fileLimitNote(cfg, log), plugin: d.plugin}
 			d.srv = apiserver.New(svc, apiserver.Config{
 				MaxBodyBytes:      int64(cfg.MaxRequestBytes),
 				AdminGID:          adminGID,
@@ -511,6 +527,23 @@ func (d *Daemon) Serve(ctx context.Context, ln net.Listener) error {
 				log.Warn("peer API requests did not finish in time", "err", err)
 			}
 			return nil
+		},
+	}, {
+		// Kubelet's calls admit pods' holds through the manager: the
+		// plugin registers once the manager runs, and stops before it.
+		Name:  "device-plugin",
+		Needs: []string{"scheduling"},
+		Start: func(ctx context.Context) error {
+			if d.plugin == nil {
+				return nil
+			}
+			return d.plugin.Start(ctx)
+		},
+		Stop: func(ctx context.Context) error {
+			if d.plugin == nil {
+				return nil
+			}
+			return d.plugin.Stop(ctx)
 		},
 	}, {
 		Name:  "metrics-server",
@@ -722,6 +755,8 @@ type service struct {
 	// fileLimit says why the open-file limit is too low for the
 	// connection limits ("" when it is not).
 	fileLimit string
+	// plugin is the kubelet device plugin, nil when it does not run.
+	plugin *deviceplugin.Plugin
 }
 
 var _ apiserver.Backend = (*service)(nil)
@@ -731,20 +766,21 @@ func (s *service) Node(ctx context.Context, _ api.Caller) (api.NodeStatus, error
 	host, _ := os.Hostname()
 	counts, cordoned := s.Counts()
 	return api.NodeStatus{
-		Hostname:  host,
-		Version:   s.version,
-		StartedAt: s.started,
-		Cordoned:  cordoned,
-		Capacity:  s.placer.Capacity(),
-		Allocated: s.placer.Allocated(),
-		Jobs:      counts,
-		Simulated: s.hw.Simulated() != "",
-		Devices:   s.hw.Devices(ctx),
-		Isolation: s.runner.Isolation(),
-		Notes:     s.notes(),
-		QoS:       s.qosStatus(),
-		Telemetry: s.telemetryStatus(),
-		Reclaim:   s.reclaimStatus(),
+		Hostname:   host,
+		Version:    s.version,
+		StartedAt:  s.started,
+		Cordoned:   cordoned,
+		Capacity:   s.placer.Capacity(),
+		Allocated:  s.placer.Allocated(),
+		Jobs:       counts,
+		Simulated:  s.hw.Simulated() != "",
+		Devices:    s.hw.Devices(ctx),
+		Isolation:  s.runner.Isolation(),
+		Notes:      s.notes(),
+		QoS:        s.qosStatus(),
+		Telemetry:  s.telemetryStatus(),
+		Reclaim:    s.reclaimStatus(),
+		Kubernetes: kubernetesStatus(s.plugin, s.Manager),
 	}, nil
 }
 

@@ -413,8 +413,45 @@ type NodeStatus struct {
 	Telemetry *TelemetryStatus `json:"telemetry,omitempty"`
 	// Reclaim is the reclaimed-capacity loop's state.
 	Reclaim *ReclaimStatus `json:"reclaim,omitempty"`
+	// Kubernetes is the kubelet device plugin's state, when it runs
+	// (kubernetes.device_plugin).
+	Kubernetes *KubernetesStatus `json:"kubernetes,omitempty"`
 	// Notes are facts an operator should know (e.g. "no NVIDIA driver").
 	Notes []string `json:"notes,omitempty"`
+}
+
+// KubernetesStatus is the kubelet device plugin's state.
+type KubernetesStatus struct {
+	// Resources is how many extended resources the plugin serves;
+	// Registered how many of them kubelet has accepted since it last
+	// started; Registrations counts every registration (each resource,
+	// each kubelet start).
+	Resources     int    `json:"resources"`
+	Registered    int    `json:"registered"`
+	Registrations uint64 `json:"registrations"`
+	// PodResources says whether kubelet's pod-resources API answered the
+	// last reconcile (without it no hold is released).
+	PodResources bool `json:"pod_resources"`
+	// Holds is how many pods' device holds hold devices now; Binds and
+	// Releases count the holds the reconcile loop named a pod for and
+	// released.
+	Holds    int    `json:"holds"`
+	Binds    uint64 `json:"binds"`
+	Releases uint64 `json:"releases"`
+	// Allocate and Preferred are kubelet's Allocate and
+	// GetPreferredAllocation calls.
+	Allocate  CallLatency `json:"allocate"`
+	Preferred CallLatency `json:"preferred"`
+}
+
+// CallLatency counts calls of one kind and their latency over the recent
+// ones.
+type CallLatency struct {
+	Count  uint64        `json:"count"`
+	Errors uint64        `json:"errors"`
+	P50    time.Duration `json:"p50"`
+	P99    time.Duration `json:"p99"`
+	Max    time.Duration `json:"max"`
 }
 
 // Isolation is how a node confines its jobs.

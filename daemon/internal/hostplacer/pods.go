@@ -852,3 +852,58 @@ func (p *Placer) preferNode(r *podRes, pool map[string]podDev, must map[string]b
 	}
 	return n
 }
+
+// PodFeatures are the host's devices as node features for
+// node-feature-discovery, named as the resources are: gpu.count,
+// gpu.model.<model>=<count> for each model (and gpu.model=<model> when
+// there is one), gpu.mig.enabled=<GPUs in MIG mode>, fpga.regions and
+// fpga.bitstream.<name>=<regions holding it> for the library's bitstreams
+// that are loaded. Nil when the host serves no pods.
+func (p *Placer) PodFeatures() map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := p.opts.Pods
+	if o == nil {
+		return nil
+	}
+	out := map[string]string{}
+	models := map[string]int{}
+	mig := 0
+	for _, g := range p.hw.GPUs {
+		models[modelSlug(g.Model)]++
+		if g.MIG != nil {
+			mig++
+		}
+	}
+	if len(p.hw.GPUs) > 0 {
+		out["gpu.count"] = strconv.Itoa(len(p.hw.GPUs))
+		out["gpu.mig.enabled"] = strconv.Itoa(mig)
+		for m, n := range models {
+			out["gpu.model."+m] = strconv.Itoa(n)
+			if len(models) == 1 {
+				out["gpu.model"] = m
+			}
+		}
+	}
+	if len(p.hw.FPGAs) > 0 {
+		out["fpga.regions"] = strconv.Itoa(len(p.hw.FPGAs))
+		names := map[string]string{} // library ID → name
+		if o.Bitstreams != nil {
+			for _, b := range o.Bitstreams() {
+				names[b.ID] = b.Name
+			}
+		}
+		loaded := map[string]int{}
+		for _, r := range p.hw.FPGAs {
+			if name, ok := names[r.Bitstream]; ok && r.Bitstream != "" {
+				loaded[podSlug(name, "._")]++
+			}
+		}
+		for name, n := range loaded {
+			if name != "" {
+				out["fpga.bitstream."+name] = strconv.Itoa(n)
+			}
+		}
+	}
+	return out
+}

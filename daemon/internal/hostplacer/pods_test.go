@@ -603,3 +603,24 @@ func TestPodSharesMPS(t *testing.T) {
 		t.Errorf("preferred %v (%v), want a share of GPU-a, beside the pod's", ids, err)
 	}
 }
+
+func TestPodFeatures(t *testing.T) {
+	if New(dgx(), Options{}).PodFeatures() != nil {
+		t.Error("a host that serves no pods has pod features")
+	}
+	p := New(dgx(), Options{Pods: &PodOptions{Bitstreams: func() []PodBitstream {
+		return []PodBitstream{{Name: "GZip v2", ID: "gzip"}, {Name: "matmul", ID: "mm"}}
+	}}})
+	got := p.PodFeatures()
+	want := map[string]string{"gpu.count": "8", "gpu.model": "h200", "gpu.model.h200": "8", "gpu.mig.enabled": "0",
+		"fpga.regions": "2", "fpga.bitstream.gzip-v2": "1"}
+	if !maps.Equal(got, want) {
+		t.Errorf("features %v, want %v", got, want)
+	}
+	hw := migHost()
+	hw.GPUs = append(hw.GPUs, devices.Device{ID: "GPU-l4", Kind: devices.GPU, Model: "NVIDIA L4", MemoryMB: 23034, Health: devices.Health{Healthy: true}})
+	got = New(hw, Options{Pods: &PodOptions{}}).PodFeatures()
+	if got["gpu.model"] != "" || got["gpu.model.l4"] != "1" || got["gpu.mig.enabled"] == "0" {
+		t.Errorf("a host of two models, some GPUs in MIG mode: %v", got)
+	}
+}

@@ -59,10 +59,24 @@ type PodEntry struct {
 // chosen. It returns the hold's record and what the container must be
 // granted. Refused, nothing is held; the audit log records either
 // outcome.
+//
+// Kubelet allocates only devices it has freed: a hold of the same
+// resource naming one of h's devices was for a container that has ended
+// (its release may still be waiting for the reconcile loop's grace), so
+// it is released first.
 func (m *Manager) AdmitPod(ctx context.Context, h api.PodHold, explain string) (api.Job, devices.Grant, error) {
 	pp, ok := m.placer.(PodPlacer)
 	if !ok {
 		return api.Job{}, devices.Grant{}, &admission.Refusal{Rule: "kubernetes.device_plugin", Why: "this host's placer holds no pods' devices"}
+	}
+	for _, old := range m.PodHolds() {
+		if old.Spec.Pod.Resource != h.Resource || !slices.ContainsFunc(old.Spec.Pod.Devices, func(id string) bool { return slices.Contains(h.Devices, id) }) {
+			continue
+		}
+		why := "kubelet allocated its devices to another container, so the one it held them for has ended"
+		if err := m.ReleasePod(old.ID, why); err != nil && !errors.As(err, new(*api.Error)) {
+			return api.Job{}, devices.Grant{}, api.Errorf(api.CodeInternal, "releasing hold %s, whose devices kubelet allocated again: %v", old.ID, err)
+		}
 	}
 	res, err := pp.PodSpec(h)
 	if err != nil {

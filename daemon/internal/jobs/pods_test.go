@@ -133,6 +133,18 @@ func TestPodHoldOneLedger(t *testing.T) {
 		t.Errorf("bound hold names pod %+v", j.Pod)
 	}
 
+	// Kubelet allocates the pod's GPU to a new container: it has freed
+	// it, so the old hold ends (before the reconcile loop sees the pod
+	// gone) and the new one holds it.
+	again, _, err := m.AdmitPod(ctx, api.PodHold{Resource: gpuRes, Devices: []string{"GPU-a"}}, "")
+	if err != nil {
+		t.Fatalf("kubelet's second allocation of a GPU it freed: %v", err)
+	}
+	if j, _ := m.Get(ctx, root, hold.ID); j.State != api.StateSucceeded || !strings.Contains(j.Reason, "another container") {
+		t.Errorf("the superseded hold is %s (%s)", j.State, j.Reason)
+	}
+	hold = again
+
 	// Kubelet frees the GPU: the hold ends and the waiting job runs once
 	// the other job is done.
 	if err := m.ReleasePod(hold.ID, "kubelet no longer has the pod"); err != nil {

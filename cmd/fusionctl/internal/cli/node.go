@@ -72,6 +72,9 @@ func nodeTable(w io.Writer, n api.NodeStatus) error {
 	if r := n.Reclaim; r != nil {
 		fmt.Fprintf(tw, "Reclaim:\t%s\n", reclaimLine(*r))
 	}
+	if k := n.Kubernetes; k != nil {
+		fmt.Fprintf(tw, "Kubernetes:\t%s\n", kubernetesLine(*k))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

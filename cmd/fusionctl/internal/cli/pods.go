@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -96,4 +97,18 @@ func showPod(p func(k, format string, args ...any), j api.Job) {
 	} else {
 		p("Pod", "not yet named by kubelet's pod resources")
 	}
+}
+
+// kubernetesLine is the device plugin's state in fusionctl status.
+func kubernetesLine(k api.KubernetesStatus) string {
+	reg := fmt.Sprintf("%d of %d resources registered with kubelet", k.Registered, k.Resources)
+	if k.Registered < k.Resources {
+		reg += " (kubelet down or refusing)"
+	}
+	pr := "pod resources answering"
+	if !k.PodResources {
+		pr = "kubelet's pod resources not answering: no hold is released"
+	}
+	return fmt.Sprintf("%s; %d pods' holds (fusionctl pods); %s; Allocate p50 %s p99 %s over %d calls (%d refused)",
+		reg, k.Holds, pr, k.Allocate.P50.Round(time.Microsecond), k.Allocate.P99.Round(time.Microsecond), k.Allocate.Count, k.Allocate.Errors)
 }

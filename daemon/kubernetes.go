@@ -1,0 +1,373 @@
+package daemon
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/deviceplugin"
+	"github.com/fusiond/fusiond/daemon/internal/hardware"
+	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
+)
+
+// KubernetesConfig makes fusiond a kubelet device plugin (off by default;
+// docs/kubernetes.md): kubelet's pods get this host's GPUs, MIG instances,
+// GPU shares and FPGA regions from the same ledger as fusiond's jobs.
+type KubernetesConfig struct {
+	// DevicePlugin serves the devices to kubelet.
+	DevicePlugin bool `json:"device_plugin"`
+	// ResourcePrefix is the extended resources' domain
+	// (fusiond.io/gpu-h200).
+	ResourcePrefix string `json:"resource_prefix"`
+	// ShareReplicas is how many device IDs each GPU offers as the shared
+	// resource (<prefix>/gpu-<model>-shared): a pod asking for k of them
+	// gets k/ShareReplicas of one GPU. 0: no shared resources.
+	ShareReplicas int `json:"share_replicas"`
+	// PluginDir is kubelet's device-plugin directory (kubelet.sock).
+	PluginDir string `json:"plugin_dir"`
+	// PodResourcesSocket is kubelet's pod-resources API.
+	PodResourcesSocket string `json:"pod_resources_socket"`
+	// ReconcileInterval is how often the holds are compared with the
+	// pods kubelet reports; ReleaseGrace how long a hold may be missing
+	// from them before its devices are given back.
+	ReconcileInterval Duration `json:"reconcile_interval"`
+	ReleaseGrace      Duration `json:"release_grace"`
+	// FeaturesFile is node-feature-discovery's local features file; ""
+	// writes none.
+	FeaturesFile string `json:"features_file"`
+	// MaxHolds caps the pods' device holds held at once (0: no limit).
+	MaxHolds int `json:"max_holds"`
+	// CDIKind, when set ("nvidia.com/gpu"), also names each GPU and MIG
+	// instance to the runtime as a CDI device (<kind>=<UUID>), for
+	// runtimes with CDI specs for them.
+	CDIKind string `json:"cdi_kind,omitempty"`
+}
+
+// DefaultKubernetesConfig is the kubernetes section's defaults.
+func DefaultKubernetesConfig() KubernetesConfig {
+	return KubernetesConfig{
+		ResourcePrefix:     "fusiond.io",
+		PluginDir:          "/var/lib/kubelet/device-plugins",
+		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
+		ReconcileInterval:  Duration(10 * time.Second),
+		ReleaseGrace:       Duration(time.Minute),
+		FeaturesFile:       "/etc/kubernetes/node-feature-discovery/features.d/fusiond",
+		MaxHolds:           1024,
+	}
+}
+
+func (k KubernetesConfig) validate() (string, error) {
+	switch {
+	case !dnsSubdomain(k.ResourcePrefix):
+		return "kubernetes.resource_prefix", fmt.Errorf("want a DNS subdomain such as fusiond.io, got %q", k.ResourcePrefix)
+	case k.ShareReplicas < 0 || k.ShareReplicas > 1000:
+		return "kubernetes.share_replicas", fmt.Errorf("between 0 (no shared resources) and 1000, got %d", k.ShareReplicas)
+	case k.ShareReplicas == 1:
+		return "kubernetes.share_replicas", errors.New("1 replica is a whole GPU: use 0 (no shared resources) or 2 and more")
+	case !filepath.IsAbs(k.PluginDir):
+		return "kubernetes.plugin_dir", fmt.Errorf("want an absolute path, got %q", k.PluginDir)
+	case !filepath.IsAbs(k.PodResourcesSocket) || len(k.PodResourcesSocket) > 107:
+		return "kubernetes.pod_resources_socket", fmt.Errorf("want an absolute socket path of at most 107 bytes, got %q", k.PodResourcesSocket)
+	case k.ReconcileInterval < Duration(100*time.Millisecond):
+		return "kubernetes.reconcile_interval", errors.New("at least 100ms")
+	case k.ReleaseGrace < k.ReconcileInterval:
+		return "kubernetes.release_grace", fmt.Errorf("at least kubernetes.reconcile_interval (%s)", time.Duration(k.ReconcileInterval))
+	case k.FeaturesFile != "" && !filepath.IsAbs(k.FeaturesFile):
+		return "kubernetes.features_file", fmt.Errorf("want an absolute path or \"\", got %q", k.FeaturesFile)
+	case k.MaxHolds < 0:
+		return "kubernetes.max_holds", errors.New("must not be negative")
+	case k.CDIKind != "" && !cdiKind(k.CDIKind):
+		return "kubernetes.cdi_kind", fmt.Errorf("want vendor/class such as nvidia.com/gpu, got %q", k.CDIKind)
+	}
+	return "", nil
+}
+
+// dnsSubdomain reports whether s is a DNS subdomain (RFC 1123), as an
+// extended resource's prefix must be.
+func dnsSubdomain(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// cdiKind reports whether s is a CDI device kind: vendor/class.
+func cdiKind(s string) bool {
+	vendor, class, ok := strings.Cut(s, "/")
+	if !ok || !dnsSubdomain(vendor) || class == "" || len(class) > 63 {
+		return false
+	}
+	for _, r := range class {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// podOptions are the placer's part of the section: how devices are named
+// and offered; FPGA resources are the bitstream library's entries.
+func (k KubernetesConfig) podOptions(h *hardware.Host, log *slog.Logger) *hostplacer.PodOptions {
+	if !k.DevicePlugin {
+		return nil
+	}
+	o := &hostplacer.PodOptions{Prefix: k.ResourcePrefix, ShareReplicas: k.ShareReplicas}
+	if lib := h.Library(); lib != nil {
+		o.Bitstreams = func() []hostplacer.PodBitstream {
+			bs, err := lib.List()
+			if err != nil {
+				log.Warn("bitstream library unreadable: no FPGA resources for kubelet", "err", err)
+				return nil
+			}
+			out := make([]hostplacer.PodBitstream, len(bs))
+			for i, b := range bs {
+				out[i] = hostplacer.PodBitstream{Name: b.Name, ID: b.ID}
+			}
+			return out
+		}
+	}
+	return o
+}
+
+// podPool is the daemon as the device plugin sees it (deviceplugin.Pool):
+// the placer's resources and choices, the job manager's admission and
+// holds.
+type podPool struct {
+	mgr    *jobs.Manager
+	placer *hostplacer.Placer
+	cdi    string
+	// features computes the node features (nodeFeatures over the host).
+	features func() map[string]string
+	log      *slog.Logger
+
+	mu sync.Mutex
+	// preferred keeps the recent GetPreferredAllocation answers (by
+	// resource and the IDs chosen) with their explanations, so the hold
+	// kubelet then allocates on them records why they were chosen.
+	preferred map[string]preference
+}
+
+type preference struct {
+	explain string
+	at      time.Time
+}
+
+// preferenceTTL is how long a preference waits for kubelet's Allocate.
+const preferenceTTL = 5 * time.Minute
+
+var _ deviceplugin.Pool = (*podPool)(nil)
+
+func preferenceKey(resource string, ids []string) string {
+	s := slices.Clone(ids)
+	slices.Sort(s)
+	return resource + "\x00" + strings.Join(s, ",")
+}
+
+func (p *podPool) Resources() []deviceplugin.Resource {
+	var out []deviceplugin.Resource
+	for _, r := range p.placer.PodResources() {
+		res := deviceplugin.Resource{Name: r.Name, Devices: make([]deviceplugin.Device, len(r.Devices))}
+		for i, d := range r.Devices {
+			res.Devices[i] = deviceplugin.Device{ID: d.ID, Healthy: d.Healthy, NUMA: d.NUMA}
+		}
+		out = append(out, res)
+	}
+	return out
+}
+
+// Watch calls fn after every job event (a job placed or ended changes
+// what pods may have) and every device event, and every
+// watchPoll besides: an inventory change (a MIG layout applied) reaches
+// the placer after the driver's event, and the plugin sends kubelet only
+// what changed.
+func (p *podPool) Watch(fn func()) (cancel func()) {
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(watchPoll)
+		defer t.Stop()
+		for {
+			events, unsubscribe := p.mgr.Subscribe(api.Caller{Admin: true}, "")
+			for open := true; open; {
+				select {
+				case <-ctx.Done():
+					unsubscribe()
+					return
+				case _, open = <-events:
+				case <-t.C:
+				}
+				fn()
+			}
+			// Dropped as a slow subscriber: subscribe again.
+			unsubscribe()
+		}
+	}()
+	return func() { stop(); <-done }
+}
+
+// watchPoll is how often Watch calls its function without an event.
+const watchPoll = 2 * time.Second
+
+func (p *podPool) Prefer(resource string, available, mustInclude []string, size int) ([]string, error) {
+	ids, explain, err := p.placer.PreferPod(resource, available, mustInclude, size)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	p.mu.Lock()
+	if p.preferred == nil {
+		p.preferred = map[string]preference{}
+	}
+	for k, v := range p.preferred {
+		if now.Sub(v.at) > preferenceTTL {
+			delete(p.preferred, k)
+		}
+	}
+	p.preferred[preferenceKey(resource, ids)] = preference{explain: explain, at: now}
+	p.mu.Unlock()
+	p.log.Debug("kubelet asked for a preferred allocation", "resource", resource, "size", size, "available", len(available), "chosen", ids)
+	return ids, nil
+}
+
+func (p *podPool) Allocate(ctx context.Context, resource string, ids []string) (deviceplugin.Allocation, error) {
+	key := preferenceKey(resource, ids)
+	p.mu.Lock()
+	pref, ok := p.preferred[key]
+	delete(p.preferred, key)
+	p.mu.Unlock()
+	explain := "kubelet chose these devices itself (it asked for no preference)"
+	if ok {
+		explain = "kubelet took fusiond's preferred devices: " + pref.explain
+	}
+	j, grant, err := p.mgr.AdmitPod(ctx, api.PodHold{Resource: resource, Devices: ids}, explain)
+	if err != nil {
+		return deviceplugin.Allocation{}, err
+	}
+	out := deviceplugin.Allocation{Hold: j.ID, Env: grant.Env, Nodes: grant.Nodes}
+	if p.cdi != "" && j.Allocation != nil {
+		for _, id := range cdiDevices(j.Allocation) {
+			out.CDI = append(out.CDI, p.cdi+"="+id)
+		}
+	}
+	return out, nil
+}
+
+// cdiDevices names what a hold's allocation holds as CDI device names
+// name: GPU UUIDs, a share's GPU, a MIG instance's UUID.
+func cdiDevices(a *api.Allocation) []string {
+	out := slices.Clone(a.GPUs)
+	if s := a.GPUShare; s != nil {
+		out = append(out, s.GPU)
+	}
+	if m := a.MIG; m != nil && m.Instance != "" {
+		out = append(out, m.Instance)
+	}
+	return out
+}
+
+func (p *podPool) Holds() []deviceplugin.Hold {
+	js := p.mgr.PodHolds()
+	out := make([]deviceplugin.Hold, len(js))
+	for i, j := range js {
+		out[i] = deviceplugin.Hold{ID: j.ID, Resource: j.Spec.Pod.Resource, Devices: slices.Clone(j.Spec.Pod.Devices), Pod: j.Pod, Created: cmp.Or(ptrTime(j.StartedAt), j.CreatedAt)}
+	}
+	return out
+}
+
+func ptrTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
+func (p *podPool) Bind(id string, pod api.PodRef) error { return p.mgr.BindPod(id, pod) }
+
+func (p *podPool) Release(id, why string) error { return p.mgr.ReleasePod(id, why) }
+
+func (p *podPool) Features() map[string]string { return p.features() }
+
+// nodeFeatures are the host's features for node-feature-discovery: the
+// placer's (GPU models and counts, GPUs in MIG mode, FPGA regions and the
+// bitstreams they hold), and what the daemon knows besides: NUMA nodes,
+// whether any GPU can run MIG, whether the latency probes run, and
+// fusiond's version.
+func nodeFeatures(placer *hostplacer.Placer, hw *hardware.Host, probes func() bool, version string) func() map[string]string {
+	return func() map[string]string {
+		out := placer.PodFeatures()
+		if out == nil {
+			out = map[string]string{}
+		}
+		if topo := hw.Topology(); topo != nil {
+			out["numa.nodes"] = strconv.Itoa(len(topo.Nodes))
+		}
+		if g := hw.GPUs(); g != nil {
+			capable := false
+			for _, gpu := range g.GPUs() {
+				capable = capable || gpu.MIGCapable
+			}
+			out["gpu.mig.capable"] = strconv.FormatBool(capable)
+		}
+		out["qos.probes"] = strconv.FormatBool(probes())
+		out["version"] = version
+		return out
+	}
+}
+
+// newDevicePlugin builds the kubelet device plugin over the daemon's
+// manager and placer (nil when kubernetes.device_plugin is off).
+func newDevicePlugin(k KubernetesConfig, mgr *jobs.Manager, placer *hostplacer.Placer, hw *hardware.Host, probes func() bool, version string, log *slog.Logger) (*deviceplugin.Plugin, error) {
+	if !k.DevicePlugin {
+		return nil, nil
+	}
+	log = log.With("part", "device-plugin")
+	pool := &podPool{mgr: mgr, placer: placer, cdi: k.CDIKind, features: nodeFeatures(placer, hw, probes, version), log: log}
+	p, err := deviceplugin.New(pool, deviceplugin.Config{
+		Dir:          k.PluginDir,
+		PodResources: k.PodResourcesSocket,
+		Reconcile:    time.Duration(k.ReconcileInterval),
+		Grace:        time.Duration(k.ReleaseGrace),
+		FeaturesFile: k.FeaturesFile,
+		Logger:       log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	return p, nil
+}
+
+// kubernetesStatus is the device plugin's part of fusionctl status (nil
+// when it does not run).
+func kubernetesStatus(p *deviceplugin.Plugin, mgr *jobs.Manager) *api.KubernetesStatus {
+	if p == nil {
+		return nil
+	}
+	s := p.Stats()
+	lat := func(l deviceplugin.Latency) api.CallLatency {
+		return api.CallLatency{Count: l.Count, Errors: l.Errors, P50: l.P50, P99: l.P99, Max: l.Max}
+	}
+	return &api.KubernetesStatus{Resources: s.Resources, Registered: s.Registered, Registrations: s.Registrations,
+		PodResources: s.PodResourcesUp, Holds: len(mgr.PodHolds()), Binds: s.Binds, Releases: s.Releases,
+		Allocate: lat(s.Allocate), Preferred: lat(s.Preferred)}
+}
