@@ -341,15 +341,15 @@ func newDevicePlugin(k KubernetesConfig, mgr *jobs.Manager, placer *hostplacer.P
 	if !k.DevicePlugin {
 		return nil, nil
 	}
-	log = log.With("part", "device-plugin")
 	pool := &podPool{mgr: mgr, placer: placer, cdi: k.CDIKind, features: nodeFeatures(placer, hw, probes, version), log: log}
 	p, err := deviceplugin.New(pool, deviceplugin.Config{
-		Dir:          k.PluginDir,
-		PodResources: k.PodResourcesSocket,
-		Reconcile:    time.Duration(k.ReconcileInterval),
-		Grace:        time.Duration(k.ReleaseGrace),
-		FeaturesFile: k.FeaturesFile,
-		Logger:       log,
+		Dir:           k.PluginDir,
+		PodResources:  k.PodResourcesSocket,
+		Reconcile:     time.Duration(k.ReconcileInterval),
+		Grace:         time.Duration(k.ReleaseGrace),
+		FeaturesFile:  k.FeaturesFile,
+		FeaturePrefix: k.ResourcePrefix + "/",
+		Logger:        log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)

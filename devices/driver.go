@@ -97,8 +97,12 @@ type MIG struct {
 	// Slots is the number of placement slots (NVIDIA's memory slots).
 	Slots int `json:"slots"`
 	// Profiles maps each supported profile to the slots an instance takes.
-	Profiles  map[string]int `json:"profiles"`
-	Instances []MIGInstance  `json:"instances,omitempty"`
+	Profiles map[string]int `json:"profiles"`
+	// Starts maps a profile to the slots an instance of it may start at
+	// (NVIDIA's placements: a 1g instance at 0..6 of 8 memory slots); a
+	// profile not in it may start at any multiple of its slots.
+	Starts    map[string][]int `json:"starts,omitempty"`
+	Instances []MIGInstance    `json:"instances,omitempty"`
 }
 
 // MIGInstance is an existing MIG instance.

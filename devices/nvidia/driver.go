@@ -116,9 +116,10 @@ func (d *Driver) Inventory(ctx context.Context) (devices.Inventory, error) {
 		if g.MIGEnabled {
 			// MIG GPUs are modelled in memory slots, the unit NVIDIA
 			// places instances in (a 3g instance takes 4 of 8).
-			m := &devices.MIG{Slots: MemorySlots, Profiles: map[string]int{}}
+			m := &devices.MIG{Slots: MemorySlots, Profiles: map[string]int{}, Starts: map[string][]int{}}
 			for _, p := range g.Profiles {
 				m.Profiles[p.Name] = p.MemSlots
+				m.Starts[p.Name] = p.Starts()
 			}
 			for _, gs := range state.GPUs {
 				if gs.UUID != g.UUID {

@@ -105,14 +105,17 @@ func CheckSimulate(name string) error {
 // Host is the assembled hardware view. Its accessors are safe for
 // concurrent use.
 type Host struct {
-	cfg     Config
-	log     *slog.Logger
-	topo    *topology.Watcher
-	gpus    *nvidia.Manager
-	gpuSim  *nvidia.SimHost
-	fpgas   *fpga.Manager
-	fpgaSim *fpgasim.Host
-	lib     *bitstream.Library
+	cfg    Config
+	log    *slog.Logger
+	topo   *topology.Watcher
+	gpus   *nvidia.Manager
+	gpuSim *nvidia.SimHost
+	// simMIGChanges signals a MIG layout change of the simulated GPUs,
+	// to be saved (simmig.go); nil on a real host.
+	simMIGChanges <-chan struct{}
+	fpgas         *fpga.Manager
+	fpgaSim       *fpgasim.Host
+	lib           *bitstream.Library
 	// drivers are the device drivers, GPU driver first when present,
 	// then FPGA; gpuDrv and fpgaDrv are the same drivers, typed, for the
 	// API's kind-specific routes.
@@ -177,7 +180,7 @@ func Open(ctx context.Context, cfg Config, log *slog.Logger) (*Host, error) {
 			h.Close()
 		}
 	}()
-	if err := h.openGPUs(); err != nil {
+	if err := h.openGPUs(ctx); err != nil {
 		return nil, err
 	}
 	if err := h.openTopology(ctx); err != nil {
@@ -198,7 +201,7 @@ func (h *Host) simDir(name string) string { return filepath.Join(h.cfg.StateDir,
 
 func (h *Host) live(path string) string { return filepath.Join(h.cfg.Root, path) }
 
-func (h *Host) openGPUs() error {
+func (h *Host) openGPUs(ctx context.Context) error {
 	opts := []nvidia.Option{nvidia.WithLogger(h.log.With("component", "nvidia")), nvidia.WithProbation(h.cfg.HealthProbation)}
 	if h.cfg.Simulate != "" {
 		sim, err := nvidia.NewSimHost(h.cfg.Simulate)
@@ -225,6 +228,14 @@ func (h *Host) openGPUs() error {
 		return nil
 	}
 	h.gpus = m
+	if h.gpuSim != nil {
+		if err := restoreSimMIG(ctx, m, h.simDir(simMIGFile)); err != nil {
+			return fmt.Errorf("simulated GPUs: %w", err)
+		}
+		notify, changes := simMIGChanges()
+		h.unsubs = append(h.unsubs, m.Subscribe(notify))
+		h.simMIGChanges = changes
+	}
 	h.gpuDrv = nvidia.NewDriver(m, h.log.With("component", "nvidia"),
 		nvidia.DriverOptions{SampleInterval: h.cfg.SampleInterval, HealthProbe: h.cfg.HealthProbe})
 	h.drivers = append(h.drivers, h.gpuDrv)
@@ -470,6 +481,9 @@ func (h *Host) start() {
 				h.log.Error(name+" stopped", "err", err)
 			}
 		}()
+	}
+	if h.simMIGChanges != nil {
+		run("simulated MIG layout", func(ctx context.Context) error { return h.keepSimMIG(ctx, h.simMIGChanges) })
 	}
 	// The drivers' own work (GPU telemetry and health watch); what it
 	// finds reaches noteUpdate through the drivers' updates.

@@ -17,6 +17,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	fpgasim "github.com/fusiond/fusiond/devices/fpga/simhost"
+	"github.com/fusiond/fusiond/devices/nvidia"
 	"github.com/fusiond/fusiond/topology"
 	toposim "github.com/fusiond/fusiond/topology/simhost"
 )
@@ -328,5 +329,43 @@ func BenchmarkDevices(b *testing.B) {
 		if len(h.Devices(context.Background())) != 12 {
 			b.Fatal("want 12 devices")
 		}
+	}
+}
+
+// A simulated host keeps its GPUs' MIG layout across a restart, as a real
+// GPU's driver does: MIG mode and instances are there again when the next
+// daemon opens it.
+func TestSimulatedMIGLayoutSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	h := openSimTrees(t, dir, "-")
+	g := h.GPUs().GPUs()[7]
+	actions := []nvidia.Action{{Kind: nvidia.SetMIGMode, GPU: 7, GPUUUID: g.UUID, Enable: true},
+		{Kind: nvidia.CreateInstance, GPU: 7, GPUUUID: g.UUID, Profile: "3g.71gb", Start: 4}}
+	if err := h.GPUs().Apply(context.Background(), actions, nvidia.Busy{}); err != nil {
+		t.Fatal(err)
+	}
+	saved := filepath.Join(dir, "sim", "gpu-mig.json")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if data, err := os.ReadFile(saved); err == nil && strings.Contains(string(data), "3g.71gb") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the MIG layout was not saved to %s", saved)
+		}
+	}
+	h.Close()
+
+	h = openSimTrees(t, dir, "-")
+	st, err := h.GPUs().State(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := st.GPUs[7]
+	if !got.MIGEnabled || len(got.Instances) != 1 || got.Instances[0].Profile != "3g.71gb" || got.Instances[0].Start != 4 {
+		t.Errorf("after a restart GPU 7 is %+v, want MIG mode with a 3g.71gb instance at slot 4", got)
+	}
+	if st.GPUs[0].MIGEnabled {
+		t.Error("GPU 0 came back in MIG mode")
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/sched"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // Pods. Kubelet sees this host's devices as the extended resources of
@@ -28,9 +29,10 @@ import (
 //     counts every GPU of the host, its allocatable the ones a pod can
 //     have whole.
 //   - mig-<profile> (mig-1g.18gb): one MIG instance of the profile, by
-//     "<gpu uuid>:<profile>:<start>" for every slot the engine places such
-//     an instance on (starts at multiples of its slots). Held where no
-//     instance exists yet, it is created on demand (the driver's Prepare).
+//     "<gpu uuid>:<profile>:<start>" for every slot such an instance may
+//     start at (the driver's placements, else multiples of its slots).
+//     Held where no instance exists yet, it is created on demand (the
+//     driver's Prepare).
 //   - gpu-<model>-shared, with PodOptions.ShareReplicas N > 0: N IDs per
 //     GPU, "<gpu uuid>:share:<i>". k IDs of one GPU are a share of
 //     k·1000/N milli-GPU capped at k/N of its memory; all N of one GPU
@@ -231,9 +233,7 @@ func (p *Placer) podCatalog() map[string]*podRes {
 				if r == nil {
 					continue
 				}
-				// The engine's rule (sched migOptions): starts at
-				// multiples of the instance's slots.
-				for start := 0; start+slots <= m.Slots; start += slots {
+				for _, start := range migStarts(m, profile, slots) {
 					r.devs[migID(g.ID, profile, start)] = podDev{gpu: gi, start: start, region: -1}
 				}
 			}
@@ -904,6 +904,20 @@ func (p *Placer) PodFeatures() map[string]string {
 				out["fpga.bitstream."+name] = strconv.Itoa(n)
 			}
 		}
+	}
+	return out
+}
+
+// migStarts are the slots an instance of profile (slots wide) may start
+// at on m: the driver's placements where it names them, else the
+// engine's rule (sched migOptions), multiples of the instance's slots.
+func migStarts(m *devices.MIG, profile string, slots int) []int {
+	if starts, ok := m.Starts[profile]; ok {
+		return slices.DeleteFunc(slices.Clone(starts), func(s int) bool { return s < 0 || s+slots > m.Slots })
+	}
+	var out []int
+	for start := 0; start+slots <= m.Slots; start += slots {
+		out = append(out, start)
 	}
 	return out
 }

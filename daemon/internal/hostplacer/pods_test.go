@@ -624,3 +624,26 @@ func TestPodFeatures(t *testing.T) {
 		t.Errorf("a host of two models, some GPUs in MIG mode: %v", got)
 	}
 }
+
+// MIG IDs follow the driver's placements where it names them: a 1g
+// instance of an H200 starts at slots 0..6 of 8, never at 7.
+func TestPodMIGStartsFollowTheDriver(t *testing.T) {
+	hw := migHost()
+	hw.GPUs[7].MIG.Slots = 8
+	hw.GPUs[7].MIG.Starts = map[string][]int{"1g.18gb": {0, 1, 2, 3, 4, 5, 6}, "3g.71gb": {0, 4}}
+	p := New(hw, Options{Pods: &PodOptions{}})
+	var got []string
+	for _, r := range p.PodResources() {
+		if r.Name == "fusiond.io/mig-1g.18gb" {
+			for _, d := range r.Devices {
+				got = append(got, d.ID)
+			}
+		}
+	}
+	if len(got) != 7 || slices.Contains(got, "GPU-h:1g.18gb:7") {
+		t.Errorf("1g.18gb IDs %v, want starts 0..6", got)
+	}
+	if _, err := p.PodSpec(api.PodHold{Resource: "fusiond.io/mig-1g.18gb", Devices: []string{"GPU-h:1g.18gb:7"}}); err == nil {
+		t.Error("a 1g instance at slot 7 is offered")
+	}
+}

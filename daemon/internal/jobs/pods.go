@@ -39,8 +39,9 @@ type PodPlacer interface {
 const LimitPodHolds = "kubernetes.max_holds"
 
 // kubelet is who a pod's device hold is admitted for: kubelet runs as
-// root, and a hold runs nothing as anyone.
-var kubelet = api.Caller{UID: 0, GID: 0, User: "root"}
+// root (its records go to the admins' audit file, never rate-limited),
+// and a hold runs nothing as anyone.
+var kubelet = api.Caller{UID: 0, GID: 0, User: "root", Admin: true}
 
 // PodEntry is what Admit needs besides the spec for kubelet's
 // allocation (Entry.Pod), and where it leaves the devices' grant.

@@ -45,6 +45,9 @@ type Record struct {
 	// are the schema-1 bytes above, so adding them needed no migration.
 	Handover *api.Handover   `json:"handover,omitempty"`
 	Origin   *api.Provenance `json:"origin,omitempty"`
+	// Pod, on a pod's device hold, is the pod it was bound to; optional
+	// like Handover, so it needed no migration either.
+	Pod *api.PodRef `json:"pod,omitempty"`
 }
 
 // recordOf is the record of j, converted at the store's boundary.
@@ -54,7 +57,7 @@ func recordOf(j api.Job) Record {
 		Attempt: j.Attempt, Allocation: j.Allocation, Exit: j.Exit, PID: j.PID, Events: j.Events,
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Version: j.Version,
 		Usage: j.Usage, Degraded: j.Degraded, Handover: j.Handover, Origin: j.Origin,
-		PreemptedBy: j.PreemptedBy, Preemptions: j.Preemptions,
+		PreemptedBy: j.PreemptedBy, Preemptions: j.Preemptions, Pod: j.Pod,
 	}
 }
 
@@ -65,6 +68,6 @@ func (r Record) Job() api.Job {
 		Attempt: r.Attempt, Allocation: r.Allocation, Exit: r.Exit, PID: r.PID, Events: r.Events,
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Version: r.Version,
 		Usage: r.Usage, Degraded: r.Degraded, Handover: r.Handover, Origin: r.Origin,
-		PreemptedBy: r.PreemptedBy, Preemptions: r.Preemptions,
+		PreemptedBy: r.PreemptedBy, Preemptions: r.Preemptions, Pod: r.Pod,
 	}
 }

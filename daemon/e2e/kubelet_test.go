@@ -1,0 +1,414 @@
+//go:build kubelet
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// The resources fusiond offers on the simulated dgxh200 host.
+const (
+	h200Res = "fusiond.io/gpu-h200-141gb-hbm3e"
+	migRes  = "fusiond.io/mig-1g.18gb"
+)
+
+// pluginDaemon starts fusiond on the simulated dgxh200 host as kubelet's
+// device plugin, with short reconcile and probation times, and waits
+// until kubelet lists its eight GPUs as allocatable.
+func pluginDaemon(t *testing.T) (*daemon, string) {
+	t.Helper()
+	dir := publicTempDir(t)
+	features := filepath.Join(dir, "features.d", "fusiond")
+	d := newDaemon(t, dir, fmt.Sprintf(`simulate: dgxh200
+gpu: {health_probation: 2s, health_probe: 300ms}
+kubernetes:
+  device_plugin: true
+  reconcile_interval: 300ms
+  release_grace: 2s
+  features_file: %s
+`, features))
+	d.start()
+	t.Cleanup(func() { // before start's own cleanup stops it
+		if t.Failed() {
+			t.Logf("fusiond's log:\n%s", d.log)
+		}
+	})
+	waitAllocatable(t, h200Res, func(ids []string) bool { return len(ids) == 8 }, "8 GPUs")
+	return d, features
+}
+
+// allocatable is kubelet's allocatable devices of resource (its
+// pod-resources GetAllocatableResources: the healthy devices of registered
+// plugins).
+func allocatable(t *testing.T, resource string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := podResources(t).GetAllocatableResources(ctx, &podresourcesv1.AllocatableResourcesRequest{})
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	for _, d := range resp.GetDevices() {
+		if d.GetResourceName() == resource {
+			ids = append(ids, d.GetDeviceIds()...)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// waitAllocatable waits until kubelet's allocatable devices of resource
+// satisfy ok.
+func waitAllocatable(t *testing.T, resource string, ok func([]string) bool, what string) []string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ids := allocatable(t, resource)
+		if ok(ids) {
+			return ids
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kubelet's allocatable %s: %v, want %s", resource, ids, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// podDevices is what kubelet's pod-resources List says pod (manifest
+// name) holds of resource.
+func podDevices(t *testing.T, name, resource string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := podResources(t).List(ctx, &podresourcesv1.ListPodResourcesRequest{})
+	if err != nil {
+		t.Fatalf("pod-resources List: %v", err)
+	}
+	var ids []string
+	for _, p := range resp.GetPodResources() {
+		if p.GetName() != podName(name) {
+			continue
+		}
+		for _, c := range p.GetContainers() {
+			for _, d := range c.GetDevices() {
+				if d.GetResourceName() == resource {
+					ids = append(ids, d.GetDeviceIds()...)
+				}
+			}
+		}
+	}
+	return ids
+}
+
+// visibleDevices waits for the NVIDIA_VISIBLE_DEVICES a pod printed.
+func visibleDevices(t *testing.T, name string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, line := range strings.Split(podLog(t, "default", name, "main"), "\n") {
+			if v, ok := strings.CutPrefix(line, "VISIBLE="); ok {
+				return v
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod %s printed no VISIBLE= line:\n%s", name, podLog(t, "default", name, "main"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// gpuPod is a pod printing the devices it was given, then sleeping.
+func gpuPod(name, resource string, n int) string {
+	return busyboxPod(name, "echo VISIBLE=$NVIDIA_VISIBLE_DEVICES; echo CUDA=$CUDA_VISIBLE_DEVICES; exec sleep 3600",
+		map[string]string{resource: strconv.Itoa(n)})
+}
+
+// holds are fusiond's running pods' holds by the devices they hold.
+func holds(t *testing.T, c *api.Client) map[string]api.Job {
+	t.Helper()
+	js, err := c.List(context.Background(), api.ListOptions{State: []api.State{api.StateRunning}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]api.Job{}
+	for _, j := range js {
+		if j.Spec.Pod != nil {
+			out[strings.Join(j.Spec.Pod.Devices, ",")] = j
+		}
+	}
+	return out
+}
+
+// waitBound waits until the hold of devices names the pod (manifest name)
+// with its UID.
+func waitBound(t *testing.T, c *api.Client, devices, name, uid string) api.Job {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		j, ok := holds(t, c)[devices]
+		if ok && j.Pod != nil && j.Pod.Name == podName(name) && j.Pod.Namespace == "default" && j.Pod.Container == "main" && j.Pod.UID == uid {
+			return j
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no hold of %s bound to pod %s (uid %s): %+v", devices, podName(name), uid, holds(t, c))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestKubeletDevicePlugin runs fusiond as the device plugin of a real
+// kubelet on the simulated dgxh200 host: pods get the GPUs fusiond chose,
+// pods and fusiond's jobs never share one, a GPU in probation leaves
+// kubelet's allocatable and comes back, a MIG pod gets an instance created
+// on demand, and neither a kubelet nor a fusiond restart leaks or loses a
+// device.
+func TestKubeletDevicePlugin(t *testing.T) {
+	cd := startContainerd(t)
+	k := startKubelet(t, cd, kubeletOptions{})
+	d, features := pluginDaemon(t)
+	c := d.client()
+	ctx := context.Background()
+	ok := func(args ...string) string {
+		t.Helper()
+		r := d.ctl(nil, "", args...)
+		if r.code != 0 {
+			t.Fatalf("fusionctl %v: exit %d: %s%s", args, r.code, r.stdout, r.stderr)
+		}
+		return r.stdout
+	}
+	gpus, err := c.GPUs(ctx)
+	if err != nil || len(gpus.GPUs) != 8 {
+		t.Fatalf("gpus: %v %d", err, len(gpus.GPUs))
+	}
+	index := map[string]int{}
+	for _, g := range gpus.GPUs {
+		index[g.UUID] = g.Index
+	}
+
+	// GPU 7 in MIG mode, no instances: it leaves the whole GPUs and
+	// offers MIG slots.
+	layout := filepath.Join(t.TempDir(), "mig.yaml")
+	if err := os.WriteFile(layout, []byte("version: v1\nmig-configs:\n  seven:\n    - devices: [7]\n      mig-enabled: true\n      mig-devices: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ok("mig", "apply", "-f", layout, "-c", "seven")
+	whole := waitAllocatable(t, h200Res, func(ids []string) bool { return len(ids) == 7 }, "7 whole GPUs (GPU 7 in MIG mode)")
+	if slices.Contains(whole, gpus.GPUs[7].UUID) {
+		t.Fatalf("GPU 7 in MIG mode is allocatable whole: %v", whole)
+	}
+	waitAllocatable(t, migRes, func(ids []string) bool { return len(ids) == 7 }, "7 slots of 1g.18gb")
+
+	// Pod a: one whole GPU, the one fusiond chose and kubelet allocated.
+	writeStaticPod(t, k, "a", gpuPod("a", h200Res, 1))
+	podA := waitPodRunning(t, k, "default", "a", time.Minute)
+	devA := podDevices(t, "a", h200Res)
+	if len(devA) != 1 {
+		t.Fatalf("pod a holds %v of %s", devA, h200Res)
+	}
+	if got := visibleDevices(t, "a"); got != devA[0] {
+		t.Errorf("pod a sees NVIDIA_VISIBLE_DEVICES=%q, kubelet allocated %s", got, devA[0])
+	}
+	holdA := waitBound(t, c, devA[0], "a", podA.Metadata.UID)
+	if holdA.Allocation == nil || !slices.Equal(holdA.Allocation.GPUs, devA) || !strings.Contains(holdA.Allocation.Explain, "fusiond's preferred") {
+		t.Errorf("pod a's hold: allocation %+v; want the GPU kubelet gave, chosen by fusiond", holdA.Allocation)
+	}
+
+	// Pod b and a fusiond job: three different GPUs.
+	writeStaticPod(t, k, "b", gpuPod("b", h200Res, 1))
+	podB := waitPodRunning(t, k, "default", "b", time.Minute)
+	devB := podDevices(t, "b", h200Res)
+	job, err := c.Submit(ctx, api.JobSpec{Name: "trainer", Class: api.ClassTraining, Command: []string{"sleep", "600"},
+		Resources: api.Resources{CPU: 100, Memory: 16 << 20, GPU: &api.GPURequest{Count: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job = waitFor(t, c, job.ID, api.StateRunning)
+	used := []string{devA[0], devB[0], job.Allocation.GPUs[0]}
+	if len(devB) != 1 || used[0] == used[1] || used[0] == used[2] || used[1] == used[2] {
+		t.Fatalf("pod a %v, pod b %v and job %s share a GPU", devA, devB, job.Allocation.GPUs)
+	}
+	waitBound(t, c, devB[0], "b", podB.Metadata.UID)
+	// The job's GPU leaves kubelet's allocatable; the pods' stay in it.
+	waitAllocatable(t, h200Res, func(ids []string) bool {
+		return len(ids) == 6 && !slices.Contains(ids, used[2]) && slices.Contains(ids, used[0]) && slices.Contains(ids, used[1])
+	}, "6 GPUs: not the job's, the pods' still counted")
+
+	// A GPU put into probation leaves kubelet's allocatable and comes
+	// back after it.
+	var free string
+	for _, id := range whole {
+		if !slices.Contains(used, id) {
+			free = id
+			break
+		}
+	}
+	ok("gpu", "fault", strconv.Itoa(index[free]), "--xid", "79", "--lost")
+	waitAllocatable(t, h200Res, func(ids []string) bool { return len(ids) == 5 && !slices.Contains(ids, free) }, "the faulty GPU gone")
+	ok("gpu", "fault", strconv.Itoa(index[free]), "--reset")
+	waitAllocatable(t, h200Res, func(ids []string) bool { return len(ids) == 6 && slices.Contains(ids, free) }, "the GPU back after probation")
+
+	// A MIG pod: an instance created on demand on GPU 7.
+	writeStaticPod(t, k, "m", gpuPod("m", migRes, 1))
+	podM := waitPodRunning(t, k, "default", "m", time.Minute)
+	devM := podDevices(t, "m", migRes)
+	if len(devM) != 1 || !strings.HasPrefix(devM[0], gpus.GPUs[7].UUID+":1g.18gb:") {
+		t.Fatalf("MIG pod holds %v", devM)
+	}
+	holdM := waitBound(t, c, devM[0], "m", podM.Metadata.UID)
+	mig := holdM.Allocation.MIG
+	if mig == nil || mig.Instance == "" || mig.GPU != gpus.GPUs[7].UUID {
+		t.Fatalf("MIG pod's hold: %+v, want an instance created on GPU 7", holdM.Allocation)
+	}
+	if got := visibleDevices(t, "m"); got != mig.Instance {
+		t.Errorf("MIG pod sees NVIDIA_VISIBLE_DEVICES=%q, want its instance %s", got, mig.Instance)
+	}
+	if l, err := c.GPUs(ctx); err != nil || !slices.ContainsFunc(l.GPUs[7].MIG, func(in api.MIGInstance) bool { return in.UUID == mig.Instance }) {
+		t.Errorf("GPU 7's instances %+v lack the pod's %s (%v)", l.GPUs[7].MIG, mig.Instance, err)
+	}
+
+	before := holds(t, c)
+	if len(before) != 3 {
+		t.Fatalf("%d holds, want 3 (pods a, b, m): %v", len(before), before)
+	}
+	node, err := c.Node(ctx)
+	if err != nil || node.Kubernetes == nil {
+		t.Fatalf("status: %v %+v", err, node.Kubernetes)
+	}
+	regs := node.Kubernetes.Registrations
+
+	// Kubelet restarts: fusiond registers again, the pods keep their
+	// devices, no hold is added or lost.
+	k.Stop()
+	k.Start()
+	for _, p := range []string{"a", "b", "m"} {
+		waitPodRunning(t, k, "default", p, time.Minute)
+	}
+	waitAllocatable(t, h200Res, func(ids []string) bool { return len(ids) == 6 }, "6 GPUs again after kubelet's restart")
+	if n, err := c.Node(ctx); err != nil || n.Kubernetes.Registrations <= regs {
+		t.Errorf("registrations %d after kubelet's restart, %d before (%v)", n.Kubernetes.Registrations, regs, err)
+	}
+	time.Sleep(3 * time.Second) // past release_grace: a lost pod would be released now
+	if after := holds(t, c); !sameHolds(before, after) {
+		t.Errorf("holds after kubelet's restart %v, before %v", keys(after), keys(before))
+	}
+
+	var st api.NodeStatus
+	if err := json.Unmarshal([]byte(ok("status", "-o", "json")), &st); err != nil || st.Kubernetes == nil {
+		t.Fatalf("status: %v", err)
+	}
+	if k := st.Kubernetes; k.Allocate.Count < 3 || k.Holds != 3 || !k.PodResources || k.Registered != k.Resources {
+		t.Errorf("status's device plugin: %+v", k)
+	}
+	t.Logf("device plugin: Allocate p50 %v p99 %v over %d; GetPreferredAllocation p50 %v p99 %v over %d",
+		st.Kubernetes.Allocate.P50, st.Kubernetes.Allocate.P99, st.Kubernetes.Allocate.Count,
+		st.Kubernetes.Preferred.P50, st.Kubernetes.Preferred.P99, st.Kubernetes.Preferred.Count)
+
+	// fusiond restarts (stopping its job): the pods' devices are held
+	// again before anything is placed, GPU 7 keeps its MIG instance, and
+	// a job for the six GPUs that seem free waits: five are (two are the
+	// pods', GPU 7 is in MIG mode).
+	if err := d.stop(syscall.SIGTERM); err != nil {
+		t.Fatalf("fusiond stop: %v\n%s", err, d.log)
+	}
+	d.start()
+	c = d.client()
+	if after := holds(t, c); !sameHolds(before, after) {
+		t.Fatalf("holds after fusiond's restart %v, before %v", keys(after), keys(before))
+	}
+	big, err := c.Submit(ctx, api.JobSpec{Name: "big", Class: api.ClassTraining, Command: []string{"sleep", "600"},
+		Resources: api.Resources{CPU: 100, Memory: 16 << 20, GPU: &api.GPURequest{Count: 6}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if j, _ := c.Get(ctx, big.ID); j.State != api.StatePending {
+		t.Fatalf("a job for 6 GPUs is %s after fusiond's restart: the pods' GPUs were given away", j.State)
+	}
+	if _, err := c.Cancel(ctx, big.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitAllocatable(t, h200Res, func(ids []string) bool { return len(ids) == 7 }, "7 GPUs after fusiond's restart (its job stopped)")
+	if n, err := c.Node(ctx); err != nil || n.Allocated.GPUs < 3 {
+		t.Errorf("after fusiond's restart %d GPUs allocated, want the pods' 3 (%v)", n.Allocated.GPUs, err)
+	}
+
+	// Pod a ends: kubelet frees its GPU, fusiond releases the hold, and
+	// the GPU is allocatable again.
+	removeStaticPod(t, k, "a")
+	waitPodGone(t, k, "default", "a", time.Minute)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		j, err := c.Get(ctx, holdA.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State == api.StateSucceeded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pod a's hold is %s (%s) after the pod ended", j.State, j.Reason)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r := d.ctl(nil, "", "pods")
+	if r.code != 0 || strings.Contains(r.stdout, podName("a")) || !strings.Contains(r.stdout, podName("b")) || !strings.Contains(r.stdout, podB.Metadata.UID) {
+		t.Errorf("fusionctl pods:\n%s%s", r.stdout, r.stderr)
+	}
+
+	// The node features for node-feature-discovery.
+	data, err := os.ReadFile(features)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"fusiond.io/gpu.count=8\n", "fusiond.io/gpu.model=h200-141gb-hbm3e\n", "fusiond.io/gpu.mig.capable=true\n", "fusiond.io/gpu.mig.enabled=1\n"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("features file lacks %q:\n%s", want, data)
+		}
+	}
+
+	// The audit log has every allocation as kubelet's.
+	audit, err := os.ReadFile(filepath.Join(d.dir, "state", "audit.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(audit), `"action":"kubelet.allocate"`); n < 3 {
+		t.Errorf("%d kubelet.allocate audit records, want 3 or more", n)
+	}
+}
+
+func sameHolds(a, b map[string]api.Job) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, j := range a {
+		if o, ok := b[k]; !ok || o.ID != j.ID {
+			return false
+		}
+	}
+	return true
+}
+
+func keys(m map[string]api.Job) []string {
+	var out []string
+	for k, j := range m {
+		out = append(out, j.ID+"="+k)
+	}
+	sort.Strings(out)
+	return out
+}
