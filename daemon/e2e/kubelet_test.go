@@ -28,9 +28,10 @@ const (
 )
 
 // pluginDaemon starts fusiond on the simulated dgxh200 host as kubelet's
-// device plugin, with short reconcile and probation times, and waits
-// until kubelet lists its eight GPUs as allocatable.
-func pluginDaemon(t *testing.T) (*daemon, string) {
+// device plugin, with short reconcile and probation times and the release
+// grace given, and waits until kubelet lists its eight GPUs as
+// allocatable.
+func pluginDaemon(t *testing.T, grace time.Duration) (*daemon, string) {
 	t.Helper()
 	dir := publicTempDir(t)
 	features := filepath.Join(dir, "features.d", "fusiond")
@@ -39,9 +40,9 @@ gpu: {health_probation: 2s, health_probe: 300ms}
 kubernetes:
   device_plugin: true
   reconcile_interval: 300ms
-  release_grace: 2s
+  release_grace: %s
   features_file: %s
-`, features))
+`, grace, features))
 	d.start()
 	t.Cleanup(func() { // before start's own cleanup stops it
 		if t.Failed() {
@@ -181,7 +182,7 @@ func waitBound(t *testing.T, c *api.Client, devices, name, uid string) api.Job {
 func TestKubeletDevicePlugin(t *testing.T) {
 	cd := startContainerd(t)
 	k := startKubelet(t, cd, kubeletOptions{})
-	d, features := pluginDaemon(t)
+	d, features := pluginDaemon(t, 2*time.Second)
 	c := d.client()
 	ctx := context.Background()
 	ok := func(args ...string) string {
@@ -411,4 +412,93 @@ func keys(m map[string]api.Job) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestKubeletPodChurn starts every GPU's pod at once, round after round,
+// each round's pods removed before the next: every round's pods get eight
+// different GPUs, kubelet re-allocates the GPUs of ended pods at once
+// (every round takes all eight, seconds after the last ended, well inside
+// the release grace: their holds are superseded, not waited out), and no
+// hold outlives its pod.
+// It logs the figures docs/kubernetes.md quotes: pods started per minute
+// (from writing the manifests to every pod running) and the plugin's
+// Allocate and GetPreferredAllocation latencies.
+func TestKubeletPodChurn(t *testing.T) {
+	cd := startContainerd(t)
+	k := startKubelet(t, cd, kubeletOptions{})
+	d, _ := pluginDaemon(t, 15*time.Second)
+	c := d.client()
+	ctx := context.Background()
+	const rounds, perRound = 4, 8
+	var starting time.Duration
+	for r := range rounds {
+		names := make([]string, perRound)
+		written := time.Now()
+		for i := range names {
+			names[i] = fmt.Sprintf("churn-%d-%d", r, i)
+			writeStaticPod(t, k, names[i], gpuPod(names[i], h200Res, 1))
+		}
+		seen := map[string]string{}
+		for _, n := range names {
+			waitPodRunning(t, k, "default", n, 2*time.Minute)
+		}
+		starting += time.Since(written)
+		for _, n := range names {
+			ids := podDevices(t, n, h200Res)
+			if len(ids) != 1 {
+				t.Fatalf("round %d: pod %s holds %v", r, n, ids)
+			}
+			if other, dup := seen[ids[0]]; dup {
+				t.Fatalf("round %d: pods %s and %s both hold %s", r, other, n, ids[0])
+			}
+			seen[ids[0]] = n
+			if got := visibleDevices(t, n); got != ids[0] {
+				t.Errorf("round %d: pod %s sees %q, holds %s", r, n, got, ids[0])
+			}
+		}
+		if hs := holds(t, c); len(hs) != perRound {
+			t.Fatalf("round %d: %d holds for %d pods: %v", r, len(hs), perRound, keys(hs))
+		}
+		for _, n := range names {
+			removeStaticPod(t, k, n)
+		}
+		for _, n := range names {
+			waitPodGone(t, k, "default", n, time.Minute)
+		}
+	}
+	// Every hold ends: the last round's after the release grace.
+	deadline := time.Now().Add(30 * time.Second)
+	for len(holds(t, c)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("holds outlive their pods: %v", keys(holds(t, c)))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	js, err := c.List(ctx, api.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended, superseded := 0, 0
+	for _, j := range js {
+		if j.Spec.Pod != nil && j.State == api.StateSucceeded {
+			ended++
+			if strings.Contains(j.Reason, "another container") {
+				superseded++
+			}
+		}
+	}
+	if ended != rounds*perRound || superseded != (rounds-1)*perRound {
+		t.Errorf("%d holds ended, %d of them superseded; want %d, %d (every round but the last superseded by the next)",
+			ended, superseded, rounds*perRound, (rounds-1)*perRound)
+	}
+	n, err := c.Node(ctx)
+	if err != nil || n.Kubernetes == nil {
+		t.Fatalf("status: %v", err)
+	}
+	kst := n.Kubernetes
+	t.Logf("%d pods in %d rounds of %d: %.0f pods started per minute (%v from the manifests to all running, on average a round)",
+		rounds*perRound, rounds, perRound, float64(rounds*perRound)/starting.Minutes(), (starting / rounds).Round(time.Millisecond))
+	t.Logf("Allocate: p50 %v p99 %v max %v over %d calls (%d refused); GetPreferredAllocation: p50 %v p99 %v max %v over %d",
+		kst.Allocate.P50, kst.Allocate.P99, kst.Allocate.Max, kst.Allocate.Count, kst.Allocate.Errors,
+		kst.Preferred.P50, kst.Preferred.P99, kst.Preferred.Max, kst.Preferred.Count)
 }

@@ -21,11 +21,19 @@ import (
 // the GPU resource's socket.
 func served(t *testing.T, pool *fakePool) pluginapi.DevicePluginClient {
 	t.Helper()
+	c, _ := servedPlugin(t, pool)
+	return c
+}
+
+// servedPlugin is served with the plugin, for its Stats.
+func servedPlugin(t *testing.T, pool *fakePool) (pluginapi.DevicePluginClient, *Plugin) {
+	t.Helper()
 	e := newEnv(t, pool)
 	k := startKubelet(t, e.cfg.Dir)
-	e.run(e.plugin())
+	p := e.plugin()
+	e.run(p)
 	eventually(t, "registration", func() bool { return len(k.registrations()) == len(pool.Resources()) })
-	return e.dial("fusiond-gpu-h200.sock")
+	return e.dial("fusiond-gpu-h200.sock"), p
 }
 
 func allocReq(containers ...[]string) *pluginapi.AllocateRequest {
@@ -156,7 +164,7 @@ func TestAllocateBadInput(t *testing.T) {
 
 func TestGetPreferredAllocation(t *testing.T) {
 	pool := newFakePool(gpus(true, true, true, true))
-	c := served(t, pool)
+	c, plugin := servedPlugin(t, pool)
 	req := &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{
 		{AvailableDeviceIDs: []string{"GPU-a", "GPU-b", "GPU-c"}, MustIncludeDeviceIDs: []string{"GPU-c"}, AllocationSize: 2},
 		{AvailableDeviceIDs: []string{"GPU-d"}, AllocationSize: 1},
@@ -178,8 +186,10 @@ func TestGetPreferredAllocation(t *testing.T) {
 		t.Errorf("Prefer calls %+v", calls)
 	}
 
-	// The daemon's refusal keeps its code; a wrong choice is the daemon's
-	// bug, not kubelet's.
+	// The daemon's refusal and a wrong choice (the daemon's bug, not
+	// kubelet's) are no preference: kubelet chooses, and its Allocate is
+	// where the daemon may refuse. The pod never fails for want of a
+	// preference.
 	pool.mu.Lock()
 	pool.prefer = func(_ string, avail, _ []string, _ int) ([]string, error) {
 		if slices.Contains(avail, "GPU-d") {
@@ -188,9 +198,13 @@ func TestGetPreferredAllocation(t *testing.T) {
 		return nil, fmt.Errorf("placement: %w", api.Errorf(api.CodeUnsatisfiable, "no NUMA node has 2 free GPUs"))
 	}
 	pool.mu.Unlock()
-	_, err = c.GetPreferredAllocation(context.Background(), req)
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no NUMA node") {
-		t.Errorf("refusal: %v", err)
+	before := plugin.Stats().Preferred.Unanswered
+	resp, err = c.GetPreferredAllocation(context.Background(), req)
+	if err != nil || len(resp.ContainerResponses) != 2 || len(resp.ContainerResponses[0].DeviceIDs) != 0 {
+		t.Errorf("the daemon's refusal: %v, %v; want no preference", resp, err)
+	}
+	if got := plugin.Stats().Preferred.Unanswered; got != before+1 {
+		t.Errorf("unanswered preferences %d, want %d", got, before+1)
 	}
 	// A choice kubelet did not offer is no preference: kubelet chooses.
 	resp, err = c.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{ContainerRequests: req.ContainerRequests[1:]})

@@ -105,9 +105,13 @@ func (e *endpoint) preferred(req *pluginapi.PreferredAllocationRequest) (*plugin
 		}
 		ids, err := e.p.pool.Prefer(e.resource, avail, must, size)
 		if err != nil {
-			return nil, poolStatus(err, "fusiond: %s: preferred allocation for container %d: %v", e.resource, i+1, err)
-		}
-		if err := checkPreferred(ids, avail, must, size); err != nil {
+			// A preference is advice: kubelet fails the pod on an error
+			// here, so it is told none and chooses itself; its Allocate
+			// is where the daemon may refuse.
+			e.log.Warn("no preferred allocation: kubelet chooses", "resource", e.resource, "container", i+1, "err", err)
+			e.p.preferred.recordUnanswered()
+			ids = nil
+		} else if err := checkPreferred(ids, avail, must, size); err != nil {
 			// The daemon's bug: kubelet is given no preference for the
 			// container and chooses itself, rather than the pod failing.
 			e.log.Error("the daemon's preferred allocation is not valid: kubelet chooses", "container", i+1, "err", err)

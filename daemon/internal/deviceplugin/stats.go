@@ -36,11 +36,13 @@ type Stats struct {
 type Latency struct {
 	// Count and Errors count the calls since the plugin started; Errors
 	// those that returned an error. Invalid counts the
-	// GetPreferredAllocation answers of the daemon that were not valid
-	// (kubelet was given no preference instead).
-	Count   uint64
-	Errors  uint64
-	Invalid uint64
+	// GetPreferredAllocation answers of the daemon that were not valid,
+	// Unanswered the containers it could not choose for (kubelet was
+	// given no preference instead, either way).
+	Count      uint64
+	Errors     uint64
+	Invalid    uint64
+	Unanswered uint64
 	// P50, P99 and Max are taken over the last (at most 1024) calls; zero
 	// before the first.
 	P50 time.Duration
@@ -50,17 +52,26 @@ type Latency struct {
 
 // latencies records the durations of one kind of call in a bounded ring.
 type latencies struct {
-	mu      sync.Mutex
-	count   uint64
-	errors  uint64
-	invalid uint64
-	ring    [latencyWindow]time.Duration
+	mu         sync.Mutex
+	count      uint64
+	errors     uint64
+	invalid    uint64
+	unanswered uint64
+	ring       [latencyWindow]time.Duration
 }
 
 func (l *latencies) recordInvalid() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.invalid++
+}
+
+// recordUnanswered counts a call the daemon could not answer (kubelet was
+// given no preference).
+func (l *latencies) recordUnanswered() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.unanswered++
 }
 
 func (l *latencies) record(d time.Duration, err error) {
@@ -77,7 +88,7 @@ func (l *latencies) stats() Latency {
 	l.mu.Lock()
 	n := min(l.count, latencyWindow)
 	recent := slices.Clone(l.ring[:n])
-	s := Latency{Count: l.count, Errors: l.errors, Invalid: l.invalid}
+	s := Latency{Count: l.count, Errors: l.errors, Invalid: l.invalid, Unanswered: l.unanswered}
 	l.mu.Unlock()
 	if n == 0 {
 		return s

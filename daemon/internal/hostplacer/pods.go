@@ -743,7 +743,7 @@ func (p *Placer) PreferPod(resource string, available, mustInclude []string, siz
 		req.Bitstream = r.bitstream
 		p.estimateProgramming([]sched.Request{req})
 	}
-	node := p.preferNode(r, pool, must, &req, size)
+	node := p.preferNode(resource, r, pool, must, &req, size)
 	d, err := p.eng.Place(&req, []*sched.Node{node})
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: no preferred allocation of %d: %s", resource, size, waitReason(d, err))
@@ -778,8 +778,18 @@ func (p *Placer) PreferPod(resource string, available, mustInclude []string, siz
 // preferNode is the node as PreferPod's engine sees it: a copy of the live
 // node where only the devices of pool may be taken, mustInclude's
 // (must) counted as taken already. The caller holds p.mu.
-func (p *Placer) preferNode(r *podRes, pool map[string]podDev, must map[string]bool, req *sched.Request, size int) *sched.Node {
+func (p *Placer) preferNode(resource string, r *podRes, pool map[string]podDev, must map[string]bool, req *sched.Request, size int) *sched.Node {
 	n := p.node.Clone()
+	// A device kubelet offers that a pod's hold still holds was freed by
+	// kubelet (its pod ended); the hold ends when kubelet allocates the
+	// device again (jobs.Manager.AdmitPod supersedes it), so here it is
+	// free.
+	for _, id := range slices.Sorted(maps.Keys(p.held)) {
+		h := p.held[id]
+		if h.pod != nil && h.pod.Resource == resource && slices.ContainsFunc(h.pod.Devices, func(d string) bool { _, ok := pool[d]; return ok }) {
+			p.eng.Release(&h.req, &h.assign, []*sched.Node{n})
+		}
+	}
 	take := func(gi int) { n.GPUs[gi].MilliFree, n.GPUs[gi].MemFreeMiB = 0, 0 }
 	switch r.kind {
 	case podGPU:

@@ -647,3 +647,27 @@ func TestPodMIGStartsFollowTheDriver(t *testing.T) {
 		t.Error("a 1g instance at slot 7 is offered")
 	}
 }
+
+// Kubelet offers the devices of a pod that ended before fusiond's hold of
+// them did (the hold ends when kubelet allocates them again): the engine
+// chooses among them as free.
+func TestPreferPodOffersWhatKubeletFreed(t *testing.T) {
+	p := New(dgx(), Options{Seed: 1, Pods: &PodOptions{}})
+	gpuRes := "fusiond.io/gpu-h200"
+	old := podJob("p1", gpuRes, "GPU-a", "GPU-b")
+	if _, err := p.HoldPod(old); err != nil {
+		t.Fatal(err)
+	}
+	ids, _, err := p.PreferPod(gpuRes, []string{"GPU-a", "GPU-b"}, nil, 2)
+	if err != nil || !slices.Equal(slices.Sorted(slices.Values(ids)), []string{"GPU-a", "GPU-b"}) {
+		t.Fatalf("preferred %v, %v; want the freed GPU-a and GPU-b", ids, err)
+	}
+	// Still held: a job gets neither.
+	if healthy := healthyIDs(p, gpuRes); !slices.Contains(healthy, "GPU-a") {
+		t.Errorf("the pod's GPU is not counted for kubelet: %v", healthy)
+	}
+	j := job("j", api.TierBurstable, gpus(8))
+	if _, why, ok := p.Place([]*api.Job{j}); ok {
+		t.Errorf("a job got 8 GPUs while a pod's hold has two (%s)", why)
+	}
+}
