@@ -23,7 +23,7 @@ TEST_PKGS := pci.ids hwloc busybox-static qemu-system-x86 cpio systemd rpm prome
 EBPF_PKGS := clang llvm libbpf-dev bpftool
 PKG_TEST_PKGS := lintian rpmlint systemd-container debootstrap
 
-.PHONY: all build run test test-vm vet deps ebpf-check bench start-time gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots sim-validate
+.PHONY: all build run test test-vm test-kubelet vet deps ebpf-check bench start-time gpu-check fuzz fuzz-long clean pkgbin deb rpm package-lint e2e-nspawn chaos plots sim-validate
 all: build
 
 build:
@@ -74,6 +74,20 @@ vet:
 test-vm: deps
 	FUSIOND_VM_PKGS="./cgroups/ ./daemon/internal/executor/ ./daemon/internal/reclaim/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
 	FUSIOND_VM_ACCEL=tcg,thread=single FUSIOND_VM_PKGS="./ebpf/ ./daemon/internal/qos/" FUSIOND_VM_RUN='^TestKernel' ./.ci/vm/run.sh
+
+# Kubernetes (docs/kubernetes.md): fusiond as the device plugin of a real
+# kubelet v1.37.2 (standalone, static pods) on Debian's containerd and runc,
+# on the simulated dgxh200 host. .ci/kubelet/build.sh installs those
+# packages and builds kubelet (in a module of its own: the project's go.mod
+# does not depend on k8s.io/kubernetes), a pause program and the pods' two
+# images into a cache outside the clone (FUSIOND_KUBELET_CACHE, default
+# /var/cache/fusiond-ci/kubelet): about 5 minutes on a cold Go cache on 2
+# cores, nothing when cached. The tests (about a minute) exist only with
+# -tags kubelet: nothing skips.
+test-kubelet:
+	$(GO) vet -tags kubelet ./daemon/e2e/
+	dir=$$(./.ci/kubelet/build.sh) && \
+	FUSIOND_KUBELET_DIR="$$dir" $(GO) test -tags kubelet -count=1 -timeout 15m -v -run '^TestKubelet' ./daemon/e2e/
 
 # The BPF object and its Go bindings are committed (a build needs no clang):
 # regenerate them with clang and fail if anything under ebpf/ changed.

@@ -65,6 +65,10 @@ func TestImportRules(t *testing.T) {
 		// Not hardware, but confined the same way: membership and gossip
 		// are the peers package's.
 		"github.com/hashicorp/memberlist": {"daemon/internal/peers"},
+		// Kubelet's device-plugin and pod-resources APIs (and their gRPC)
+		// are the device plugin's.
+		"k8s.io/kubelet":         {"daemon/internal/deviceplugin"},
+		"google.golang.org/grpc": {"daemon/internal/deviceplugin"},
 	}
 	// Public packages: what a user of the module may import. None of them
 	// may reach into the daemon's internals or its composition root.
@@ -147,7 +151,7 @@ func TestBinaryDependencies(t *testing.T) {
 	}
 	for _, p := range linked("fusionctl") {
 		if under(rel(p), "daemon/internal", "devices/nvidia", "devices/rapl", "cgroups", "ebpf") ||
-			under(p, "github.com/NVIDIA/go-nvml", "github.com/opencontainers/runc", "github.com/containerd/cgroups", "github.com/cilium/ebpf", "go.etcd.io/bbolt", "github.com/hashicorp/memberlist") {
+			under(p, "github.com/NVIDIA/go-nvml", "github.com/opencontainers/runc", "github.com/containerd/cgroups", "github.com/cilium/ebpf", "go.etcd.io/bbolt", "github.com/hashicorp/memberlist", "google.golang.org/grpc") {
 			t.Errorf("fusionctl links %s: the CLI talks to the daemon's API and touches no hardware", p)
 		}
 	}

@@ -365,7 +365,7 @@ func kubernetesStatus(p *deviceplugin.Plugin, mgr *jobs.Manager) *api.Kubernetes
 	}
 	s := p.Stats()
 	lat := func(l deviceplugin.Latency) api.CallLatency {
-		return api.CallLatency{Count: l.Count, Errors: l.Errors, P50: l.P50, P99: l.P99, Max: l.Max}
+		return api.CallLatency{Count: l.Count, Errors: l.Errors, P50: api.Duration(l.P50), P99: api.Duration(l.P99), Max: api.Duration(l.Max)}
 	}
 	return &api.KubernetesStatus{Resources: s.Resources, Registered: s.Registered, Registrations: s.Registrations,
 		PodResources: s.PodResourcesUp, Holds: len(mgr.PodHolds()), Binds: s.Binds, Releases: s.Releases,

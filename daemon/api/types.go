@@ -447,11 +447,11 @@ type KubernetesStatus struct {
 // CallLatency counts calls of one kind and their latency over the recent
 // ones.
 type CallLatency struct {
-	Count  uint64        `json:"count"`
-	Errors uint64        `json:"errors"`
-	P50    time.Duration `json:"p50"`
-	P99    time.Duration `json:"p99"`
-	Max    time.Duration `json:"max"`
+	Count  uint64   `json:"count"`
+	Errors uint64   `json:"errors"`
+	P50    Duration `json:"p50"`
+	P99    Duration `json:"p99"`
+	Max    Duration `json:"max"`
 }
 
 // Isolation is how a node confines its jobs.

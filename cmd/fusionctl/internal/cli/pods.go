@@ -110,5 +110,5 @@ func kubernetesLine(k api.KubernetesStatus) string {
 		pr = "kubelet's pod resources not answering: no hold is released"
 	}
 	return fmt.Sprintf("%s; %d pods' holds (fusionctl pods); %s; Allocate p50 %s p99 %s over %d calls (%d refused)",
-		reg, k.Holds, pr, k.Allocate.P50.Round(time.Microsecond), k.Allocate.P99.Round(time.Microsecond), k.Allocate.Count, k.Allocate.Errors)
+		reg, k.Holds, pr, time.Duration(k.Allocate.P50).Round(time.Microsecond), time.Duration(k.Allocate.P99).Round(time.Microsecond), k.Allocate.Count, k.Allocate.Errors)
 }
