@@ -172,8 +172,12 @@ type preference struct {
 	at      time.Time
 }
 
-// preferenceTTL is how long a preference waits for kubelet's Allocate.
-const preferenceTTL = 5 * time.Minute
+// preferenceTTL is how long a preference waits for kubelet's Allocate;
+// maxPreferences bounds how many wait (the oldest go first).
+const (
+	preferenceTTL  = 5 * time.Minute
+	maxPreferences = 1024
+)
 
 var _ deviceplugin.Pool = (*podPool)(nil)
 
@@ -243,6 +247,15 @@ func (p *podPool) Prefer(resource string, available, mustInclude []string, size 
 		if now.Sub(v.at) > preferenceTTL {
 			delete(p.preferred, k)
 		}
+	}
+	for len(p.preferred) >= maxPreferences {
+		oldest := ""
+		for k, v := range p.preferred {
+			if oldest == "" || v.at.Before(p.preferred[oldest].at) {
+				oldest = k
+			}
+		}
+		delete(p.preferred, oldest)
 	}
 	p.preferred[preferenceKey(resource, ids)] = preference{explain: explain, at: now}
 	p.mu.Unlock()

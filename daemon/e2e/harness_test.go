@@ -207,6 +207,17 @@ func (d *daemon) ctl(cred *syscall.Credential, stdin string, args ...string) res
 	return result{out.String(), errb.String(), code}
 }
 
+// mustCtl runs fusionctl as root against d and returns its output; the
+// test fails when it exits non-zero.
+func (d *daemon) mustCtl(args ...string) string {
+	d.t.Helper()
+	r := d.ctl(nil, "", args...)
+	if r.code != 0 {
+		d.t.Fatalf("fusionctl %v: exit %d: %s%s", args, r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
 func waitFor(t *testing.T, c *api.Client, id string, want api.State) api.Job {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)

@@ -400,19 +400,19 @@ func (c *containerd) killTasks() {
 // shims lists the pids of the runc shims this containerd started: their
 // command line names its socket.
 func (c *containerd) shims() []int {
+	return processes(func(pid int) bool {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+		args := strings.Split(string(cmdline), "\x00")
+		return err == nil && strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") && slices.Contains(args, c.socket)
+	})
+}
+
+// processes lists the pids of the processes match accepts.
+func processes(match func(pid int) bool) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(cmdline), "\x00")
-		if len(args) > 0 && strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") && slices.Contains(args, c.socket) {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && match(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -787,19 +787,10 @@ func removeKubeletRoot() error {
 
 // processesNamed lists the pids whose command name is name.
 func processesNamed(name string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err == nil && strings.TrimSpace(string(comm)) == name && !isZombie(pid) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
+	return processes(func(pid int) bool {
+		comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+		return err == nil && strings.TrimSpace(string(comm)) == name && !isZombie(pid)
+	})
 }
 
 // --- static pods ---------------------------------------------------------------

@@ -185,14 +185,7 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	d, features := pluginDaemon(t, 2*time.Second)
 	c := d.client()
 	ctx := context.Background()
-	ok := func(args ...string) string {
-		t.Helper()
-		r := d.ctl(nil, "", args...)
-		if r.code != 0 {
-			t.Fatalf("fusionctl %v: exit %d: %s%s", args, r.code, r.stdout, r.stderr)
-		}
-		return r.stdout
-	}
+	ok := d.mustCtl
 	gpus, err := c.GPUs(ctx)
 	if err != nil || len(gpus.GPUs) != 8 {
 		t.Fatalf("gpus: %v %d", err, len(gpus.GPUs))

@@ -41,7 +41,7 @@ const LimitPodHolds = "kubernetes.max_holds"
 // kubelet is who a pod's device hold is admitted for: kubelet runs as
 // root (its records go to the admins' audit file, never rate-limited),
 // and a hold runs nothing as anyone.
-var kubelet = api.Caller{UID: 0, GID: 0, User: "root", Admin: true}
+func kubelet() api.Caller { return api.Caller{UID: 0, GID: 0, User: "root", Admin: true} }
 
 // PodEntry is what Admit needs besides the spec for kubelet's
 // allocation (Entry.Pod), and where it leaves the devices' grant.
@@ -86,7 +86,7 @@ func (m *Manager) AdmitPod(ctx context.Context, h api.PodHold, explain string) (
 	spec := api.JobSpec{Name: podHoldName(h.Resource), Class: api.ClassService, Tier: api.TierGuaranteed,
 		Resources: res, Pod: &api.PodHold{Resource: h.Resource, Devices: slices.Clone(h.Devices)}}
 	pe := &PodEntry{Explain: explain}
-	js, err := m.Admit(ctx, Entry{Source: admission.Kubelet, Caller: kubelet, Pod: pe, Specs: []api.JobSpec{spec}})
+	js, err := m.Admit(ctx, Entry{Source: admission.Kubelet, Caller: kubelet(), Pod: pe, Specs: []api.JobSpec{spec}})
 	if err != nil {
 		return api.Job{}, devices.Grant{}, err
 	}
