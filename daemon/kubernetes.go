@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/hostplacer"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
+	"github.com/fusiond/fusiond/devices"
 )
 
 // KubernetesConfig makes fusiond a kubelet device plugin (off by default;
@@ -146,6 +148,12 @@ func (k KubernetesConfig) podOptions(h *hardware.Host, log *slog.Logger) *hostpl
 			return out
 		}
 	}
+	if f := h.FPGAs(); f != nil {
+		o.Accepts = func(region, bitstream string) bool {
+			_, _, err := f.Check(region, bitstream)
+			return err == nil
+		}
+	}
 	return o
 }
 
@@ -156,6 +164,10 @@ type podPool struct {
 	mgr    *jobs.Manager
 	placer *hostplacer.Placer
 	cdi    string
+	// simulated: the devices' nodes are fixture files, not devices, and
+	// are left out of what a container is given (the container runtime
+	// refuses a device that is not one).
+	simulated bool
 	// features computes the node features (nodeFeatures over the host).
 	features func() map[string]string
 	log      *slog.Logger
@@ -278,12 +290,21 @@ func (p *podPool) Allocate(ctx context.Context, resource string, ids []string) (
 		return deviceplugin.Allocation{}, err
 	}
 	out := deviceplugin.Allocation{Hold: j.ID, Env: grant.Env, Nodes: grant.Nodes}
+	if p.simulated {
+		out.Nodes = slices.DeleteFunc(slices.Clone(out.Nodes), func(n devices.DeviceNode) bool { return !isDeviceNode(n.Path) })
+	}
 	if p.cdi != "" && j.Allocation != nil {
 		for _, id := range cdiDevices(j.Allocation) {
 			out.CDI = append(out.CDI, p.cdi+"="+id)
 		}
 	}
 	return out, nil
+}
+
+// isDeviceNode reports whether path is a character or block device.
+func isDeviceNode(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode()&os.ModeDevice != 0
 }
 
 // cdiDevices names what a hold's allocation holds as CDI device names
@@ -354,7 +375,7 @@ func newDevicePlugin(k KubernetesConfig, mgr *jobs.Manager, placer *hostplacer.P
 	if !k.DevicePlugin {
 		return nil, nil
 	}
-	pool := &podPool{mgr: mgr, placer: placer, cdi: k.CDIKind, features: nodeFeatures(placer, hw, probes, version), log: log}
+	pool := &podPool{mgr: mgr, placer: placer, cdi: k.CDIKind, simulated: hw.Simulated() != "", features: nodeFeatures(placer, hw, probes, version), log: log}
 	p, err := deviceplugin.New(pool, deviceplugin.Config{
 		Dir:           k.PluginDir,
 		PodResources:  k.PodResourcesSocket,

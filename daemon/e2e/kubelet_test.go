@@ -177,8 +177,8 @@ func waitBound(t *testing.T, c *api.Client, devices, name, uid string) api.Job {
 // kubelet on the simulated dgxh200 host: pods get the GPUs fusiond chose,
 // pods and fusiond's jobs never share one, a GPU in probation leaves
 // kubelet's allocatable and comes back, a MIG pod gets an instance created
-// on demand, and neither a kubelet nor a fusiond restart leaks or loses a
-// device.
+// on demand, an FPGA pod a region programmed with its bitstream, and
+// neither a kubelet nor a fusiond restart leaks or loses a device.
 func TestKubeletDevicePlugin(t *testing.T) {
 	cd := startContainerd(t)
 	k := startKubelet(t, cd, kubeletOptions{})
@@ -276,9 +276,29 @@ func TestKubeletDevicePlugin(t *testing.T) {
 		t.Errorf("GPU 7's instances %+v lack the pod's %s (%v)", l.GPUs[7].MIG, mig.Instance, err)
 	}
 
+	// An FPGA pod: a region that can hold the library's dma bitstream,
+	// programmed on demand.
+	ok("fpga", "bitstream", "add", filepath.Join(d.dir, "state", "sim", "fpga-samples", "dma.gbs"))
+	const fpgaRes = "fusiond.io/fpga-dma"
+	waitAllocatable(t, fpgaRes, func(ids []string) bool { return len(ids) > 0 }, "regions for the dma bitstream")
+	writeStaticPod(t, k, "f", busyboxPod("f", "exec sleep 3600", map[string]string{fpgaRes: "1"}))
+	podF := waitPodRunning(t, k, "default", "f", time.Minute)
+	devF := podDevices(t, "f", fpgaRes)
+	if len(devF) != 1 {
+		t.Fatalf("FPGA pod holds %v", devF)
+	}
+	holdF := waitBound(t, c, devF[0], "f", podF.Metadata.UID)
+	if fa := holdF.Allocation.FPGA; fa == nil || fa.Region != devF[0] {
+		t.Fatalf("FPGA pod's hold: %+v", holdF.Allocation)
+	}
+	regions, err := c.FPGARegions(ctx)
+	if err != nil || !slices.ContainsFunc(regions, func(r api.FPGARegion) bool { return r.ID == devF[0] && r.LoadedName == "dma" }) {
+		t.Errorf("region %s does not hold dma after the pod's allocation: %+v (%v)", devF[0], regions, err)
+	}
+
 	before := holds(t, c)
-	if len(before) != 3 {
-		t.Fatalf("%d holds, want 3 (pods a, b, m): %v", len(before), before)
+	if len(before) != 4 {
+		t.Fatalf("%d holds, want 4 (pods a, b, m, f): %v", len(before), before)
 	}
 	node, err := c.Node(ctx)
 	if err != nil || node.Kubernetes == nil {
@@ -290,7 +310,7 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	// devices, no hold is added or lost.
 	k.Stop()
 	k.Start()
-	for _, p := range []string{"a", "b", "m"} {
+	for _, p := range []string{"a", "b", "m", "f"} {
 		waitPodRunning(t, k, "default", p, time.Minute)
 	}
 	waitAllocatable(t, h200Res, func(ids []string) bool { return len(ids) == 6 }, "6 GPUs again after kubelet's restart")

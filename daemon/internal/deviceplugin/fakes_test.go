@@ -481,31 +481,27 @@ func (e *env) plugin() *Plugin {
 	return p
 }
 
-// run runs p until the test ends; the cleanup checks Run returned and left
-// none of its sockets in Dir.
+// run runs p (Start, as the daemon does) until the test ends; the cleanup
+// checks Stop returned and left none of its sockets in Dir.
 func (e *env) run(p *Plugin) {
 	e.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
+	if err := p.Start(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
 	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				e.t.Errorf("Run: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			e.t.Fatal("Run did not return after its context ended")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := p.Stop(ctx); err != nil {
+			e.t.Fatalf("Stop: %v", err)
 		}
 		entries, _ := os.ReadDir(e.cfg.Dir)
 		for _, ent := range entries {
 			if strings.HasPrefix(ent.Name(), "fusiond-") {
-				e.t.Errorf("socket %s left in Dir after Run returned", ent.Name())
+				e.t.Errorf("socket %s left in Dir after Stop returned", ent.Name())
 			}
 		}
 		if n := e.pool.watching(); n != 0 {
-			e.t.Errorf("%d Pool.Watch callbacks left after Run returned", n)
+			e.t.Errorf("%d Pool.Watch callbacks left after Stop returned", n)
 		}
 	})
 }

@@ -155,16 +155,10 @@ func TestFeaturesFile(t *testing.T) {
 	dir := filepath.Join(e.dir, "nfd", "features.d") // made by the plugin
 	e.cfg.FeaturesFile = filepath.Join(dir, "fusiond")
 	p := e.plugin()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx) }()
-	stopped := false
-	defer func() {
-		if !stopped {
-			cancel()
-			<-done
-		}
-	}()
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop(context.Background()) // safe after the Stop below
 
 	read := func() string {
 		b, _ := os.ReadFile(e.cfg.FeaturesFile)
@@ -210,9 +204,7 @@ func TestFeaturesFile(t *testing.T) {
 	eventually(t, "the file written again", func() bool { return read() == "fusiond.io/gpu.count=2\n" })
 
 	// Stopping the plugin leaves the file (see features.go).
-	cancel()
-	stopped = true
-	if err := <-done; err != nil {
+	if err := p.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if read() != "fusiond.io/gpu.count=2\n" {

@@ -46,7 +46,7 @@ var defaultTiming = timing{
 }
 
 // Plugin serves the Pool's resources to kubelet. Make it with New and run
-// it once, with Run or with Start and Stop.
+// it once, with Start and Stop.
 type Plugin struct {
 	pool Pool
 	cfg  Config
@@ -63,7 +63,7 @@ type Plugin struct {
 
 	mu      sync.Mutex
 	started bool
-	cancel  context.CancelFunc // Start's; nil under Run
+	cancel  context.CancelFunc // Start's; nil before it
 	done    chan struct{}      // closed when Start's run returns
 	// upSince is when kubelet's pod-resources API last came back (zero
 	// while it is down or kubelet just restarted): holds count as missing
@@ -93,21 +93,12 @@ func New(pool Pool, cfg Config) (*Plugin, error) {
 	}, nil
 }
 
-// Run serves until ctx ends, then stops every server and removes its
-// sockets (the features file stays; see features.go). It returns nil
-// then: kubelet being down, refusing a registration or the pod-resources
-// API failing are retried and logged, not returned. A plugin runs once.
-func (p *Plugin) Run(ctx context.Context) error {
-	if err := p.claim(); err != nil {
-		return err
-	}
-	p.run(ctx)
-	return nil
-}
-
 // Start runs the plugin in the background until Stop, for the daemon's
-// lifecycle; ctx's cancellation does not stop it. It fails only when the
-// plugin already ran.
+// lifecycle; ctx's cancellation does not stop it. Kubelet being down,
+// refusing a registration or its pod-resources API failing are retried
+// and logged, never returned. It fails only when the plugin already ran:
+// a plugin runs once. Stop stops every server and removes its sockets
+// (the features file stays; see features.go).
 func (p *Plugin) Start(ctx context.Context) error {
 	if err := p.claim(); err != nil {
 		return err

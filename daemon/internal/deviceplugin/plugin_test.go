@@ -329,9 +329,6 @@ func TestStartStop(t *testing.T) {
 	if err := p.Start(context.Background()); err == nil {
 		t.Error("a second Start succeeded")
 	}
-	if err := p.Run(context.Background()); err == nil {
-		t.Error("Run after Start succeeded")
-	}
 	if err := p.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,8 @@ import (
 //     are the whole GPU. Those of a GPU in MIG mode are listed,
 //     unhealthy, as under gpu-<model>.
 //   - fpga-<bitstream>: a region holding the library bitstream (programmed
-//     on demand), by region ID.
+//     on demand), by region ID; only the regions that can hold it
+//     (PodOptions.Accepts).
 //
 // A device is healthy (in kubelet's allocatable) when a pod could have it
 // now: in service and free, or already a pod's (the pod holding it keeps
@@ -63,6 +64,11 @@ type PodOptions struct {
 	// bitstream.Library.List, by name and ID); nil: no FPGA resources. It
 	// is called under the placer's lock and must not call the placer.
 	Bitstreams func() []PodBitstream
+	// Accepts reports whether FPGA region can hold the bitstream of a
+	// library ID (its interface and kind match): a bitstream's resource
+	// lists only the regions that can; nil: every region can. Called
+	// under the placer's lock like Bitstreams.
+	Accepts func(region, bitstream string) bool
 }
 
 // PodBitstream is one bitstream of the library: its name and library ID.
@@ -259,7 +265,9 @@ func (p *Placer) podCatalog() map[string]*podRes {
 				continue
 			}
 			for ri, f := range p.hw.FPGAs {
-				r.devs[f.ID] = podDev{gpu: -1, region: ri}
+				if o.Accepts == nil || o.Accepts(f.ID, b.ID) {
+					r.devs[f.ID] = podDev{gpu: -1, region: ri}
+				}
 			}
 		}
 	}

@@ -671,3 +671,19 @@ func TestPreferPodOffersWhatKubeletFreed(t *testing.T) {
 		t.Errorf("a job got 8 GPUs while a pod's hold has two (%s)", why)
 	}
 }
+
+// A bitstream's resource lists only the regions that can hold it.
+func TestPodFPGAOnlyAcceptingRegions(t *testing.T) {
+	o := podOptions()
+	o.Accepts = func(region, bitstream string) bool { return region == "fpga-1" || bitstream == "gzip" }
+	p := New(dgx(), Options{Seed: 1, Pods: o})
+	h := podHealth(p)
+	if _, ok := h["fusiond.io/fpga-regex-v2"]["fpga-0"]; ok || len(h["fusiond.io/fpga-regex-v2"]) != 1 {
+		t.Errorf("regex:v2's regions %v, want fpga-1 alone", h["fusiond.io/fpga-regex-v2"])
+	}
+	if len(h["fusiond.io/fpga-gzip"]) != 2 {
+		t.Errorf("gzip's regions %v, want both", h["fusiond.io/fpga-gzip"])
+	}
+	_, err := p.HoldPod(podJob("p1", "fusiond.io/fpga-regex-v2", "fpga-0"))
+	wantPodError(t, "a region that cannot hold the bitstream", err, api.CodeUnsatisfiable, "pod.devices", "fpga-0")
+}
