@@ -289,7 +289,7 @@ func (p *podPool) Allocate(ctx context.Context, resource string, ids []string) (
 	if err != nil {
 		return deviceplugin.Allocation{}, err
 	}
-	out := deviceplugin.Allocation{Hold: j.ID, Env: grant.Env, Nodes: grant.Nodes}
+	out := deviceplugin.Allocation{Hold: j.ID, Env: grant.Env, Nodes: grant.Nodes, Mounts: mpsDirs(grant.Env)}
 	if p.simulated {
 		out.Nodes = slices.DeleteFunc(slices.Clone(out.Nodes), func(n devices.DeviceNode) bool { return !isDeviceNode(n.Path) })
 	}
@@ -299,6 +299,19 @@ func (p *podPool) Allocate(ctx context.Context, resource string, ids []string) (
 		}
 	}
 	return out, nil
+}
+
+// mpsDirs are the MPS control directories a share's environment names
+// (its pipe and log directories): a container reaches the GPU's MPS
+// server through them, so they are mounted at the same path.
+func mpsDirs(env map[string]string) []string {
+	var out []string
+	for _, k := range []string{"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"} {
+		if d := env[k]; d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // isDeviceNode reports whether path is a character or block device.

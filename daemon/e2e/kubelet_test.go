@@ -23,8 +23,9 @@ import (
 
 // The resources fusiond offers on the simulated dgxh200 host.
 const (
-	h200Res = "fusiond.io/gpu-h200-141gb-hbm3e"
-	migRes  = "fusiond.io/mig-1g.18gb"
+	h200Res   = "fusiond.io/gpu-h200-141gb-hbm3e"
+	sharedRes = "fusiond.io/gpu-h200-141gb-hbm3e-shared"
+	migRes    = "fusiond.io/mig-1g.18gb"
 )
 
 // pluginDaemon starts fusiond on the simulated dgxh200 host as kubelet's
@@ -39,6 +40,7 @@ func pluginDaemon(t *testing.T, grace time.Duration) (*daemon, string) {
 gpu: {health_probation: 2s, health_probe: 300ms}
 kubernetes:
   device_plugin: true
+  share_replicas: 4
   reconcile_interval: 300ms
   release_grace: %s
   features_file: %s
@@ -150,7 +152,9 @@ func holds(t *testing.T, c *api.Client) map[string]api.Job {
 	out := map[string]api.Job{}
 	for _, j := range js {
 		if j.Spec.Pod != nil {
-			out[strings.Join(j.Spec.Pod.Devices, ",")] = j
+			ids := slices.Clone(j.Spec.Pod.Devices)
+			sort.Strings(ids)
+			out[strings.Join(ids, ",")] = j
 		}
 	}
 	return out
@@ -383,6 +387,29 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	r := d.ctl(nil, "", "pods")
 	if r.code != 0 || strings.Contains(r.stdout, podName("a")) || !strings.Contains(r.stdout, podName("b")) || !strings.Contains(r.stdout, podB.Metadata.UID) {
 		t.Errorf("fusionctl pods:\n%s%s", r.stdout, r.stderr)
+	}
+
+	// A pod asking for two of a GPU's four shared IDs holds half of one
+	// GPU, which then leaves the whole GPUs kubelet may allocate.
+	wholeBefore := allocatable(t, h200Res)
+	writeStaticPod(t, k, "s", gpuPod("s", sharedRes, 2))
+	podS := waitPodRunning(t, k, "default", "s", time.Minute)
+	devS := podDevices(t, "s", sharedRes)
+	sort.Strings(devS)
+	if len(devS) != 2 {
+		t.Fatalf("shared pod holds %v", devS)
+	}
+	holdS := waitBound(t, c, strings.Join(devS, ","), "s", podS.Metadata.UID)
+	share := holdS.Allocation.GPUShare
+	if share == nil || share.Milli != 500 || !strings.HasPrefix(devS[0], share.GPU+":share:") || !strings.HasPrefix(devS[1], share.GPU+":share:") {
+		t.Fatalf("shared pod's hold: %+v, want 500 milli-GPU of the GPU its IDs name (%v)", holdS.Allocation, devS)
+	}
+	if got := visibleDevices(t, "s"); got != share.GPU {
+		t.Errorf("shared pod sees NVIDIA_VISIBLE_DEVICES=%q, want %s", got, share.GPU)
+	}
+	if slices.Contains(wholeBefore, share.GPU) {
+		waitAllocatable(t, h200Res, func(ids []string) bool { return !slices.Contains(ids, share.GPU) && len(ids) == len(wholeBefore)-1 },
+			"the shared GPU out of the whole GPUs")
 	}
 
 	// The node features for node-feature-discovery.

@@ -52,6 +52,7 @@ func TestAllocate(t *testing.T) {
 		{Path: "/dev/fake-uvm", Access: ""}, // no access given: rw
 		{Path: "/dev/fake-mknod", Access: "mr"},
 	}
+	pool.mounts = []string{"/run/fusiond/mps/GPU-a/pipe"}
 	c := served(t, pool)
 	resp, err := c.Allocate(context.Background(), allocReq([]string{"GPU-a", "GPU-b"}, []string{"GPU-c"}))
 	if err != nil {
@@ -84,6 +85,9 @@ func TestAllocate(t *testing.T) {
 	}
 	if want := []string{"fusiond.io/fake=GPU-a", "fusiond.io/fake=GPU-b"}; !slices.Equal(cdi, want) {
 		t.Errorf("CDI devices %v, want %v", cdi, want)
+	}
+	if m := first.Mounts; len(m) != 1 || m[0].HostPath != "/run/fusiond/mps/GPU-a/pipe" || m[0].ContainerPath != m[0].HostPath || m[0].ReadOnly {
+		t.Errorf("mounts %v, want the MPS pipe directory at its own path", m)
 	}
 	if got := resp.ContainerResponses[1].Annotations[HoldAnnotation]; got != "hold-2" {
 		t.Errorf("second container's hold %q", got)

@@ -45,6 +45,7 @@ type fakePool struct {
 	// extra is added to every Allocation (nodes, env) to test the
 	// conversion.
 	extraNodes []devices.DeviceNode
+	mounts     []string
 
 	allocCalls  [][]string
 	preferCalls []preferCall
@@ -154,6 +155,7 @@ func (f *fakePool) Allocate(_ context.Context, resource string, ids []string) (A
 		a.CDI = append(a.CDI, "fusiond.io/fake="+id)
 	}
 	a.Nodes = append(a.Nodes, f.extraNodes...)
+	a.Mounts = f.mounts
 	return a, nil
 }
 

@@ -50,6 +50,9 @@ type Allocation struct {
 	// CDI names the devices in CDI form ("nvidia.com/gpu=GPU-…") for
 	// runtimes that resolve CDI devices.
 	CDI []string
+	// Mounts are host directories the container needs at the same path
+	// (an MPS share's control directories).
+	Mounts []string
 }
 
 // Hold is one pod hold the daemon keeps.

@@ -277,6 +277,12 @@ func containerResponse(a Allocation) (*pluginapi.ContainerAllocateResponse, erro
 		}
 		r.CdiDevices = append(r.CdiDevices, &pluginapi.CDIDevice{Name: name})
 	}
+	for _, dir := range a.Mounts {
+		if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir {
+			return nil, fmt.Errorf("mount path %q is not a clean absolute path", dir)
+		}
+		r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: dir, HostPath: dir})
+	}
 	return r, nil
 }
 

@@ -909,9 +909,9 @@ type RunningJob struct {
 
 // Running lists the jobs running on this host, oldest first (the QoS
 // loop's view of what to protect and what to squeeze); jobs handed over
-// to peers run there, and pods' device holds run nothing here. It copies only what RunningJob holds, so a poller
-// holds the manager's lock for a fraction of what a copy of each record
-// costs.
+// to peers run there, and pods' device holds run nothing here. It copies
+// only what RunningJob holds, so a poller holds the manager's lock for a
+// fraction of what a copy of each record costs.
 func (m *Manager) Running() []RunningJob {
 	m.mu.Lock()
 	out := make([]RunningJob, 0, m.running)
