@@ -34,6 +34,10 @@ var (
 	labelRE   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]*[A-Za-z0-9])?$`)
 	migRE     = regexp.MustCompile(`^[1-8]g\.[0-9]+gb(\+me|-me|\+gfx|\+me\.all)?$`)
 	refNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:+-]*$`)
+	// podDeviceRE is a device plugin's device ID: a GPU or MIG UUID, a
+	// "<uuid>:<profile>:<slot>" or "<uuid>:share:<i>", an FPGA region
+	// ("dfl/0000:3b:00.0/0").
+	podDeviceRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:+/-]*$`)
 )
 
 func oneOf[T ~string](v T, valid []T) bool { return slices.Contains(valid, v) }
@@ -270,7 +274,7 @@ func (s *JobSpec) validatePod() error {
 	}
 	seen := make(map[string]bool, len(p.Devices))
 	for i, id := range p.Devices {
-		if id == "" || len(id) > 256 || !refNameRE.MatchString(id) {
+		if id == "" || len(id) > 256 || !podDeviceRE.MatchString(id) {
 			return FieldError("pod.devices["+strconv.Itoa(i)+"]", "not a device ID of the plugin")
 		}
 		if seen[id] {

@@ -193,3 +193,49 @@ func FuzzDecodeSpec(f *testing.F) {
 		}
 	})
 }
+
+// A pod's device hold: what the device plugin's Allocate made of kubelet's
+// devices; no process, no CPU or memory, device IDs of every kind.
+func TestValidatePodHold(t *testing.T) {
+	hold := func(mut func(s *JobSpec)) *JobSpec {
+		s := &JobSpec{Name: "pod-fpga-dma", Class: ClassService, Tier: TierGuaranteed,
+			Resources: Resources{FPGA: &FPGARequest{Bitstream: "dma"}},
+			Pod:       &PodHold{Resource: "fusiond.io/fpga-dma", Devices: []string{"dfl/0000:3b:00.0/0"}}}
+		if mut != nil {
+			mut(s)
+		}
+		s.ApplyDefaults()
+		return s
+	}
+	for _, ok := range []*JobSpec{
+		hold(nil),
+		hold(func(s *JobSpec) {
+			s.Resources = Resources{GPU: &GPURequest{Count: 1, MIG: "1g.18gb"}}
+			s.Pod.Devices = []string{"GPU-84ee3d00-04c7-2017-2069-3028cc1def8e:1g.18gb:3"}
+		}),
+	} {
+		if err := ok.Validate(); err != nil {
+			t.Errorf("%+v: %v", ok.Pod, err)
+		}
+		if ok.Restart != nil {
+			t.Errorf("a pod's hold got a restart policy %+v", ok.Restart)
+		}
+	}
+	for name, c := range map[string]struct {
+		spec  *JobSpec
+		field string
+	}{
+		"a command":      {hold(func(s *JobSpec) { s.Command = []string{"sh"} }), "pod"},
+		"CPU":            {hold(func(s *JobSpec) { s.Resources.CPU = 1000 }), "pod"},
+		"no resource":    {hold(func(s *JobSpec) { s.Pod.Resource = "" }), "pod.resource"},
+		"no devices":     {hold(func(s *JobSpec) { s.Pod.Devices = nil }), "pod.devices"},
+		"a device twice": {hold(func(s *JobSpec) { s.Pod.Devices = []string{"a", "a"} }), "pod.devices[1]"},
+		"a space":        {hold(func(s *JobSpec) { s.Pod.Devices = []string{"GPU a"} }), "pod.devices[0]"},
+		"no device kind": {hold(func(s *JobSpec) { s.Resources = Resources{} }), "pod.resource"},
+	} {
+		var e *Error
+		if err := c.spec.Validate(); !errors.As(err, &e) || e.Field != c.field {
+			t.Errorf("%s: %v, want refused on %s", name, err, c.field)
+		}
+	}
+}

@@ -330,7 +330,7 @@ func TestKubeletDevicePlugin(t *testing.T) {
 	if err := json.Unmarshal([]byte(ok("status", "-o", "json")), &st); err != nil || st.Kubernetes == nil {
 		t.Fatalf("status: %v", err)
 	}
-	if k := st.Kubernetes; k.Allocate.Count < 3 || k.Holds != 3 || !k.PodResources || k.Registered != k.Resources {
+	if k := st.Kubernetes; k.Allocate.Count < 4 || k.Holds != 4 || !k.PodResources || k.Registered != k.Resources {
 		t.Errorf("status's device plugin: %+v", k)
 	}
 	t.Logf("device plugin: Allocate p50 %v p99 %v over %d; GetPreferredAllocation p50 %v p99 %v over %d",
