@@ -276,8 +276,16 @@ func TestKernelProbeBlamesWhoHeldTheCPU(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if off[hogCg.id] < h.BlameNs[RunnerOutside]/2 {
-				t.Errorf("the hog's cgroup %d is charged %v of the %v outside share: %v", hogCg.id, time.Duration(off[hogCg.id]), time.Duration(h.BlameNs[RunnerOutside]), off)
+			// The host's other processes (a CI run's other test binaries
+			// among them) sit in the root cgroup and may delay the job on
+			// CPU 0 too: they are rightly charged there. Of what the other
+			// cgroups are charged, the hog's must hold at least half, and
+			// of the whole outside share at least a quarter.
+			const rootCgroup = 1
+			outside, rest := h.BlameNs[RunnerOutside], h.BlameNs[RunnerOutside]-min(off[rootCgroup], h.BlameNs[RunnerOutside])
+			if off[hogCg.id] < rest/2 || off[hogCg.id] < outside/4 {
+				t.Errorf("the hog's cgroup %d is charged %v of the %v outside share (%v of it not the root cgroup's): %v",
+					hogCg.id, time.Duration(off[hogCg.id]), time.Duration(outside), time.Duration(rest), off)
 			}
 		})
 	}
