@@ -58,7 +58,7 @@ type KubernetesConfig struct {
 // DefaultKubernetesConfig is the kubernetes section's defaults.
 func DefaultKubernetesConfig() KubernetesConfig {
 	return KubernetesConfig{
-		ResourcePrefix:     "fusiond.io",
+		ResourcePrefix:     hostplacer.DefaultPodPrefix,
 		PluginDir:          "/var/lib/kubelet/device-plugins",
 		PodResourcesSocket: "/var/lib/kubelet/pod-resources/kubelet.sock",
 		ReconcileInterval:  Duration(10 * time.Second),
@@ -69,9 +69,15 @@ func DefaultKubernetesConfig() KubernetesConfig {
 }
 
 func (k KubernetesConfig) validate() (string, error) {
+	if err := deviceplugin.CheckPrefix(k.ResourcePrefix); err != nil {
+		return "kubernetes.resource_prefix", err
+	}
+	if k.CDIKind != "" {
+		if err := deviceplugin.CheckCDIKind(k.CDIKind); err != nil {
+			return "kubernetes.cdi_kind", err
+		}
+	}
 	switch {
-	case !dnsSubdomain(k.ResourcePrefix):
-		return "kubernetes.resource_prefix", fmt.Errorf("want a DNS subdomain such as fusiond.io, got %q", k.ResourcePrefix)
 	case k.ShareReplicas < 0 || k.ShareReplicas > 1000:
 		return "kubernetes.share_replicas", fmt.Errorf("between 0 (no shared resources) and 1000, got %d", k.ShareReplicas)
 	case k.ShareReplicas == 1:
@@ -88,43 +94,8 @@ func (k KubernetesConfig) validate() (string, error) {
 		return "kubernetes.features_file", fmt.Errorf("want an absolute path or \"\", got %q", k.FeaturesFile)
 	case k.MaxHolds < 0:
 		return "kubernetes.max_holds", errors.New("must not be negative")
-	case k.CDIKind != "" && !cdiKind(k.CDIKind):
-		return "kubernetes.cdi_kind", fmt.Errorf("want vendor/class such as nvidia.com/gpu, got %q", k.CDIKind)
 	}
 	return "", nil
-}
-
-// dnsSubdomain reports whether s is a DNS subdomain (RFC 1123), as an
-// extended resource's prefix must be.
-func dnsSubdomain(s string) bool {
-	if s == "" || len(s) > 253 {
-		return false
-	}
-	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
-			return false
-		}
-		for _, r := range label {
-			if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// cdiKind reports whether s is a CDI device kind: vendor/class.
-func cdiKind(s string) bool {
-	vendor, class, ok := strings.Cut(s, "/")
-	if !ok || !dnsSubdomain(vendor) || class == "" || len(class) > 63 {
-		return false
-	}
-	for _, r := range class {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
-			return false
-		}
-	}
-	return true
 }
 
 // podOptions are the placer's part of the section: how devices are named

@@ -137,6 +137,29 @@ func (c Config) withDefaults() (Config, error) {
 	return c, errors.Join(errs...)
 }
 
+// CheckPrefix checks a resource prefix ("fusiond.io"): the domain of the
+// extended resources the plugin serves (kubelet refuses kubernetes.io's)
+// and the namespace of the node features.
+func CheckPrefix(prefix string) error {
+	if err := checkResourceName(prefix + "/x"); err != nil {
+		return fmt.Errorf("want a DNS subdomain outside kubernetes.io, such as fusiond.io, got %q", prefix)
+	}
+	return checkPrefix(prefix + "/")
+}
+
+// cdiClass is the class part of a CDI device kind (vendor/class).
+var cdiClass = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$`)
+
+// CheckCDIKind checks a CDI device kind, vendor/class ("nvidia.com/gpu"),
+// as CDI names devices: <kind>=<device>.
+func CheckCDIKind(kind string) error {
+	vendor, class, ok := strings.Cut(kind, "/")
+	if !ok || len(vendor) > 253 || !dnsSubdomain.MatchString(vendor) || len(class) > 63 || !cdiClass.MatchString(class) {
+		return fmt.Errorf("want vendor/class such as nvidia.com/gpu, got %q", kind)
+	}
+	return nil
+}
+
 // checkPrefix checks a label namespace as node-feature-discovery takes it.
 func checkPrefix(prefix string) error {
 	ns, ok := strings.CutSuffix(prefix, "/")

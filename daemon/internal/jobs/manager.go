@@ -280,20 +280,7 @@ func (m *Manager) Recover() error {
 // reattach resumes supervising a job attempt an earlier daemon started.
 func (m *Manager) reattach(j *api.Job, proc Process) {
 	if j.Allocation != nil {
-		var problem error
-		if rc, ok := m.placer.(Reclaimer); ok {
-			if err := rc.Reclaim(j); err != nil {
-				problem = fmt.Errorf("re-reserving its allocation: %w", err)
-			}
-		} else {
-			problem = errors.New("the placer cannot re-reserve allocations")
-		}
-		if rc, ok := m.cfg.Preparer.(Reclaimer); ok && problem == nil {
-			if err := rc.Reclaim(j); err != nil {
-				problem = fmt.Errorf("re-admitting its devices: %w", err)
-			}
-		}
-		if problem != nil {
+		if problem := m.reserveAgain(j); problem != nil {
 			m.log.Error("re-attached job holds resources that could not be reserved again; placing nothing until it ends", "job", j.ID, "err", problem)
 			m.unreserved[j.ID] = problem.Error()
 		}
@@ -305,6 +292,25 @@ func (m *Manager) reattach(j *api.Job, proc Process) {
 		m.supervise(j, proc, j.Attempt)
 		m.poke()
 	}()
+}
+
+// reserveAgain reserves what a job an earlier daemon left still holds:
+// its allocation in the placer, its devices with the drivers (a GPU
+// share). It says why it could not.
+func (m *Manager) reserveAgain(j *api.Job) error {
+	rc, ok := m.placer.(Reclaimer)
+	if !ok {
+		return errors.New("the placer cannot re-reserve allocations")
+	}
+	if err := rc.Reclaim(j); err != nil {
+		return fmt.Errorf("re-reserving its allocation: %w", err)
+	}
+	if rc, ok := m.cfg.Preparer.(Reclaimer); ok {
+		if err := rc.Reclaim(j); err != nil {
+			return fmt.Errorf("re-admitting its devices: %w", err)
+		}
+	}
+	return nil
 }
 
 // requeueNeverStarted queues again a job that was starting when the last

@@ -257,19 +257,7 @@ func (m *Manager) recoverPod(j *api.Job) error {
 			j.FinishedAt = &t
 		})
 	}
-	problem := errors.New("the placer cannot re-reserve allocations")
-	if rc, ok := m.placer.(Reclaimer); ok {
-		problem = nil
-		if err := rc.Reclaim(j); err != nil {
-			problem = fmt.Errorf("re-reserving its devices: %w", err)
-		}
-	}
-	if rc, ok := m.cfg.Preparer.(Reclaimer); ok && problem == nil {
-		if err := rc.Reclaim(j); err != nil {
-			problem = fmt.Errorf("re-admitting its devices: %w", err)
-		}
-	}
-	if problem != nil {
+	if problem := m.reserveAgain(j); problem != nil {
 		// The pod may still use them: nothing is placed until kubelet
 		// frees them, as for a re-attached job.
 		m.log.Error("a pod's device hold could not be reserved again; placing nothing until kubelet frees it", "job", j.ID, "err", problem)
