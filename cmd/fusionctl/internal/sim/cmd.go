@@ -124,7 +124,8 @@ func splitList(s string) []string {
 
 // ListTraces writes the embedded openb traces: each pod list's name, its
 // pods (all, GPU, shared-GPU, multi-GPU, limited to some GPU models) and
-// the GPUs they request, and the node list's size.
+// the GPUs they request, whether the paper publishes results for it, and
+// the node list's size.
 func ListTraces(w io.Writer) error {
 	specs, err := readInput("", openb.NodeList, ReadNodes)
 	if err != nil {
@@ -134,9 +135,9 @@ func ListTraces(w io.Writer) error {
 	for _, s := range specs {
 		gpus += s.GPUs
 	}
-	fmt.Fprintf(w, "embedded openb traces (the FGD paper's, ATC'23); node list: %d nodes, %d GPUs\n", len(specs), gpus)
+	fmt.Fprintf(w, "embedded openb traces (the FGD paper's data set, ATC'23; \"paper\": it publishes results for the trace); node list: %d nodes, %d GPUs\n", len(specs), gpus)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpods\tGPU pods\tshared-GPU\tmulti-GPU\tmodel-limited\tGPUs requested\t")
+	fmt.Fprintln(tw, "trace\tpods\tGPU pods\tshared-GPU\tmulti-GPU\tmodel-limited\tGPUs requested\tpaper\t")
 	for _, tr := range openb.Traces() {
 		name, err := openb.PodList(tr)
 		if err != nil {
@@ -164,7 +165,11 @@ func ListTraces(w io.Writer) error {
 				limited++
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t\n", tr, len(pods), withGPU, shared, multi, limited, float64(milli)/sched.MilliPerGPU)
+		paper := "-"
+		if openb.Published(tr) {
+			paper = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t%s\t\n", tr, len(pods), withGPU, shared, multi, limited, float64(milli)/sched.MilliPerGPU, paper)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -228,14 +228,23 @@ func TestListTraces(t *testing.T) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"node list: 1213 nodes, 6212 GPUs", "\n      default  8152      7064        3078         75              0          6086.8\n",
-		"\n   multigpu50  9061      7973        3078        984              0         11358.8\n", "\n    gpuspec33  8152      7064        3078         75           2388"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("--list-traces lacks %q:\n%s", want, out.String())
+	if !strings.Contains(out.String(), "node list: 1213 nodes, 6212 GPUs") {
+		t.Errorf("--list-traces lacks the node list's size:\n%s", out.String())
+	}
+	lines := map[string]string{}
+	for l := range strings.Lines(out.String()) {
+		if f := strings.Fields(l); len(f) > 0 {
+			lines[f[0]] = strings.Join(f, " ")
 		}
 	}
-	if n := strings.Count(out.String(), "\n"); n != 17+3 {
-		t.Errorf("--list-traces: %d lines, want a header, 17 traces and two notes:\n%s", n, out.String())
+	for _, want := range []string{"default 8152 7064 3078 75 0 6086.8 yes", "multigpu50 9061 7973 3078 984 0 11358.8 yes",
+		"gpuspec33 8152 7064 3078 75 2388 6086.8 yes", "cpu0 7064 7064 3078 75 0 6086.8 -"} {
+		if got := lines[strings.Fields(want)[0]]; got != want {
+			t.Errorf("--list-traces: %q, want %q:\n%s", got, want, out.String())
+		}
+	}
+	if n := strings.Count(out.String(), "\n"); n != 24+3 {
+		t.Errorf("--list-traces: %d lines, want a header, 24 traces and two notes:\n%s", n, out.String())
 	}
 }
 

@@ -1,6 +1,7 @@
 // Package openb owns the openb trace that fusionctl carries: the node list
-// and the seventeen pod lists of the FGD paper's benchmark (Alibaba's GPU
-// cluster trace, ATC'23), stored zstd-compressed beside this file and
+// and the 24 pod lists of the FGD paper's data set (Alibaba's GPU
+// cluster trace, ATC'23) — the 17 its benchmark publishes results for and
+// seven more — stored zstd-compressed beside this file and
 // embedded in the binary, so that `fusionctl simulate` runs without the
 // repository or a download. README.md here says where the files come from
 // and SHA256SUMS holds the digest of each original; the tests check both.
@@ -45,6 +46,17 @@ const (
 	csvSuffix     = ".csv"
 	zstSuffix     = ".zst"
 )
+
+// unpublished are the data set's pod lists the paper publishes no result
+// for: the simulator replays them like the others, but nothing validates
+// our baselines on them.
+var unpublished = []string{"cpu0", "cpu037", "cpu072", "cpu235", "cpu300", "gpushare20", "gpuspec05"}
+
+// Published reports whether the paper publishes results for a trace (its
+// short name): the 17 of FGD_expected_allocation.txt.
+func Published(trace string) bool {
+	return slices.Contains(Traces(), trace) && !slices.Contains(unpublished, trace)
+}
 
 // ErrUnknownTrace is returned for a trace name that is not embedded.
 var ErrUnknownTrace = errors.New("no such embedded openb trace")

@@ -136,19 +136,26 @@ func expected(t *testing.T) map[string]map[string][]float64 {
 	return out
 }
 
-// TestEmbeddedTracesAreThePapers: the binary carries exactly the pod lists
-// the paper's results name — none missing, none that nothing validates.
+// TestEmbeddedTracesAreThePapers: the binary carries every pod list the
+// paper's results name, and the data set's seven others (those with no
+// published result) — none missing, none from elsewhere.
 func TestEmbeddedTracesAreThePapers(t *testing.T) {
-	var want []string
+	var paper []string
 	for tr := range expected(t) {
-		want = append(want, strings.TrimPrefix(tr, podListPrefix))
+		paper = append(paper, strings.TrimPrefix(tr, podListPrefix))
 	}
-	slices.Sort(want)
+	slices.Sort(paper)
+	if len(paper) != 17 || !slices.Contains(paper, DefaultTrace) {
+		t.Errorf("the paper has 17 traces with %q among them: %v", DefaultTrace, paper)
+	}
+	want := slices.Sorted(slices.Values(append(slices.Clone(paper), "cpu0", "cpu037", "cpu072", "cpu235", "cpu300", "gpushare20", "gpuspec05")))
 	if got := Traces(); !slices.Equal(got, want) {
-		t.Errorf("embedded traces %v, the paper's results name %v", got, want)
+		t.Errorf("embedded traces %v, want the paper's %v and the data set's seven others", got, paper)
 	}
-	if len(want) != 17 || !slices.Contains(want, DefaultTrace) {
-		t.Errorf("the paper has 17 traces with %q among them: %v", DefaultTrace, want)
+	for _, tr := range Traces() {
+		if got, want := Published(tr), slices.Contains(paper, tr); got != want {
+			t.Errorf("Published(%q) = %v, the paper's results name it: %v", tr, got, want)
+		}
 	}
 }
 
@@ -215,7 +222,7 @@ func TestPodList(t *testing.T) {
 			t.Errorf("PodList(%q) = %q, %v", in, got, err)
 		}
 	}
-	for _, in := range []string{"", "nope", "cpu0", "../default", "openb_node_list_gpu_node"} {
+	for _, in := range []string{"", "nope", "cpu999", "../default", "openb_node_list_gpu_node"} {
 		if _, err := PodList(in); !errors.Is(err, ErrUnknownTrace) || !strings.Contains(err.Error(), "default, ") {
 			t.Errorf("PodList(%q): %v, want ErrUnknownTrace listing the traces", in, err)
 		}
