@@ -438,7 +438,11 @@ func writeComputeEnergy(w io.Writer, runs []TimedResult) error {
 func writePowerModel(w io.Writer, power []GPUPower) {
 	fmt.Fprintf(w, "power model: a GPU draws idle + (TDP − idle) × its allocated share; an idle GPU idle watts; delivered compute is the allocated share × the dense FP16 TFLOPS\n")
 	for _, p := range power {
-		fmt.Fprintf(w, "  %-8s %5d GPUs  idle %4.0f W  TDP %4.0f W  %s  FP16 %6.1f TFLOPS  %s\n", p.Model, p.GPUs, p.IdleW, p.TDPW, p.Source, p.TFLOPS, p.TFLOPSSource)
+		from := p.TFLOPSSource
+		if from == p.Source {
+			from = "the same"
+		}
+		fmt.Fprintf(w, "  %-8s %5d GPUs  idle %4.0f W  TDP %4.0f W  FP16 %6.1f TFLOPS  %s; TFLOPS: %s\n", p.Model, p.GPUs, p.IdleW, p.TDPW, p.TFLOPS, p.Source, from)
 	}
 }
 
