@@ -305,6 +305,9 @@ type Energy struct {
 	// Models is what each GPU model served, in the order of Power.
 	Models []ModelUse `json:"models"`
 	Power  []GPUPower `json:"power_model"`
+	// VsSpread is the gap to spread's run on the same replay, when
+	// spread ran too (Simulate; see SplitGap).
+	VsSpread *GapSplit `json:"vs_spread,omitempty"`
 }
 
 // ModelUse is what the GPUs of one model served in the window.
@@ -357,7 +360,8 @@ func (e *energyMeter) result(gpuHours float64, power []GPUPower) Energy {
 // GPU-hours fall on (how power-hungry the busy GPUs are, not how busy).
 // BAtAMix is B's Wh per GPU-hour had its GPU-hours had A's model mix.
 type GapSplit struct {
-	A, B    string
+	A       string  `json:"policy"`
+	B       string  `json:"against"`
 	Total   float64 `json:"total_wh_per_gpu_hour"`
 	Floor   float64 `json:"floor_wh_per_gpu_hour"`
 	Mix     float64 `json:"mix_wh_per_gpu_hour"`
@@ -375,6 +379,21 @@ func SplitGap(a, b TimedResult) GapSplit {
 		Mix:     ea.DynamicWhPerGPUHour - eb.DynamicWhPerGPUHour,
 		BAtAMix: eb.FloorWhPerGPUHour + ea.DynamicWhPerGPUHour,
 		A100Eq:  ea.WhPerA100EqHour - eb.WhPerA100EqHour,
+	}
+}
+
+// splitAgainstSpread sets every other run's Energy.VsSpread when spread
+// is among runs.
+func splitAgainstSpread(runs []TimedResult) {
+	i := slices.IndexFunc(runs, func(t TimedResult) bool { return t.Policy == "spread" })
+	if i < 0 {
+		return
+	}
+	for j := range runs {
+		if j != i {
+			g := SplitGap(runs[j], runs[i])
+			runs[j].Energy.VsSpread = &g
+		}
 	}
 }
 
@@ -417,18 +436,17 @@ func writeComputeEnergy(w io.Writer, runs []TimedResult) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	i := slices.IndexFunc(runs, func(t TimedResult) bool { return t.Policy == "spread" })
-	if i < 0 {
+	if !slices.ContainsFunc(runs, func(t TimedResult) bool { return t.Energy.VsSpread != nil }) {
 		return nil
 	}
 	fmt.Fprintf(w, "\nWh/GPU-hour against spread = floor part (GPU-hours served) + dynamic part (model mix):\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "policy\tgap Wh/GPU-hour\tfrom the floor\tfrom the model mix\tspread at the policy's mix\tgap Wh/A100-eq-hour\t\n")
 	for _, t := range runs {
-		if t.Policy == "spread" {
+		g := t.Energy.VsSpread
+		if g == nil {
 			continue
 		}
-		g := SplitGap(t, runs[i])
 		fmt.Fprintf(tw, "%s\t%+.1f\t%+.1f\t%+.1f\t%.1f\t%+.1f\t\n", t.Policy, g.Total, g.Floor, g.Mix, g.BAtAMix, g.A100Eq)
 	}
 	return tw.Flush()

@@ -221,6 +221,9 @@ func TestEnergyGapSplit(t *testing.T) {
 	}
 	a, b := rep.Timed[0], rep.Timed[1]
 	g := SplitGap(a, b)
+	if a.Energy.VsSpread == nil || *a.Energy.VsSpread != g || b.Energy.VsSpread != nil {
+		t.Errorf("vs spread in the report: %+v, %+v; want %+v on fusiond only", a.Energy.VsSpread, b.Energy.VsSpread, g)
+	}
 	var mix float64
 	for i, p := range a.Energy.Power {
 		mix += (a.Energy.Models[i].GPUHours/a.GPUHours - b.Energy.Models[i].GPUHours/b.GPUHours) * (p.TDPW - p.IdleW)

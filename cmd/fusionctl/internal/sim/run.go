@@ -279,6 +279,7 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 			}
 			rep.Timed = append(rep.Timed, r)
 		}
+		splitAgainstSpread(rep.Timed)
 		return rep, nil
 	}
 	for _, seed := range o.Seeds {
