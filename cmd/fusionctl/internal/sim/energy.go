@@ -293,8 +293,8 @@ type Energy struct {
 	DynamicWhPerGPUHour float64 `json:"dynamic_wh_per_gpu_hour"`
 	// PFLOPHours is the compute delivered in the window: Σ over GPUs of
 	// the allocated share × the model's dense FP16 TFLOPS × time, in FP16
-	// PFLOP-hours. A100EqHours is the same in hours of an A100 (sched.
-	// ReferenceFP16, 312 TFLOPS): a T4 GPU-hour is 65/312 of one.
+	// PFLOP-hours. A100EqHours is the same in hours of an A100
+	// (sched.ReferenceFP16, 312 TFLOPS): a T4 GPU-hour is 65/312 of one.
 	PFLOPHours  float64 `json:"fp16_pflop_hours"`
 	A100EqHours float64 `json:"a100_eq_hours"`
 	// WhPerA100EqHour and WhPerPFLOPHour are KWh over the delivered
@@ -312,7 +312,9 @@ type Energy struct {
 
 // ModelUse is what the GPUs of one model served in the window.
 type ModelUse struct {
-	Model       string  `json:"model"`
+	Model string `json:"model"`
+	// GPUHours is the GPU time allocated on the model's GPUs,
+	// A100EqHours the compute it held (GPUHours × TFLOPS / 312).
 	GPUHours    float64 `json:"gpu_hours"`
 	A100EqHours float64 `json:"a100_eq_hours"`
 	// DynamicKWh is the energy above idle the model's allocated shares
