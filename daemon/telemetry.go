@@ -13,6 +13,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/telemetry"
+	"github.com/fusiond/fusiond/daemon/sched"
 	"github.com/fusiond/fusiond/devices/rapl"
 	"github.com/fusiond/fusiond/topology"
 )
@@ -137,6 +138,7 @@ func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mg
 			}
 			return out
 		},
+		GPUModel: gpuModels(h),
 	}
 	switch m, err := rapl.Open(cfg.PowercapRoot); {
 	case err == nil:
@@ -156,6 +158,24 @@ func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mg
 		tc.JobPSINote = "jobs run without cgroups"
 	}
 	return telemetry.New(tc, log)
+}
+
+// gpuModels gives each of the host's GPUs (by UUID) its figures from the
+// GPU model table, as the placer's nodes get them; a GPU the table does
+// not know, or one that appears later, has none.
+func gpuModels(h *hardware.Host) func(id string) (sched.GPUSpec, bool) {
+	specs := map[string]sched.GPUSpec{}
+	if m := h.GPUs(); m != nil {
+		for _, g := range m.Status().GPUs {
+			if s, ok := sched.LookupGPU(g.Model); ok {
+				specs[g.UUID] = s
+			}
+		}
+	}
+	return func(id string) (sched.GPUSpec, bool) {
+		s, ok := specs[id]
+		return s, ok
+	}
 }
 
 // startTelemetry starts the bus's sampler; stop ends it.

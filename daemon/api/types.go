@@ -767,6 +767,47 @@ type TelemetryStatus struct {
 	LastError string `json:"last_error,omitempty"`
 	// Forecasts are the host series' forecasts.
 	Forecasts []SeriesForecast `json:"forecasts,omitempty"`
+	// GPUEnergy is the GPUs' energy per unit of delivered work since
+	// the bus started, GPUEnergyRecent over its last minute; nil
+	// without GPU samples.
+	GPUEnergy       *GPUEnergy `json:"gpu_energy,omitempty"`
+	GPUEnergyRecent *GPUEnergy `json:"gpu_energy_recent,omitempty"`
+}
+
+// GPUEnergy is this host's GPU energy per unit of delivered work over a
+// window of the telemetry bus's samples, each sample's readings counted
+// from the previous sample to it.
+type GPUEnergy struct {
+	// Since is the window's start, Window its length (time integrated).
+	Since  time.Time `json:"since"`
+	Window Duration  `json:"window"`
+	// EnergyWh is the GPUs' energy: the driver's measured power where
+	// read (MeasuredWh of it), else the GPU model table's idle + (TDP −
+	// idle) × SM utilisation.
+	EnergyWh   float64 `json:"energy_wh"`
+	MeasuredWh float64 `json:"measured_wh"`
+	// IdleFloorWh is what the GPUs' idle draws (the model table's
+	// estimates) alone come to over the window, busy or not; the rest of
+	// EnergyWh is above idle.
+	IdleFloorWh float64 `json:"idle_floor_wh"`
+	// GPUHours is GPUs × time; BusyGPUHours Σ SM utilisation × time.
+	GPUHours     float64 `json:"gpu_hours"`
+	BusyGPUHours float64 `json:"busy_gpu_hours"`
+	// A100EqHours is the delivered compute: Σ SM utilisation × the
+	// model's dense FP16 TFLOPS (the model table) × time, in hours of an
+	// A100 (sched.ReferenceFP16, 312 TFLOPS). SM utilisation is the share
+	// of time a kernel ran, not the share of peak throughput reached, so
+	// this is an upper bound on the work done.
+	A100EqHours float64 `json:"a100_eq_hours"`
+	// WhPerBusyGPUHour and WhPerA100EqHour are EnergyWh over
+	// BusyGPUHours and A100EqHours (0 when nothing was delivered);
+	// FloorWhPerA100EqHour is IdleFloorWh's part of the latter.
+	WhPerBusyGPUHour     float64 `json:"wh_per_busy_gpu_hour,omitempty"`
+	WhPerA100EqHour      float64 `json:"wh_per_a100_eq_hour,omitempty"`
+	FloorWhPerA100EqHour float64 `json:"floor_wh_per_a100_eq_hour,omitempty"`
+	// UnknownGPUs counts the GPUs whose model the table does not know:
+	// their measured power counts, their compute and idle floor do not.
+	UnknownGPUs int `json:"unknown_gpus,omitempty"`
 }
 
 // PressureStatus is the "some" avg10 of each resource, in percent.

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/sched"
 	"github.com/fusiond/fusiond/devices/rapl"
 )
 
@@ -121,6 +122,11 @@ type Config struct {
 	CPUNode map[int]int
 	// GPUs returns the driver's latest GPU telemetry; nil without GPUs.
 	GPUs func() []GPU
+	// GPUModel gives a GPU's figures from the GPU model table
+	// (sched.LookupGPU of its model) by its ID, for the status's GPU
+	// energy: its idle floor, its power where none is measured, and its
+	// throughput. Nil: no GPU's model is known.
+	GPUModel func(id string) (sched.GPUSpec, bool)
 	// Jobs, when set, is read every JobInterval.
 	Jobs Jobs
 	// Power, when set, is read every sample; PowerNote says why it is
@@ -228,6 +234,8 @@ type Bus struct {
 	fc      forecasts
 	// follows is the bus's following of jobs, for the status and metrics.
 	follows FollowStats
+	// energy integrates the GPUs' energy since the first sample.
+	energy gpuEnergy
 }
 
 // FollowStats is how the bus follows the running jobs against its bound.
@@ -359,6 +367,9 @@ func (b *Bus) Sample() error {
 		*slot = s
 		b.next = (b.next + 1) % len(b.ring)
 		b.count++
+		if len(s.GPUs) > 0 {
+			b.energy.add(&s, b.cfg.GPUModel)
+		}
 	}
 	b.total++
 	b.cost += time.Since(start)

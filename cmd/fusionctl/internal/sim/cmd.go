@@ -19,16 +19,17 @@ import (
 // no daemon.
 func NewCommand() *cobra.Command {
 	var (
-		o        Options
-		policies string
-		seeds    string
-		verbose  bool
-		gpuPower string
-		tune     bool
-		testSeed string
-		frag     string
-		passes   int
-		list     bool
+		o         Options
+		policies  string
+		seeds     string
+		verbose   bool
+		gpuPower  string
+		gpuTFLOPS string
+		tune      bool
+		testSeed  string
+		frag      string
+		passes    int
+		list      bool
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -81,6 +82,9 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 			if o.GPUPower, err = ParsePowerOverrides(gpuPower); err != nil {
 				return err
 			}
+			if o.GPUTFLOPS, err = ParseTFLOPS(gpuTFLOPS); err != nil {
+				return err
+			}
 			if verbose {
 				o.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
 			}
@@ -101,6 +105,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.BoolVar(&o.Timed, "timed", false, "time-ordered mode: honour creation/deletion times")
 	f.Float64Var(&o.LoadPct, "load", 0, "timed mode: scale every lifetime by one factor so the offered GPU load between the first and last arrival is this % of capacity (0: as traced); arrival times stay as traced")
 	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
+	f.StringVar(&gpuTFLOPS, "gpu-tflops", "", "timed mode: dense FP16 TFLOPS per GPU model, e.g. G2=312, replacing the model table's figure for delivered compute (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
 	f.StringVar(&frag, "frag", "", "fusiond's fragmentation parameters over the defaults, e.g. reserve_steps=50,tail=none (names as --tune prints them); with --tune, the search's starting point")

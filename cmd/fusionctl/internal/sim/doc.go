@@ -4,7 +4,9 @@
 // (Run) — pods resampled to a target share of GPU capacity, shuffled by
 // seed, arriving one by one and never leaving — and a time-ordered mode
 // (RunTimed) that honours creation and deletion times and reports the
-// GPUs' energy under a stated power model (PowerModel), and an upper bound
+// GPUs' energy under a stated power model (PowerModel), per GPU-hour and
+// per unit of delivered compute (A100-equivalent GPU-hours from the GPU
+// model table's FP16 throughput), and an upper bound
 // on what any policy could allocate (AllocBound). NewCommand exposes them
 // as `fusionctl simulate`.
 //

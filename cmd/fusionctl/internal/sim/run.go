@@ -62,6 +62,8 @@ type Options struct {
 	// GPUPower overrides the timed mode's power model (idle and TDP watts
 	// per GPU model; see PowerModel).
 	GPUPower map[string][2]float64
+	// GPUTFLOPS overrides its dense FP16 TFLOPS per GPU model.
+	GPUTFLOPS map[string]float64
 	// Workers bounds parallel runs (GOMAXPROCS by default).
 	Workers int
 	// RandomTies breaks score ties at random per decision (the stock
@@ -271,12 +273,13 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.Timed {
 		for _, pol := range o.Policies {
-			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower})
+			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower, TFLOPS: o.GPUTFLOPS})
 			if err != nil {
 				return nil, err
 			}
 			rep.Timed = append(rep.Timed, r)
 		}
+		splitAgainstSpread(rep.Timed)
 		return rep, nil
 	}
 	for _, seed := range o.Seeds {
@@ -429,7 +432,10 @@ func writeTable(w io.Writer, rep *Report) error {
 			e := t.Energy
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.GPUHours, t.WaitP50, t.WaitP95, t.WaitP99, t.WaitMean, e.KWh/1000, e.WhPerGPUHour, e.IdleGPUHours, e.IdleNodeGPUHours, e.WhPerGPUHourOff)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return writeComputeEnergy(w, rep.Timed)
 	}
 	fmt.Fprintf(w, "trace %s: %d nodes, %d GPUs; typical shapes %s\n", rep.Trace, rep.Nodes, rep.GPUs, rep.Shapes)
 	if len(rep.Summaries) > 0 {
@@ -511,10 +517,10 @@ func runRecord(r *RunResult) []string {
 func writeCSV(w io.Writer, rep *Report) error {
 	cw := csv.NewWriter(w)
 	if len(rep.Timed) > 0 {
-		_ = cw.Write([]string{"policy", "time_s", "gpu_util_pct", "queued", "gpu_power_kw", "idle_gpus"})
+		_ = cw.Write([]string{"policy", "time_s", "gpu_util_pct", "queued", "gpu_power_kw", "idle_gpus", "a100_eq"})
 		for _, t := range rep.Timed {
 			for _, p := range t.Util {
-				_ = cw.Write([]string{t.Policy, strconv.FormatInt(p.Time, 10), fmtPct(p.UtilPct), strconv.Itoa(p.Queued), strconv.FormatFloat(p.PowerKW, 'f', 3, 64), strconv.Itoa(p.IdleGPUs)})
+				_ = cw.Write([]string{t.Policy, strconv.FormatInt(p.Time, 10), fmtPct(p.UtilPct), strconv.Itoa(p.Queued), strconv.FormatFloat(p.PowerKW, 'f', 3, 64), strconv.Itoa(p.IdleGPUs), strconv.FormatFloat(p.A100Eq, 'f', 2, 64)})
 			}
 		}
 		cw.Flush()

@@ -20,6 +20,9 @@ type UtilPoint struct {
 	// allocated (see Energy).
 	PowerKW  float64 `json:"power_kw"`
 	IdleGPUs int     `json:"idle_gpus"`
+	// A100Eq is the compute the allocated shares hold, in A100s (see
+	// Energy.A100EqHours).
+	A100Eq float64 `json:"a100_eq"`
 }
 
 // TimedResult is one run of the time-ordered mode. Every utilisation
@@ -98,6 +101,9 @@ type TimedOptions struct {
 	// Power overrides the power model's idle and TDP watts per GPU model
 	// (see PowerModel).
 	Power map[string][2]float64
+	// TFLOPS overrides the dense FP16 TFLOPS per GPU model (see
+	// PowerModel).
+	TFLOPS map[string]float64
 }
 
 // offeredPct is the in-window offered GPU load of pods whose lifetimes are
@@ -252,7 +258,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	order := slices.Clone(scaled)
 	slices.SortStableFunc(order, func(a, b Pod) int { return cmp.Or(cmp.Compare(a.Creation, b.Creation), cmp.Compare(a.Name, b.Name)) })
 	lo, hi := window(order)
-	power, err := PowerModel(specs, o.Power)
+	power, err := PowerModel(specs, o.Power, o.TFLOPS)
 	if err != nil {
 		return TimedResult{}, err
 	}
@@ -322,7 +328,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		u := 100 * float64(alloc) / float64(capMilli)
 		if t <= hi {
 			res.PeakUtilPct = max(res.PeakUtilPct, u)
-			samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len(), PowerKW: meter.watts / 1000, IdleGPUs: meter.idle})
+			samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len(), PowerKW: meter.watts / 1000, IdleGPUs: meter.idle, A100Eq: meter.a100Eq()})
 		}
 	}
 	res.Placed = len(waits)
