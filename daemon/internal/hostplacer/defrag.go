@@ -49,17 +49,16 @@ func (p *Placer) Pin(plan jobs.MovePlan) {
 	p.pins = maps.Clone(plan.Pins)
 }
 
-// placeOnPin commits the assignment pinned for job id, if any and still
-// free, and reports whether it did; the pin is used up either way. The
-// caller holds p.mu.
+// placeOnPin commits the assignment pinned for job id, if any and free
+// now, and reports whether it did. A pin not free yet (a job moved out of
+// it still stopping) is kept for the next try; any placement of the job
+// uses it up (place). The caller holds p.mu.
 func (p *Placer) placeOnPin(id string, req *sched.Request, nodes []*sched.Node) (sched.Assignment, bool) {
 	a, ok := p.pins[id]
 	if !ok {
 		return sched.Assignment{}, false
 	}
-	delete(p.pins, id)
 	if err := p.eng.Commit(req, &a, nodes); err != nil {
-		p.log.Info("planned place of a moved job taken meanwhile; placing it anew", "job", id, "err", err)
 		return sched.Assignment{}, false
 	}
 	return a, true

@@ -784,6 +784,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 			return nil, fmt.Sprintf("guaranteed job needs %d exclusive cores: %v", reqs[i].ExclusiveCores, err), false
 		}
 		p.held[j.ID] = held{req: reqs[i], assign: assigns[i], cpus: cpus, score: score, scored: scored}
+		delete(p.pins, j.ID)
 		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
 		if len(cpus) > 0 {
 			out[i].CPUSet = cgroups.FormatCPUList(cpus)
