@@ -138,6 +138,7 @@ func TestDefragDGXH200(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("whole-GPU job %s ran %s after its submission, %d jobs moved for it", head.ID, head.StartedAt.Sub(head.CreatedAt).Round(time.Millisecond), len(moved))
 	show := d.ctl(nil, "", "show", moved[0].ID)
 	if show.code != 0 || !strings.Contains(show.stdout, "yes; moved 1 times") {
 		t.Errorf("fusionctl show %s (exit %d):\n%s%s\nwant it to say the job was moved once", moved[0].ID, show.code, show.stdout, show.stderr)
