@@ -95,6 +95,12 @@ type JobSpec struct {
 	Restart *Restart `json:"restart,omitempty"`
 	// Labels are free-form key/value pairs, returned as given.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Movable lets the daemon stop this job and start it again elsewhere
+	// on this host to make room for the job first in the queue
+	// (defragmentation, docs/scheduling.md): the job must tolerate a
+	// restart. A best-effort job is movable whether it says so or not. A
+	// gang member and a pod's device hold cannot be movable.
+	Movable bool `json:"movable,omitempty"`
 
 	// Rootfs runs the job in a container over this root filesystem
 	// (absolute path); the command is looked up inside it and Workdir
@@ -262,6 +268,13 @@ type Job struct {
 	// retries.
 	PreemptedBy string `json:"preempted_by,omitempty"`
 	Preemptions int    `json:"preemptions,omitempty"`
+	// Moves counts how often the daemon stopped this movable job and
+	// started it again elsewhere on this host to make room for another
+	// (defragmentation); MovingFor, while it is being stopped for a move,
+	// names the job the move makes room for. Starts after a move are not
+	// on-failure retries.
+	Moves     int    `json:"moves,omitempty"`
+	MovingFor string `json:"moving_for,omitempty"`
 	// Handover, on the origin, says which peer runs the job and why;
 	// Origin, on that peer, which daemon the job came from.
 	Handover *Handover   `json:"handover,omitempty"`
@@ -269,6 +282,14 @@ type Job struct {
 	// Pod, on a pod's device hold (Spec.Pod), is the pod container it
 	// belongs to, once kubelet's pod resources name it.
 	Pod *PodRef `json:"pod,omitempty"`
+}
+
+// CanMove reports whether the daemon may move j to make room for another
+// job (defragmentation): it said so (Spec.Movable) or its tier is
+// best-effort, and it is neither a gang member nor a pod's device hold,
+// which are never moved.
+func (j *Job) CanMove() bool {
+	return (j.Spec.Movable || j.Tier == TierBestEffort) && j.Spec.Gang == nil && j.Spec.Pod == nil
 }
 
 // Allocation is what the placement engine reserved for a job.

@@ -162,6 +162,9 @@ func (s *JobSpec) Validate() error {
 			return FieldError("restart.policy", "a gang member cannot restart on its own: its gang is placed all together or not at all")
 		}
 	}
+	if s.Movable && s.Gang != nil {
+		return FieldError("movable", "a gang member cannot be moved on its own: its gang is placed all together or not at all")
+	}
 	if len(s.Labels) > MaxLabels {
 		return FieldError("labels", "at most %d labels, got %d", MaxLabels, len(s.Labels))
 	}
@@ -259,6 +262,8 @@ func (s *JobSpec) validatePod() error {
 	switch {
 	case len(s.Command) > 0 || len(s.Env) > 0 || s.Rootfs != "" || s.Workdir != "" || s.Gang != nil || s.Restart != nil || s.Replicas != nil || s.QoS != nil:
 		return FieldError("pod", "a pod's device hold runs no process: command, env, rootfs, workdir, gang, restart, replicas and qos must be empty")
+	case s.Movable:
+		return FieldError("movable", "a pod's device hold is kubelet's: the daemon cannot stop and restart its pod, so it cannot be movable")
 	case s.Resources.CPU != 0 || s.Resources.Memory != 0:
 		return FieldError("pod", "a pod's CPU and memory are kubelet's: resources.cpu and resources.memory must be empty")
 	case s.Name == "" || len(s.Name) > MaxNameLen || !nameRE.MatchString(s.Name):

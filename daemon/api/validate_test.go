@@ -76,6 +76,8 @@ func TestDecodeSpec(t *testing.T) {
 		{"bad restart policy", `{` + ok + `,"restart":{"policy":"always-and-forever"}}`, CodeInvalid, "restart.policy", "unknown policy"},
 		{"retries with never", `{` + ok + `,"restart":{"policy":"never","max_retries":2}}`, CodeInvalid, "restart.max_retries", "on-failure"},
 		{"gang member restarting alone", `{` + ok + `,"gang":{"name":"g","size":2},"restart":{"policy":"on-failure","max_retries":1}}`, CodeInvalid, "restart.policy", "gang"},
+		{"movable gang member", `{` + ok + `,"gang":{"name":"g","size":2},"movable":true}`, CodeInvalid, "movable", "gang"},
+		{"movable ok", `{` + ok + `,"movable":true}`, "", "", ""},
 		{"bad topology", `{` + ok + `,"topology":"numa"}`, CodeInvalid, "topology", "unknown policy"},
 		{"bad label", `{` + ok + `,"labels":{"-x":"y"}}`, CodeInvalid, "labels.-x", "invalid label key"},
 	}
@@ -232,10 +234,31 @@ func TestValidatePodHold(t *testing.T) {
 		"a device twice": {hold(func(s *JobSpec) { s.Pod.Devices = []string{"a", "a"} }), "pod.devices[1]"},
 		"a space":        {hold(func(s *JobSpec) { s.Pod.Devices = []string{"GPU a"} }), "pod.devices[0]"},
 		"no device kind": {hold(func(s *JobSpec) { s.Resources = Resources{} }), "pod.resource"},
+		"movable":        {hold(func(s *JobSpec) { s.Movable = true }), "movable"},
 	} {
 		var e *Error
 		if err := c.spec.Validate(); !errors.As(err, &e) || e.Field != c.field {
 			t.Errorf("%s: %v, want refused on %s", name, err, c.field)
+		}
+	}
+}
+
+// A job is movable when it says so or is best-effort, never when it is a
+// gang member or a pod's device hold.
+func TestJobCanMove(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		job  Job
+		want bool
+	}{
+		{"guaranteed, not movable", Job{Tier: TierGuaranteed}, false},
+		{"guaranteed, movable", Job{Tier: TierGuaranteed, Spec: JobSpec{Movable: true}}, true},
+		{"best-effort", Job{Tier: TierBestEffort}, true},
+		{"best-effort gang member", Job{Tier: TierBestEffort, Spec: JobSpec{Gang: &Gang{Name: "g", Size: 2}}}, false},
+		{"best-effort pod hold", Job{Tier: TierBestEffort, Spec: JobSpec{Pod: &PodHold{Resource: "r", Devices: []string{"d"}}}}, false},
+	} {
+		if got := c.job.CanMove(); got != c.want {
+			t.Errorf("%s: CanMove %v, want %v", c.name, got, c.want)
 		}
 	}
 }

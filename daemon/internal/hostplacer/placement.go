@@ -138,6 +138,10 @@ type Placer struct {
 	// unreserved capacity, borrowed what each holds of it (reclaim.go).
 	reclaimable amount
 	borrowed    map[string]amount
+	// pins are the assignments a defragmentation plan gave the jobs it
+	// moves and the job it makes room for, used by their next placement
+	// (defrag.go).
+	pins map[string]sched.Assignment
 }
 
 var _ jobs.Placer = (*Placer)(nil)
@@ -721,7 +725,19 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 	var explain []string
 	score, scored := 0.0, false
 	lent := p.lend(reqs)
-	if len(reqs) == 1 {
+	// A job a defragmentation plan moved, or made room for, goes where
+	// the plan put it while that is free; the plan kept them apart, so
+	// no guard applies to it.
+	var pin sched.Assignment
+	pinned := len(reqs) == 1
+	if pinned {
+		pin, pinned = p.placeOnPin(group[0].ID, &reqs[0], nodes)
+	}
+	switch {
+	case pinned:
+		assigns = []sched.Assignment{pin}
+		explain = []string{"placed where the defragmentation plan put it"}
+	case len(reqs) == 1:
 		d, err := p.eng.Place(&reqs[0], nodes)
 		if err != nil {
 			p.unlend(lent)
@@ -734,7 +750,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 		assigns = []sched.Assignment{d.Assignment}
 		explain = []string{p.explain(&d)}
 		score, scored = d.Score, true
-	} else {
+	default:
 		as, err := p.eng.PlaceGang(reqs, nodes)
 		if err != nil {
 			p.unlend(lent)
@@ -746,7 +762,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 		}
 	}
 	borrowed := p.borrow(assigns, lent)
-	if guard != nil {
+	if guard != nil && !pinned {
 		if why := guard(reqs); why != "" {
 			for k := range reqs {
 				p.eng.Release(&reqs[k], &assigns[k], nodes)
@@ -768,6 +784,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 			return nil, fmt.Sprintf("guaranteed job needs %d exclusive cores: %v", reqs[i].ExclusiveCores, err), false
 		}
 		p.held[j.ID] = held{req: reqs[i], assign: assigns[i], cpus: cpus, score: score, scored: scored}
+		delete(p.pins, j.ID)
 		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
 		if len(cpus) > 0 {
 			out[i].CPUSet = cgroups.FormatCPUList(cpus)

@@ -28,6 +28,8 @@ type QueueConfig struct {
 	// 10 minutes when zero).
 	MaxEvictions     int
 	PreemptionWindow time.Duration
+	// Defrag tunes defragmentation (defrag.go).
+	Defrag DefragConfig
 }
 
 // queueState is the queue's memory between passes; guarded by m.mu.
@@ -48,6 +50,14 @@ type queueState struct {
 	reclaiming map[string]string
 	// evictions are when the jobs of the current window were preempted.
 	evictions []time.Time
+	// moving maps each job a defragmentation plan moves to the job it
+	// makes room for, from the plan until the job is placed again (or
+	// ends otherwise); madeRoom says, per job moves were made for, what
+	// was moved and why, for its placement's event; budget counts the
+	// moves (defrag.go).
+	moving   map[string]string
+	madeRoom map[string]string
+	budget   moveBudget
 }
 
 // queued is one pending job or a whole gang, in queue order.
@@ -78,6 +88,7 @@ func (m *Manager) schedule() {
 	q := &m.queue
 	if q.queuedAt == nil {
 		q.epoch, q.queuedAt, q.preempting = now, map[string]time.Time{}, map[string]string{}
+		q.moving, q.madeRoom, q.budget = map[string]string{}, map[string]string{}, newMoveBudget(m.cfg.Queue.Defrag)
 	}
 	var pending []*api.Job
 	active := map[uint32]int{}
@@ -112,6 +123,17 @@ func (m *Manager) schedule() {
 			delete(q.preempting, id) // ended and recorded, or forgotten
 		}
 	}
+	for id := range q.moving {
+		// Kept while it stops and waits to be placed again.
+		if j := m.jobs[id]; j == nil || j.State.Terminal() || j.State != api.StatePending && j.MovingFor == "" {
+			delete(q.moving, id)
+		}
+	}
+	for id := range q.madeRoom {
+		if j := m.jobs[id]; j == nil || j.State != api.StatePending {
+			delete(q.madeRoom, id)
+		}
+	}
 	for id := range q.reclaiming {
 		if j := m.jobs[id]; j == nil || j.State != api.StateRunning && j.State != api.StateStarting {
 			delete(q.reclaiming, id) // ended otherwise (cancelled, lost)
@@ -123,6 +145,11 @@ func (m *Manager) schedule() {
 	}
 	queuedAt := maps.Clone(q.queuedAt)
 	first := q.preemptor
+	// Jobs being moved go right after first, to their planned places.
+	moved := map[string]bool{}
+	for id := range q.moving {
+		moved[id] = true
+	}
 	var blocked string
 	for _, id := range slices.Sorted(maps.Keys(m.unreserved)) {
 		blocked = fmt.Sprintf("waiting: re-attached job %s holds resources that could not be reserved again (%s); nothing is placed until it ends", id, m.unreserved[id])
@@ -138,7 +165,7 @@ func (m *Manager) schedule() {
 	// it delays no job queued here (it is backfill, whatever priority
 	// its origin gave it).
 	slices.SortFunc(pending, func(a, b *api.Job) int {
-		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), cmp.Compare(b32(a.Origin == nil), b32(b.Origin == nil)),
+		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), cmp.Compare(b32(moved[a.ID]), b32(moved[b.ID])), cmp.Compare(b32(a.Origin == nil), b32(b.Origin == nil)),
 			sched.CompareQueued(keys[a], keys[b], nowMs, rate))
 	})
 
@@ -176,7 +203,7 @@ func (m *Manager) schedule() {
 		if !ok && m.overflow(group, why) {
 			continue // handed to peers (daemon/internal/handover)
 		}
-		if ok && j.ID != first && m.poorFit(group) {
+		if ok && j.ID != first && !moved[j.ID] && m.poorFit(group) {
 			// Fits here poorly, a peer ranks better: offered to it (not
 			// the job jobs were preempted here for).
 			continue
@@ -206,7 +233,11 @@ func (m *Manager) schedule() {
 					head = group
 					w.Reserved = "room on this host"
 					if len(group) == 1 {
-						if s := m.preempt(j); s != "" {
+						s := m.preempt(j)
+						if s == "" {
+							s = m.defrag(j)
+						}
+						if s != "" {
 							w.Reason += "; " + s
 						}
 					}
@@ -220,10 +251,15 @@ func (m *Manager) schedule() {
 		if q.preemptor == j.ID {
 			q.preemptor = ""
 		}
+		roomMade := q.madeRoom[j.ID]
+		delete(q.madeRoom, j.ID)
 		m.mu.Unlock()
 		for i, member := range group {
 			alloc := allocs[i]
 			summary, _, _ := strings.Cut(cmp.Or(alloc.Explain, "resources reserved"), "\n")
+			if roomMade != "" {
+				summary += "; " + roomMade
+			}
 			place := m.transition
 			m.mu.Lock()
 			_, held := m.holds[member.ID]

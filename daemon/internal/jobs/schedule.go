@@ -158,8 +158,11 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	m.procs[j.ID] = proc
 	cancelled := m.cancels[j.ID]
 	state := j.State
+	// Marked for a move (a re-attached job the last daemon was moving):
+	// stopped again, and queued again when it ends (finish).
+	moving := j.MovingFor != ""
 	m.mu.Unlock()
-	if cancelled {
+	if cancelled || moving {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
@@ -310,7 +313,10 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		j.FinishedAt = &t
 	}
 	desc := describeExit(exit)
-	if overCap != "" && werr == nil && !cancelled && preemptedBy == "" {
+	m.mu.Lock()
+	movingFor := j.MovingFor
+	m.mu.Unlock()
+	if overCap != "" && werr == nil && !cancelled && preemptedBy == "" && movingFor == "" {
 		desc = fmt.Sprintf("stopped: %s (%s)", overCap, desc)
 	}
 	switch {
@@ -318,14 +324,17 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		return m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
 	case cancelled:
 		return m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
+	case movingFor != "":
+		// Told to stop for a move: queued again however it exited.
+		return m.finishMoved(j, movingFor, desc, record)
 	case preemptedBy != "":
 		// Told to stop for a preemption: preempted however it exited.
 		return m.finishPreempted(j, preemptedBy, desc, record)
 	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled && overCap == "":
 		return m.transition(j, api.StateSucceeded, desc, record)
-	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt-j.Preemptions <= j.Spec.Restart.MaxRetries:
-		// Starts after a preemption are not retries.
-		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt-j.Preemptions, j.Spec.Restart.MaxRetries), func(j *api.Job) {
+	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt-j.Preemptions-j.Moves <= j.Spec.Restart.MaxRetries:
+		// Starts after a preemption or a move are not retries.
+		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt-j.Preemptions-j.Moves, j.Spec.Restart.MaxRetries), func(j *api.Job) {
 			e := exit
 			j.Exit = &e
 			j.Usage = usage

@@ -265,9 +265,26 @@ func newRunCmd(o *options) *cobra.Command {
 	f.StringVar(&spec.Workdir, "workdir", "", "working directory (default: the current directory)")
 	f.StringVar(&gang, "gang", "", "gang NAME:SIZE — placed only together with its other members")
 	f.IntVar(&retries, "retries", 0, "restart on failure up to this many times")
+	f.BoolVar(&spec.Movable, "movable", false, "the daemon may stop the job and start it again elsewhere on this host to make room (it must tolerate a restart)")
 	f.BoolVarP(&wait, "wait", "w", false, "wait for the job to finish and exit with its exit code")
 	f.BoolVarP(&follow, "follow", "f", false, "stream the job's output until it finishes, then exit with its exit code")
 	return cmd
+}
+
+// describeMoves says whether the daemon may move j, how often it did and
+// for which job it is moving it now.
+func describeMoves(j api.Job) string {
+	s := "no"
+	if j.CanMove() {
+		s = "yes"
+	}
+	if j.Moves > 0 {
+		s += fmt.Sprintf("; moved %d times", j.Moves)
+	}
+	if j.MovingFor != "" {
+		s += "; being moved to make room for job " + j.MovingFor
+	}
+	return s
 }
 
 // jobExit turns a finished job into fusionctl's exit status.
@@ -466,6 +483,9 @@ func showJob(w io.Writer, j api.Job) error {
 	}
 	if j.PreemptedBy != "" {
 		p("Preempted", "%d times, last by job %s", j.Preemptions, j.PreemptedBy)
+	}
+	if j.CanMove() || j.Moves > 0 || j.MovingFor != "" {
+		p("Movable", "%s", describeMoves(j))
 	}
 	if j.Attempt > 1 {
 		p("Attempt", "%d", j.Attempt)

@@ -1,0 +1,356 @@
+package sched
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Movable is placed work the planner may move: its request and where it runs now.
+type Movable struct {
+	ID  string
+	Req Request
+	Asg Assignment
+}
+
+// Move relocates one movable item.
+type Move struct {
+	ID       string
+	From, To Assignment
+}
+
+// MovePlan is what PlanMoves found: the moves, in order, then where the head goes.
+type MovePlan struct {
+	Moves []Move
+	Head  Assignment
+	// HeadScore is the engine's score of the head's assignment on the
+	// target after the victims left it.
+	HeadScore float64
+	Why       string // one line a human reads: which node, what blocked the head, what the moves free
+}
+
+// defragExactMoves is the largest number of victims PlanMoves searches
+// exhaustively on a node (every subset of that size); above it a greedy
+// pass by size picks the victims.
+const defragExactMoves = 2
+
+// defragExactCandidates bounds the movable items of one node that the
+// exhaustive search considers (the largest for the head's shortfall);
+// the greedy pass considers them all.
+const defragExactCandidates = 24
+
+// defragTries bounds, per number of moves, the (node, victims) candidates
+// whose victims PlanMoves tries to re-place, best head score first.
+const defragTries = 8
+
+// defragCand is one way to make the head fit: a target node and the
+// victims (indices into the movable slice) to take off it.
+type defragCand struct {
+	node    int
+	victims []int
+	head    Assignment
+	score   float64
+}
+
+// PlanMoves finds the fewest moves (at most maxMoves) of movable work after which req fits,
+// and where everything goes. It does not modify nodes (it works on clones). ok is false when
+// no plan within maxMoves exists (or req already fits: then the caller should just place it).
+//
+// It chooses a target node, takes the fewest movable items off it (a clone)
+// for req to pass Filter there, places req on it with the engine's policy,
+// then re-places each removed item, largest first, with the engine's
+// policy over all nodes (the target included), each on the state the
+// previous left; a plan is valid only if every item is re-placed. Of the
+// valid plans with the fewest moves it returns the one whose head scores
+// best (then the lowest node index). Victims are searched exhaustively up
+// to two per node and greedily (largest for the head's shortfall first,
+// then pruned to a minimal set) above that. Targets are pruned first: the
+// node with all its movable items removed must pass Filter.
+//
+// Movable items whose assignment names no node of nodes (index out of
+// range, nil node, another name) or whose request is invalid are ignored.
+// Releasing MIG work leaves its instance on the GPU (Node.Release), so
+// moving MIG instances never frees slices for a larger profile; MIG nodes
+// are otherwise handled like any other. Scoring on clones may advance the
+// engine's tie-breaking generator (TieRandom) and invalidate policies'
+// per-node caches, never their observers (nothing is committed).
+func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMoves int) (plan MovePlan, ok bool) {
+	if req == nil || maxMoves <= 0 || len(movable) == 0 || req.Validate() != nil {
+		return MovePlan{}, false
+	}
+	for _, n := range nodes {
+		if n != nil && Filter(req, n) == Fits {
+			return MovePlan{}, false
+		}
+	}
+	byNode := map[int][]int{}
+	for i := range movable {
+		m := &movable[i]
+		ni := m.Asg.NodeIdx
+		if ni < 0 || ni >= len(nodes) || nodes[ni] == nil || (m.Asg.Node != "" && m.Asg.Node != nodes[ni].Name) ||
+			m.ID == req.ID || m.Req.Validate() != nil {
+			continue
+		}
+		byNode[ni] = append(byNode[ni], i)
+	}
+	targets := make([]int, 0, len(byNode))
+	for ni, items := range byNode {
+		if e.targetPossible(req, nodes[ni], movable, items) {
+			targets = append(targets, ni)
+		}
+	}
+	if len(targets) == 0 {
+		return MovePlan{}, false
+	}
+	slices.Sort(targets)
+	for _, ni := range targets {
+		items := byNode[ni]
+		slices.SortStableFunc(items, func(a, b int) int {
+			return cmp.Compare(relevance(req, nodes[ni], &movable[b]), relevance(req, nodes[ni], &movable[a]))
+		})
+	}
+	// Exhaustive search for one and two victims, node by node.
+	for k := 1; k <= min(defragExactMoves, maxMoves); k++ {
+		var cands []defragCand
+		for _, ni := range targets {
+			cands = e.exactCands(req, nodes, ni, movable, byNode[ni], k, cands)
+		}
+		if p, found := e.tryCands(req, nodes, movable, cands); found {
+			return p, true
+		}
+	}
+	if maxMoves <= defragExactMoves {
+		return MovePlan{}, false
+	}
+	// Greedy for more: one minimal set per node, fewest victims first.
+	var cands []defragCand
+	for _, ni := range targets {
+		if c, found := e.greedyCand(req, nodes, ni, movable, byNode[ni]); found && len(c.victims) > defragExactMoves && len(c.victims) <= maxMoves {
+			cands = append(cands, c)
+		}
+	}
+	slices.SortStableFunc(cands, func(a, b defragCand) int { return cmp.Compare(len(a.victims), len(b.victims)) })
+	for len(cands) > 0 {
+		k := len(cands[0].victims)
+		j := 0
+		for j < len(cands) && len(cands[j].victims) == k {
+			j++
+		}
+		if p, found := e.tryCands(req, nodes, movable, cands[:j]); found {
+			return p, true
+		}
+		cands = cands[j:]
+	}
+	return MovePlan{}, false
+}
+
+// targetPossible is the cheap pruning of a target node: with every movable
+// item on it removed (a clone), req must pass Filter; before cloning, the
+// node's free CPU and memory plus the items' must cover req's.
+func (e *Engine) targetPossible(req *Request, n *Node, movable []Movable, items []int) bool {
+	if (req.GPUs > 0 || req.MIGProfile != "") && !n.anyModelAllowed(req) {
+		return false
+	}
+	cpu, mem := n.CPUFreeMilli, n.MemFreeMiB
+	for _, i := range items {
+		cpu += movable[i].Asg.CPUMilli
+		mem += movable[i].Asg.MemMiB
+	}
+	if cpu < req.CPUMilli+int64(req.ExclusiveCores)*1000 || mem < req.MemMiB {
+		return false
+	}
+	return Filter(req, releasedClone(n, movable, items)) == Fits
+}
+
+// releasedClone is a clone of n with the items' assignments released.
+func releasedClone(n *Node, movable []Movable, items []int) *Node {
+	c := n.Clone()
+	for _, i := range items {
+		c.Release(&movable[i].Asg)
+	}
+	return c
+}
+
+// relevance orders a node's movable items for the head: how much of what
+// the head lacks on the node each would give back (CPU, memory and GPU,
+// each as a fraction of the shortfall, capped at 1), then its size.
+func relevance(req *Request, n *Node, m *Movable) float64 {
+	part := func(give, short int64) float64 {
+		if short <= 0 || give <= 0 {
+			return 0
+		}
+		return min(1, float64(give)/float64(short))
+	}
+	s := part(m.Asg.CPUMilli, req.CPUMilli+int64(req.ExclusiveCores)*1000-n.CPUFreeMilli)
+	s += part(m.Asg.MemMiB, req.MemMiB-n.MemFreeMiB)
+	if req.GPUs > 0 {
+		s += part(m.Asg.GPUMilli*int64(len(m.Asg.GPUs)), req.GPUMilliTotal()-n.GPUMilliFree()+1)
+	}
+	size := float64(m.Asg.CPUMilli)/float64(max(n.CPUMilli, 1)) + float64(m.Asg.MemMiB)/float64(max(n.MemMiB, 1)) +
+		float64(m.Asg.GPUMilli*int64(len(m.Asg.GPUs)))/float64(max(len(n.GPUs), 1)*MilliPerGPU)
+	return 4*s + size
+}
+
+// exactCands appends every set of k of the node's items (at most
+// defragExactCandidates, most relevant first) whose removal lets req fit
+// on node ni, with the head's assignment and score there.
+func (e *Engine) exactCands(req *Request, nodes []*Node, ni int, movable []Movable, items []int, k int, out []defragCand) []defragCand {
+	items = items[:min(len(items), defragExactCandidates)]
+	if k > len(items) {
+		return out
+	}
+	pick := make([]int, k)
+	var rec func(start, depth int)
+	rec = func(start, depth int) {
+		if depth == k {
+			c := releasedClone(nodes[ni], movable, pick)
+			if a, s, fits := e.placeOn(req, c, ni); fits {
+				out = append(out, defragCand{node: ni, victims: slices.Clone(pick), head: a, score: s})
+			}
+			return
+		}
+		for i := start; i < len(items); i++ {
+			pick[depth] = items[i]
+			rec(i+1, depth+1)
+		}
+	}
+	rec(0, 0)
+	return out
+}
+
+// greedyCand removes the node's items, most relevant first, until req
+// fits, then puts back each it can spare (last removed first), so that no
+// victim of the set is unnecessary.
+func (e *Engine) greedyCand(req *Request, nodes []*Node, ni int, movable []Movable, items []int) (defragCand, bool) {
+	c := nodes[ni].Clone()
+	var chosen []int
+	for _, i := range items {
+		if Filter(req, c) == Fits {
+			break
+		}
+		c.Release(&movable[i].Asg)
+		chosen = append(chosen, i)
+	}
+	if Filter(req, c) != Fits {
+		return defragCand{}, false
+	}
+	for j := len(chosen) - 1; j >= 0; j-- {
+		rest := slices.Delete(slices.Clone(chosen), j, j+1)
+		if Filter(req, releasedClone(nodes[ni], movable, rest)) == Fits {
+			chosen = rest
+		}
+	}
+	a, s, fits := e.placeOn(req, releasedClone(nodes[ni], movable, chosen), ni)
+	if !fits {
+		return defragCand{}, false
+	}
+	return defragCand{node: ni, victims: chosen, head: a, score: s}, true
+}
+
+// tryCands tries candidates best head score first (lowest node index on
+// ties), at most defragTries of them, and returns the first whose victims
+// can all be re-placed.
+func (e *Engine) tryCands(req *Request, nodes []*Node, movable []Movable, cands []defragCand) (MovePlan, bool) {
+	slices.SortStableFunc(cands, func(a, b defragCand) int {
+		return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.node, b.node))
+	})
+	for i := range cands[:min(len(cands), defragTries)] {
+		if p, ok := e.replace(req, nodes, movable, &cands[i]); ok {
+			return p, true
+		}
+	}
+	return MovePlan{}, false
+}
+
+// replace builds the plan of one candidate: the head on the target (a
+// clone without the victims), then each victim, largest first, placed by
+// the engine over every node as the previous steps left them (clones).
+func (e *Engine) replace(req *Request, nodes []*Node, movable []Movable, c *defragCand) (MovePlan, bool) {
+	view := slices.Clone(nodes)
+	target := releasedClone(nodes[c.node], movable, c.victims)
+	if target.Apply(&c.head) != nil {
+		return MovePlan{}, false
+	}
+	view[c.node] = target
+	owned := map[int]bool{c.node: true}
+	order := slices.Clone(c.victims)
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(size(&movable[b].Req), size(&movable[a].Req)), cmp.Compare(movable[a].ID, movable[b].ID))
+	})
+	plan := MovePlan{Head: c.head, HeadScore: c.score}
+	for _, v := range order {
+		m := &movable[v]
+		d, err := e.Place(&m.Req, view)
+		if err != nil {
+			return MovePlan{}, false
+		}
+		to := d.Assignment.NodeIdx
+		if !owned[to] {
+			view[to], owned[to] = view[to].Clone(), true
+		}
+		if view[to].Apply(&d.Assignment) != nil {
+			return MovePlan{}, false
+		}
+		plan.Moves = append(plan.Moves, Move{ID: m.ID, From: m.Asg, To: d.Assignment})
+	}
+	plan.Why = why(req, nodes[c.node], &plan)
+	return plan, true
+}
+
+// size orders victims for re-placement: GPU first, then CPU and memory.
+func size(r *Request) float64 {
+	return float64(r.GPUMilliTotal())*1e6 + float64(r.MIGSlices)*1e9 + float64(r.CPUMilli+int64(r.ExclusiveCores)*1000) + float64(r.MemMiB)/1024
+}
+
+// why is the plan's one line for humans.
+func why(req *Request, target *Node, p *MovePlan) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s blocked on %s (%s); moving", req.ID, target.Name, Filter(req, target))
+	for i, m := range p.Moves {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " %s (%s%s → %s%s)", m.ID, m.From.Node, m.From.devices(), m.To.Node, m.To.devices())
+	}
+	fmt.Fprintf(&b, " frees%s for it", freed(req, &p.Head))
+	return b.String()
+}
+
+// freed names what the head takes, for why.
+func freed(req *Request, a *Assignment) string {
+	var b strings.Builder
+	switch {
+	case req.GPUs > 0 && req.Shared():
+		fmt.Fprintf(&b, " %d milli of gpu %v", a.GPUMilli, a.GPUs)
+	case req.GPUs > 0:
+		fmt.Fprintf(&b, " gpus %v", a.GPUs)
+	case a.MIG != nil:
+		fmt.Fprintf(&b, " mig slices %d+%d of gpu %d", a.MIG.Start, a.MIG.Slices, a.MIG.GPU)
+	}
+	if b.Len() > 0 {
+		b.WriteString(" and")
+	}
+	fmt.Fprintf(&b, " %d millicores, %d MiB", a.CPUMilli, a.MemMiB)
+	return b.String()
+}
+
+// placeOn scores req on the one node n (index i), as Place would: the
+// policy's best assignment there and its score; false when n does not
+// pass Filter or the policy has no assignment for it.
+func (e *Engine) placeOn(req *Request, n *Node, i int) (Assignment, float64, bool) {
+	if Filter(req, n) != Fits {
+		return Assignment{}, 0, false
+	}
+	if ap, ok := e.policy.(AssignmentPolicy); ok {
+		e.choices = ap.Choices(req, n, i, 0, e.choices[:0])
+		if len(e.choices) == 0 {
+			return Assignment{}, 0, false
+		}
+		c := &e.choices[0]
+		return c.Assignment(req, n, i), c.Score, true
+	}
+	s := e.policy.Score(req, n, i, e.rng)
+	a, _ := assign(req, n, i, s.GPU)
+	return a, s.Score, true
+}
