@@ -911,6 +911,10 @@ type RunningJob struct {
 	Tier      api.Tier
 	Spec      api.JobSpec
 	StartedAt time.Time
+	// GPUs are the whole GPUs it holds and Share its share of one (nil:
+	// none), copies of its allocation's.
+	GPUs  []string
+	Share *api.GPUShare
 }
 
 // Running lists the jobs running on this host, oldest first (the QoS
@@ -926,6 +930,13 @@ func (m *Manager) Running() []RunningJob {
 			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
 			if j.StartedAt != nil {
 				r.StartedAt = *j.StartedAt
+			}
+			if a := j.Allocation; a != nil {
+				r.GPUs = slices.Clone(a.GPUs)
+				if a.GPUShare != nil {
+					sh := *a.GPUShare
+					r.Share = &sh
+				}
 			}
 			out = append(out, r)
 		}
