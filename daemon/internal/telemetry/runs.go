@@ -23,7 +23,7 @@ type RunSummary struct {
 	// Readings is how many job readings were folded in.
 	Readings int
 	// Since is the first reading's time.
-	Since time.Time
+	Since                 time.Time
 	cpu, mem, gpu, gpuMem profile.Sketch
 }
 
