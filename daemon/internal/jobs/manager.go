@@ -57,6 +57,13 @@ type Config struct {
 	Queue QueueConfig
 	// Audit records every admission, from every source (optional).
 	Audit Auditor
+	// RunEnded, when set, is told of every attempt that ran to its own
+	// end — succeeded, or failed (restarted on failure or not) — with the
+	// record as that end stored it, the attempt's start and end; not of
+	// attempts cancelled, preempted or lost (they did not end on their
+	// own), nor of jobs handed over to peers. Called without the
+	// manager's lock held; it must not block.
+	RunEnded func(j api.Job, started, ended time.Time, failed bool)
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
