@@ -70,4 +70,4 @@ func TestRunEnded(t *testing.T) {
 	if got := count["gone"]; len(got) != 0 {
 		t.Errorf("cancelled job told as %v", got)
 	}
-	}
+}
