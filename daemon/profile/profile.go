@@ -477,7 +477,7 @@ const (
 )
 
 var steps = [4]float64{cpuStepMilli, memStepMiB, gpuStepMilli, gpuMemStepMiB}
-var units = [4]string{"m", "MiB", "m", "MiB"}
+var units = [4]string{"m", " MiB", "m", " MiB"}
 
 // Recommend suggests requests for a job of key k that asks for requested,
 // from k's profile once it has Options.MinRuns sampled runs. For each
