@@ -105,11 +105,11 @@ func (q *Queue) Schedule(now int64, e *Engine, nodes []*Node) ([]Placement, []Wa
 	return q.ScheduleRunning(now, e, nodes, nil)
 }
 
-// ScheduleRunning is Schedule with EASY backfill on the head's reserved
-// node: running(i) lists the jobs running on node i, each with its
-// expected end when known (Running.End). The head's shadow time is when
-// it would fit the reserved node if those jobs ended as expected
-// (Shadow). A job behind the head that fits nowhere else may then take
+// ScheduleRunning is Schedule with run times: running(i) lists the jobs
+// running on node i, each with its expected end when known (Running.End).
+// The head's shadow time on a node is when it would fit there if those
+// jobs ended as expected (Shadow); the head reserves the node where that
+// is soonest (ties, and when no node has one: Schedule's choice). A job behind the head that fits nowhere else may then take
 // the reserved node if it is expected to end by the shadow time (now +
 // q.Estimate ≤ shadow), or if what it takes leaves the head fitting at the
 // shadow time (the "extra" resources, no estimate of its own needed).
@@ -148,13 +148,19 @@ func (q *Queue) ScheduleRunning(now int64, e *Engine, nodes []*Node, running fun
 		keep = append(keep, j)
 		w := Waiting{ID: j.req.ID, Ahead: len(keep) - 1, Reason: reasonText(err, &d, &j.req)}
 		if reservedFor == "" && errors.Is(err, ErrUnschedulable) {
-			if r := reserveFor(&j.req, nodes); r >= 0 {
+			r := -1
+			if running != nil {
+				if bf = earliestShadow(&j.req, nodes, running, now); bf != nil {
+					r = bf.idx
+				}
+			}
+			if r < 0 {
+				r = reserveFor(&j.req, nodes)
+			}
+			if r >= 0 {
 				reserved[r] = true
 				reservedFor = j.req.ID
 				w.Reserved = nodes[r].Name
-				if running != nil {
-					bf = newShadowFill(&j.req, nodes, r, running(r), now)
-				}
 			}
 		}
 		waiting = append(waiting, w)
@@ -175,18 +181,33 @@ type shadowFill struct {
 	others map[int]bool // every node but idx, for PlaceExcept
 }
 
-func newShadowFill(head *Request, nodes []*Node, idx int, running []Running, now int64) *shadowFill {
-	shadow, at, ok := Shadow(head, nodes[idx], running, now)
-	if !ok {
-		return nil
-	}
-	others := make(map[int]bool, len(nodes))
-	for i := range nodes {
-		if i != idx {
-			others[i] = true
+// earliestShadow is the head's reservation with run times: among the
+// nodes that could ever hold it, the one where it is expected to fit
+// soonest (Shadow), ties to the one reserveFor would pick; nil when no
+// node has a shadow time.
+func earliestShadow(head *Request, nodes []*Node, running func(node int) []Running, now int64) *shadowFill {
+	var best *shadowFill
+	for i, n := range nodes {
+		if !couldHold(head, n) {
+			continue
+		}
+		shadow, at, ok := Shadow(head, n, running(i), now)
+		if !ok {
+			continue
+		}
+		if best == nil || shadow < best.shadow || shadow == best.shadow && freerThan(n, nodes[best.idx]) {
+			best = &shadowFill{head: head, idx: i, shadow: shadow, at: at}
 		}
 	}
-	return &shadowFill{head: head, idx: idx, shadow: shadow, at: at, others: others}
+	if best != nil {
+		best.others = make(map[int]bool, len(nodes))
+		for i := range nodes {
+			if i != best.idx {
+				best.others[i] = true
+			}
+		}
+	}
+	return best
 }
 
 // place places req on the reserved node if EASY allows it (see
@@ -279,15 +300,24 @@ func (w Waiting) String() string {
 func reserveFor(req *Request, nodes []*Node) int {
 	best := -1
 	for i, n := range nodes {
-		if n.CPUMilli < req.CPUMilli || n.MemMiB < req.MemMiB || (req.GPUs > 0 && n.gpusOfOneModel(req) < req.GPUs) {
+		if !couldHold(req, n) {
 			continue
 		}
-		if best < 0 || n.GPUMilliFree() > nodes[best].GPUMilliFree() ||
-			(n.GPUMilliFree() == nodes[best].GPUMilliFree() && n.CPUFreeMilli > nodes[best].CPUFreeMilli) {
+		if best < 0 || freerThan(n, nodes[best]) {
 			best = i
 		}
 	}
 	return best
+}
+
+// couldHold reports whether n's total capacity could hold req.
+func couldHold(req *Request, n *Node) bool {
+	return n != nil && n.CPUMilli >= req.CPUMilli && n.MemMiB >= req.MemMiB && (req.GPUs == 0 || n.gpusOfOneModel(req) >= req.GPUs)
+}
+
+// freerThan orders reservation candidates: more free GPU share, then CPU.
+func freerThan(a, b *Node) bool {
+	return a.GPUMilliFree() > b.GPUMilliFree() || a.GPUMilliFree() == b.GPUMilliFree() && a.CPUFreeMilli > b.CPUFreeMilli
 }
 
 // BackfillAllowed is the daemon's EASY-backfill rule on one node, where
