@@ -59,6 +59,10 @@ type Options struct {
 	// to that offered GPU load (see TimedOptions).
 	Timed   bool
 	LoadPct float64
+	// Estimates are the timed mode's backfill run-time estimate modes
+	// (TimedOptions.Estimates), each policy run once per mode; none: one
+	// run without, and no estimates table.
+	Estimates []string
 	// GPUPower overrides the timed mode's power model (idle and TDP watts
 	// per GPU model; see PowerModel).
 	GPUPower map[string][2]float64
@@ -270,12 +274,18 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 		capMilli += int64(s.GPUs) * sched.MilliPerGPU
 	}
 	if o.Timed {
+		modes := o.Estimates
+		if len(modes) == 0 {
+			modes = []string{""}
+		}
 		for _, pol := range o.Policies {
-			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower})
-			if err != nil {
-				return nil, err
+			for _, m := range modes {
+				r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower, Estimates: m})
+				if err != nil {
+					return nil, err
+				}
+				rep.Timed = append(rep.Timed, r)
 			}
-			rep.Timed = append(rep.Timed, r)
 		}
 		return rep, nil
 	}
@@ -429,7 +439,10 @@ func writeTable(w io.Writer, rep *Report) error {
 			e := t.Energy
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.GPUHours, t.WaitP50, t.WaitP95, t.WaitP99, t.WaitMean, e.KWh/1000, e.WhPerGPUHour, e.IdleGPUHours, e.IdleNodeGPUHours, e.WhPerGPUHourOff)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		return writeEstimates(w, rep.Timed)
 	}
 	fmt.Fprintf(w, "trace %s: %d nodes, %d GPUs; typical shapes %s\n", rep.Trace, rep.Nodes, rep.GPUs, rep.Shapes)
 	if len(rep.Summaries) > 0 {
