@@ -83,7 +83,7 @@ func (t telemetryJobs) Running() []telemetry.JobRef {
 	list := m.Running()
 	out := make([]telemetry.JobRef, len(list))
 	for i, j := range list {
-		out[i] = telemetry.JobRef{ID: j.ID}
+		out[i] = telemetry.JobRef{ID: j.ID, GPUs: gpuHolds(j)}
 	}
 	return out
 }
@@ -133,7 +133,8 @@ func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mg
 		GPUs: func() []telemetry.GPU {
 			var out []telemetry.GPU
 			for _, s := range h.Telemetry() {
-				out = append(out, telemetry.GPU{ID: s.UUID, SMUtil: float64(s.SMUtil), MemUtil: float64(s.MemUtil), PowerW: s.PowerW, LimitW: s.PowerLimitW})
+				out = append(out, telemetry.GPU{ID: s.UUID, SMUtil: float64(s.SMUtil), MemUtil: float64(s.MemUtil), PowerW: s.PowerW, LimitW: s.PowerLimitW,
+					MemUsedMiB: float64(s.MemUsedMB)})
 			}
 			return out
 		},
@@ -193,4 +194,19 @@ func boundWord(n int, one, more string) string {
 		return one
 	}
 	return more
+}
+
+// gpuHolds are the GPUs a running job's readings are attributed from:
+// each whole GPU's utilisation and used memory, and a share's up to its
+// compute share and memory cap. A MIG instance is not attributed (the
+// device's readings cover every instance on it).
+func gpuHolds(j jobs.RunningJob) []telemetry.GPUHold {
+	var out []telemetry.GPUHold
+	for _, id := range j.GPUs {
+		out = append(out, telemetry.GPUHold{ID: id, Milli: 1000})
+	}
+	if sh := j.Share; sh != nil {
+		out = append(out, telemetry.GPUHold{ID: sh.GPU, Milli: float64(sh.Milli), MemMiB: float64(sh.MemoryMB)})
+	}
+	return out
 }

@@ -381,3 +381,35 @@ func TestLabelSet(t *testing.T) {
 		t.Fatal("labels of none")
 	}
 }
+
+func TestSketch(t *testing.T) {
+	var s Sketch
+	var v []float64
+	for i := range 200 {
+		x := 5 * math.Pow(1.05, float64(i%97))
+		v = append(v, x)
+		if !s.Add(x) {
+			t.Fatal("reading refused")
+		}
+	}
+	for _, bad := range []float64{math.NaN(), -1, math.Inf(1)} {
+		if s.Add(bad) {
+			t.Fatalf("%v accepted", bad)
+		}
+	}
+	if s.Count() != 200 {
+		t.Fatalf("count %d", s.Count())
+	}
+	for _, q := range []float64{0.5, 0.95} {
+		if got, want := s.Quantile(q), nearestRank(v, q); got != want {
+			t.Errorf("q%v = %v, want %v", q, got, want)
+		}
+	}
+	if s.Max() != slices.Max(v) {
+		t.Errorf("max %v", s.Max())
+	}
+	var empty Sketch
+	if empty.Quantile(0.5) != 0 || empty.Max() != 0 {
+		t.Fatal("empty sketch not zero")
+	}
+}

@@ -57,6 +57,13 @@ type Config struct {
 	Queue QueueConfig
 	// Audit records every admission, from every source (optional).
 	Audit Auditor
+	// RunEnded, when set, is told of every attempt that ran to its own
+	// end — succeeded, or failed (restarted on failure or not) — with the
+	// record as that end stored it, the attempt's start and end; not of
+	// attempts cancelled, preempted or lost (they did not end on their
+	// own), nor of jobs handed over to peers. Called without the
+	// manager's lock held; it must not block.
+	RunEnded func(j api.Job, started, ended time.Time, failed bool)
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -911,6 +918,10 @@ type RunningJob struct {
 	Tier      api.Tier
 	Spec      api.JobSpec
 	StartedAt time.Time
+	// GPUs are the whole GPUs it holds and Share its share of one (nil:
+	// none), copies of its allocation's.
+	GPUs  []string
+	Share *api.GPUShare
 }
 
 // Running lists the jobs running on this host, oldest first (the QoS
@@ -926,6 +937,13 @@ func (m *Manager) Running() []RunningJob {
 			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
 			if j.StartedAt != nil {
 				r.StartedAt = *j.StartedAt
+			}
+			if a := j.Allocation; a != nil {
+				r.GPUs = slices.Clone(a.GPUs)
+				if a.GPUShare != nil {
+					sh := *a.GPUShare
+					r.Share = &sh
+				}
 			}
 			out = append(out, r)
 		}

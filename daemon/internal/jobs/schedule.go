@@ -302,6 +302,26 @@ func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
 // failed, however it exited, and its restart policy applies as to an
 // OOM kill.
 func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, preemptedBy, overCap string, attempt int) error {
+	// ended is the record as a run that ended on its own left it, for
+	// Config.RunEnded (captured under the lock, in the transition).
+	var ended api.Job
+	var started, endedAt time.Time
+	capture := func(mutate func(*api.Job)) func(*api.Job) {
+		return func(j *api.Job) {
+			if j.StartedAt != nil {
+				started = *j.StartedAt
+			}
+			mutate(j)
+			ended = cloneJob(j)
+			endedAt = m.now()
+		}
+	}
+	runEnded := func(err error, failed bool) error {
+		if err == nil && m.cfg.RunEnded != nil && ended.Handover == nil && !started.IsZero() {
+			m.cfg.RunEnded(ended, started, endedAt, failed)
+		}
+		return err
+	}
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
@@ -322,18 +342,18 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		// Told to stop for a preemption: preempted however it exited.
 		return m.finishPreempted(j, preemptedBy, desc, record)
 	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled && overCap == "":
-		return m.transition(j, api.StateSucceeded, desc, record)
+		return runEnded(m.transition(j, api.StateSucceeded, desc, capture(record)), false)
 	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt-j.Preemptions <= j.Spec.Restart.MaxRetries:
 		// Starts after a preemption are not retries.
-		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt-j.Preemptions, j.Spec.Restart.MaxRetries), func(j *api.Job) {
+		return runEnded(m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt-j.Preemptions, j.Spec.Restart.MaxRetries), capture(func(j *api.Job) {
 			e := exit
 			j.Exit = &e
 			j.Usage = usage
 			j.Allocation = nil
 			j.PID = 0
-		})
+		})), true)
 	default:
-		return m.transition(j, api.StateFailed, desc, record)
+		return runEnded(m.transition(j, api.StateFailed, desc, capture(record)), true)
 	}
 }
 

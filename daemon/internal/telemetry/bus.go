@@ -35,6 +35,8 @@ type GPU struct {
 	// LimitW is the power limit the GPU enforces (its cap), 0 when not
 	// read.
 	LimitW float64 `json:"limit_w,omitempty"`
+	// MemUsedMiB is the GPU's memory in use, 0 when not read.
+	MemUsedMiB float64 `json:"mem_used_mib,omitempty"`
 }
 
 // Sample is one reading of the host.
@@ -68,6 +70,8 @@ type PSI struct {
 // JobRef is a running job the bus reads the cgroup of.
 type JobRef struct {
 	ID string
+	// GPUs are the GPUs the job holds, for its run summary (TakeRun).
+	GPUs []GPUHold
 }
 
 // JobUsage is one reading of a job's cgroup.
@@ -228,6 +232,10 @@ type Bus struct {
 	fc      forecasts
 	// follows is the bus's following of jobs, for the status and metrics.
 	follows FollowStats
+	// runs are the followed jobs' summaries of their current attempt;
+	// ended those of jobs seen ending, until taken (TakeRun) or old.
+	runs  map[string]*RunSummary
+	ended map[string]endedRun
 }
 
 // FollowStats is how the bus follows the running jobs against its bound.
@@ -258,7 +266,7 @@ func New(cfg Config, log *slog.Logger) (*Bus, error) {
 	}
 	b := &Bus{cfg: cfg, log: log, proc: procReader{root: cfg.Proc},
 		ring: make([]Sample, cfg.Ring), history: make([]Point, cfg.History),
-		jobs: map[string]*jobRing{}, prevJob: map[string]jobPrev{},
+		jobs: map[string]*jobRing{}, prevJob: map[string]jobPrev{}, runs: map[string]*RunSummary{}, ended: map[string]endedRun{},
 		follow: map[string]bool{}, refused: map[string]bool{}, follows: FollowStats{Max: cfg.MaxJobs}}
 	for cpu, n := range cfg.CPUNode {
 		for len(b.nodeOf) <= cpu {
@@ -346,7 +354,7 @@ func (b *Bus) Sample() error {
 	}
 	if b.cfg.Jobs != nil && now.Sub(b.lastJobs) >= b.cfg.JobInterval {
 		b.lastJobs = now
-		if err := b.readJobs(now); err != nil {
+		if err := b.readJobs(now, s.GPUs); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -439,7 +447,7 @@ func (b *Bus) readPSI() (PSI, bool) {
 	return p, true
 }
 
-func (b *Bus) readJobs(now time.Time) error {
+func (b *Bus) readJobs(now time.Time, gpus []GPU) error {
 	var errs []error
 	running := b.cfg.Jobs.Running()
 	seen := b.followJobs(running)
@@ -472,6 +480,7 @@ func (b *Bus) readJobs(now time.Time) error {
 			b.jobs[j.ID] = r
 		}
 		r.push(u)
+		b.addRun(j, u, gpus)
 		b.mu.Unlock()
 	}
 	b.mu.Lock()
@@ -480,6 +489,7 @@ func (b *Bus) readJobs(now time.Time) error {
 			delete(b.jobs, id)
 		}
 	}
+	b.endRuns(seen, now)
 	b.mu.Unlock()
 	for id := range b.prevJob {
 		if !seen[id] {
