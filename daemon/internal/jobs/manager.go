@@ -916,6 +916,7 @@ func selectNewest(h []listHit, k int) {
 type RunningJob struct {
 	ID        string
 	Tier      api.Tier
+	Owner     api.Owner
 	Spec      api.JobSpec
 	StartedAt time.Time
 	// GPUs are the whole GPUs it holds and Share its share of one (nil:
@@ -934,7 +935,7 @@ func (m *Manager) Running() []RunningJob {
 	out := make([]RunningJob, 0, m.running)
 	for _, j := range m.jobs {
 		if j.State == api.StateRunning && j.Handover == nil && j.Spec.Pod == nil {
-			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
+			r := RunningJob{ID: j.ID, Tier: j.Tier, Owner: j.Owner, Spec: j.Spec}
 			if j.StartedAt != nil {
 				r.StartedAt = *j.StartedAt
 			}
