@@ -322,10 +322,11 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 					ExemptRoot:   cfg.Limits.ExemptRoot,
 					PodHolds:     cfg.Kubernetes.MaxHolds,
 				},
-				Observer: d.metrics,
-				Queue:    cfg.Scheduling.queue(),
-				Audit:    d.audit,
-				RunEnded: d.profiles.runEndedFunc(),
+				Observer:  d.metrics,
+				Queue:     cfg.Scheduling.queue(),
+				Audit:     d.audit,
+				RunEnded:  d.profiles.runEndedFunc(),
+				Estimator: d.profileUse().estimator(),
 			}, d.store, runner, engine, log)
 			if d.profiles != nil {
 				d.profiles.get = d.mgr.Get

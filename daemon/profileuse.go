@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/reclaim"
 	"github.com/fusiond/fusiond/daemon/profile"
 )
@@ -49,15 +50,23 @@ func (u profileUse) shapes() []profile.Profile {
 	return u.book.All()
 }
 
-// EstimateRuntime is how long a job of key k is expected to run
-// (profile.Book.EstimateRuntime: the spec's own limit when given, else
-// the profile's); false without a book or a profile.
-func (u profileUse) EstimateRuntime(k profile.Key, limit time.Duration) (time.Duration, bool) {
+// estimator is the queue's run-time estimator (jobs.Config.Estimator);
+// nil without a book.
+func (u profileUse) estimator() jobs.RuntimeEstimator {
 	if u.book == nil {
-		if limit > 0 {
-			return limit, true
-		}
+		return nil
+	}
+	return u
+}
+
+// EstimateJob is how long j is expected to run: its task profile's
+// estimate (profile.Book.EstimateRuntime, the p95 of its succeeded runs).
+// A job spec has no run-time limit of its own yet, so none is passed; when
+// one is added it goes in as the limit, which wins. False without a
+// profile.
+func (u profileUse) EstimateJob(j *api.Job) (time.Duration, bool) {
+	if u.book == nil || j == nil {
 		return 0, false
 	}
-	return u.book.EstimateRuntime(k, limit)
+	return u.book.EstimateRuntime(jobKey(*j), 0)
 }

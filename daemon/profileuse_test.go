@@ -11,8 +11,8 @@ import (
 
 // The reclaim prior is the profile's p95 peak CPU and memory (bytes),
 // only once the profile holds min_runs sampled runs, and only for the
-// job's own key; without a book there is none and a spec's limit is the
-// only estimate.
+// job's own key; the queue's estimate is the profile's run time; without
+// a book there is neither.
 func TestProfileUseReclaimPrior(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	book := profile.New(profile.Options{Now: func() time.Time { return t0 }})
@@ -51,10 +51,15 @@ func TestProfileUseReclaimPrior(t *testing.T) {
 	if p := none.reclaimPrior(owner, spec); p != (reclaim.Usage{}) || none.shapes() != nil {
 		t.Fatal("a prior without a book")
 	}
-	if d, ok := none.EstimateRuntime(profile.Key{Name: "x"}, time.Hour); !ok || d != time.Hour {
-		t.Fatalf("limit without a book: %v %v", d, ok)
+	if none.estimator() != nil {
+		t.Fatal("an estimator without a book")
 	}
-	if _, ok := none.EstimateRuntime(profile.Key{Name: "x"}, 0); ok {
-		t.Fatal("estimate without a book or a limit")
+	job := api.Job{Owner: owner, Spec: spec}
+	if d, ok := u.estimator().EstimateJob(&job); !ok || d != time.Minute {
+		t.Fatalf("estimate %v %v, want the runs' 60 s", d, ok)
+	}
+	job.Spec.Name = "eval"
+	if _, ok := u.EstimateJob(&job); ok {
+		t.Fatal("estimate for a job without a profile")
 	}
 }

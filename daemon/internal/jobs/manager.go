@@ -64,6 +64,11 @@ type Config struct {
 	// own), nor of jobs handed over to peers. Called without the
 	// manager's lock held; it must not block.
 	RunEnded func(j api.Job, started, ended time.Time, failed bool)
+	// Estimator, when set with a placer that is a Shadower, gives the
+	// queue's EASY backfill run times: a job behind the head may also take
+	// what the head waits for when it is expected to end before the head
+	// could start (queue.go).
+	Estimator RuntimeEstimator
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
