@@ -16,8 +16,9 @@ import (
 // that could hold it and has the most free GPU share is kept from later
 // jobs, which are placed elsewhere if they fit now (backfill), so they
 // never delay the head job. With run-time estimates (ScheduleRunning) the
-// reserved node is backfilled too, EASY's way: by jobs expected to end
-// before the head can start there, or that leave what the head needs then.
+// head reserves the node where it is expected to fit soonest, and that
+// node is backfilled too, EASY's way: by jobs expected to end before the
+// head can start there, or that leave what the head needs then.
 type Queue struct {
 	// Aging is the priority gained per unit of logical time waited.
 	Aging float64
@@ -109,14 +110,15 @@ func (q *Queue) Schedule(now int64, e *Engine, nodes []*Node) ([]Placement, []Wa
 // running on node i, each with its expected end when known (Running.End).
 // The head's shadow time on a node is when it would fit there if those
 // jobs ended as expected (Shadow); the head reserves the node where that
-// is soonest (ties, and when no node has one: Schedule's choice). A job behind the head that fits nowhere else may then take
-// the reserved node if it is expected to end by the shadow time (now +
-// q.Estimate ≤ shadow), or if what it takes leaves the head fitting at the
-// shadow time (the "extra" resources, no estimate of its own needed).
-// With estimates that hold, the head still starts by its shadow time;
-// an estimate that is too short can delay it (EASY's known trade). A
-// running job of unknown end ahead of the head's fit, or running nil,
-// leaves the reserved node to the head alone, as Schedule does.
+// is soonest (ties, and when no node has one: Schedule's choice). A job
+// behind the head that fits nowhere else may then take the reserved node
+// if it is expected to end by the shadow time (now + q.Estimate ≤
+// shadow), or if what it takes leaves the head fitting at the shadow time
+// (the "extra" resources, no estimate of its own needed). With estimates
+// that hold, the head still starts by its shadow time; an estimate that
+// is too short can delay it (EASY's known trade). When no node has a
+// shadow time (jobs of unknown end in the way), or running is nil, the
+// reserved node is left to the head alone, as Schedule does.
 func (q *Queue) ScheduleRunning(now int64, e *Engine, nodes []*Node, running func(node int) []Running) ([]Placement, []Waiting) {
 	q.order(now)
 	var placed []Placement
