@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -10,15 +11,16 @@ import (
 // The histogram's buckets are logarithmic: bucketsPerOctave to each
 // doubling (each about 4.4% wide), covering [2^minExp, 2^maxExp); values
 // below 2^minExp (zero included) fall in one zero bucket, values from
-// 2^maxExp up in the last bucket. A histogram therefore holds at most
-// maxBuckets buckets whatever it is fed.
+// 2^maxExp up in the last bucket. A histogram holds at most maxStored
+// buckets: past that, two neighbours become one bucket over both index
+// ranges (mergeClosest).
 const (
 	bucketsPerOctave = 16
 	minExp           = -20 // about 1e-6
 	maxExp           = 44  // about 1.8e13
 	zeroIndex        = minExp*bucketsPerOctave - 1
 	lastIndex        = maxExp*bucketsPerOctave - 1
-	maxBuckets       = lastIndex - zeroIndex + 1
+	maxStored        = 64
 	// pruneBelow drops a bucket whose decayed weight fell below it: an
 	// observation weighs 1 when it is folded in, so this is one about 30
 	// half-lives old.
@@ -27,12 +29,33 @@ const (
 
 // bucket is one bucket's decayed weight and the smallest and largest
 // value folded into it (interpolation runs between them, so a bucket of
-// one distinct value answers that value exactly).
+// one distinct value answers that value exactly). It covers the indexes
+// from I (bucketIndex(Lo)) to bucketIndex(Hi): one, or several once
+// merged. It is saved as the JSON array [I, W, Lo, Hi].
 type bucket struct {
-	I  int     `json:"i"`
-	W  float64 `json:"w"`
-	Lo float64 `json:"lo"`
-	Hi float64 `json:"hi"`
+	I  int
+	W  float64
+	Lo float64
+	Hi float64
+}
+
+func (b bucket) MarshalJSON() ([]byte, error) {
+	return json.Marshal([4]float64{float64(b.I), b.W, b.Lo, b.Hi})
+}
+
+func (b *bucket) UnmarshalJSON(data []byte) error {
+	var a []float64
+	if err := json.Unmarshal(data, &a); err != nil {
+		return err
+	}
+	if len(a) != 4 {
+		return fmt.Errorf("bucket of %d numbers, want 4", len(a))
+	}
+	if a[0] != math.Trunc(a[0]) || a[0] < zeroIndex || a[0] > lastIndex {
+		return fmt.Errorf("bucket index %v out of range", a[0])
+	}
+	*b = bucket{I: int(a[0]), W: a[1], Lo: a[2], Hi: a[3]}
+	return nil
 }
 
 // hist is a log-bucketed histogram with decayed weights, its buckets
@@ -58,9 +81,10 @@ func bucketIndex(v float64) int {
 // add folds value v (finite, ≥ 0) with weight w > 0.
 func (h *hist) add(v, w float64) {
 	i := bucketIndex(v)
-	k := sort.Search(len(h.B), func(j int) bool { return h.B[j].I >= i })
-	if k < len(h.B) && h.B[k].I == i {
-		b := &h.B[k]
+	// k: the first bucket starting after i; the one before may cover i.
+	k := sort.Search(len(h.B), func(j int) bool { return h.B[j].I > i })
+	if k > 0 && bucketIndex(h.B[k-1].Hi) >= i {
+		b := &h.B[k-1]
 		b.W += w
 		b.Lo = math.Min(b.Lo, v)
 		b.Hi = math.Max(b.Hi, v)
@@ -69,6 +93,35 @@ func (h *hist) add(v, w float64) {
 	h.B = append(h.B, bucket{})
 	copy(h.B[k+1:], h.B[k:])
 	h.B[k] = bucket{I: i, W: w, Lo: v, Hi: v}
+	if len(h.B) > maxStored {
+		h.mergeClosest()
+	}
+}
+
+// mergeClosest makes one of the two neighbouring buckets that cost least
+// to merge: their weight together times the log of the span they would
+// cover. Light buckets close together go first, so the resolution stays
+// where the weight is (the quantiles) without letting one bucket grow
+// across the whole range.
+func (h *hist) mergeClosest() {
+	best, bestCost := -1, math.Inf(1)
+	for k := 0; k+1 < len(h.B); k++ {
+		lo, hi := h.B[k].Lo, h.B[k+1].Hi
+		cost := math.Inf(1)
+		switch {
+		case lo > 0:
+			cost = (h.B[k].W + h.B[k+1].W) * math.Log(hi/lo)
+		case hi == 0:
+			cost = 0
+		}
+		if cost < bestCost || best < 0 {
+			best, bestCost = k, cost
+		}
+	}
+	a, b := &h.B[best], h.B[best+1]
+	a.W += b.W
+	a.Hi = b.Hi
+	h.B = append(h.B[:best+1], h.B[best+2:]...)
 }
 
 // scale multiplies every weight by f (0 ≤ f ≤ 1) and drops the buckets
@@ -134,12 +187,13 @@ func (h *hist) clone() hist {
 	return hist{B: append([]bucket(nil), h.B...)}
 }
 
-// check is what Load asks of a stored histogram: indexes in range and
-// strictly increasing, weights finite and positive, each value finite,
-// ≥ 0, inside its bucket's index, Lo ≤ Hi.
+// check is what Load asks of a stored histogram: at most maxStored
+// buckets, indexes in range, weights finite and positive, values finite,
+// ≥ 0, Lo ≤ Hi, Lo in the bucket's first index, and each bucket's
+// indexes (I to bucketIndex(Hi)) before the next one's.
 func (h *hist) check() error {
-	if len(h.B) > maxBuckets {
-		return fmt.Errorf("%d buckets, more than %d", len(h.B), maxBuckets)
+	if len(h.B) > maxStored {
+		return fmt.Errorf("%d buckets, more than %d", len(h.B), maxStored)
 	}
 	prev := zeroIndex - 1
 	for _, b := range h.B {
@@ -147,15 +201,15 @@ func (h *hist) check() error {
 		case b.I < zeroIndex || b.I > lastIndex:
 			return fmt.Errorf("bucket index %d out of range", b.I)
 		case b.I <= prev:
-			return errors.New("bucket indexes not increasing")
+			return errors.New("buckets overlap or are out of order")
 		case !finite(b.W) || b.W <= 0:
 			return fmt.Errorf("bucket %d: weight %v", b.I, b.W)
 		case !finite(b.Lo) || !finite(b.Hi) || b.Lo < 0 || b.Lo > b.Hi:
 			return fmt.Errorf("bucket %d: values %v..%v", b.I, b.Lo, b.Hi)
-		case bucketIndex(b.Lo) != b.I || bucketIndex(b.Hi) != b.I:
-			return fmt.Errorf("bucket %d: values %v..%v outside it", b.I, b.Lo, b.Hi)
+		case bucketIndex(b.Lo) != b.I:
+			return fmt.Errorf("bucket %d: value %v outside it", b.I, b.Lo)
 		}
-		prev = b.I
+		prev = bucketIndex(b.Hi)
 	}
 	return nil
 }
@@ -164,9 +218,11 @@ func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 // Sketch is a bounded summary of one run's readings, for its Typical
 // (p50) and Peak (p95) usage: the histogram profiles keep, undecayed
-// (every reading weighs 1). Its quantiles are within one bucket (about
-// 4.4%) of the readings' nearest-rank ones, and it holds at most a few
-// hundred buckets however many readings it is fed. The zero value is
+// (every reading weighs 1). While the readings fall in at most 64
+// buckets its quantiles are within one bucket (about 4.4%) of their
+// nearest-rank ones; past that, neighbouring buckets are merged (see
+// maxStored) and a quantile is interpolated over a wider bucket. It
+// holds at most 64 buckets however many readings it is fed. The zero value is
 // empty; it is not safe for concurrent use.
 type Sketch struct {
 	h hist

@@ -6,7 +6,7 @@
 // an Observation: its run time, whether it failed, what it asked for and
 // what its telemetry showed (typical and peak CPU, memory, GPU
 // utilisation and GPU memory). Every distribution is a log-bucketed
-// histogram (about 4.4% per bucket, at most a few hundred buckets) whose
+// histogram (about 4.4% per bucket, at most 64 buckets) whose
 // weights decay by half every HalfLife, so recent runs count more and a
 // profile's memory is bounded; the Book holds at most MaxProfiles
 // profiles and evicts the least recently seen. It is pure: no I/O but
@@ -388,16 +388,29 @@ func (b *Book) evictLocked(n int) {
 	if n <= 0 {
 		return
 	}
-	all := make([]*entry, 0, len(b.m))
-	for _, e := range b.m {
-		all = append(all, e)
-	}
-	slices.SortFunc(all, func(x, y *entry) int {
+	older := func(x, y *entry) int {
 		if c := x.LastSeen.Compare(y.LastSeen); c != 0 {
 			return c
 		}
 		return x.Key.less(y.Key)
-	})
+	}
+	if n == 1 { // the common case, a new key in a full book: one scan
+		var oldest *entry
+		for _, e := range b.m {
+			if oldest == nil || older(e, oldest) < 0 {
+				oldest = e
+			}
+		}
+		if oldest != nil {
+			delete(b.m, oldest.Key)
+		}
+		return
+	}
+	all := make([]*entry, 0, len(b.m))
+	for _, e := range b.m {
+		all = append(all, e)
+	}
+	slices.SortFunc(all, older)
 	for _, e := range all[:min(n, len(all))] {
 		delete(b.m, e.Key)
 	}
@@ -477,7 +490,7 @@ const (
 )
 
 var steps = [4]float64{cpuStepMilli, memStepMiB, gpuStepMilli, gpuMemStepMiB}
-var units = [4]string{"m", "MiB", "m", "MiB"}
+var units = [4]string{"m", " MiB", "m", " MiB"}
 
 // Recommend suggests requests for a job of key k that asks for requested,
 // from k's profile once it has Options.MinRuns sampled runs. For each

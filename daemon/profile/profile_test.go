@@ -184,8 +184,8 @@ func TestHistogramBounded(t *testing.T) {
 	}
 	h.add(math.MaxFloat64, 1)
 	h.add(0, 1)
-	if len(h.B) > maxBuckets {
-		t.Fatalf("%d buckets, bound %d", len(h.B), maxBuckets)
+	if len(h.B) > maxStored {
+		t.Fatalf("%d buckets, bound %d", len(h.B), maxStored)
 	}
 	if err := h.check(); err != nil {
 		t.Fatal(err)
@@ -330,20 +330,23 @@ func TestLoadRejectsCorrupt(t *testing.T) {
 	_ = b.Save(&buf)
 	good := buf.String()
 	cases := map[string]string{
-		"empty":       "",
-		"truncated":   good[:len(good)/2],
-		"not json":    "hello",
-		"format":      strings.Replace(good, fileFormat, "other", 1),
-		"version":     strings.Replace(good, `"version":1`, `"version":9`, 1),
-		"unknown":     strings.Replace(good, `"version":1`, `"version":1,"x":2`, 1),
-		"runs":        strings.Replace(good, `"runs":1`, `"runs":-1`, 1),
-		"weight":      strings.Replace(good, `"w":1,`, `"w":-1,`, 1),
-		"bucket":      strings.Replace(good, `"lo":7,"hi":7`, `"lo":7,"hi":700`, 1),
-		"empty name":  strings.Replace(good, `"name":"c"`, `"name":""`, 1),
-		"trailing":    good + "{}",
-		"duplicate":   strings.Replace(good, `"profiles":[`, `"profiles":[`+profileJSON(t, good)+",", 1),
-		"null entry":  strings.Replace(good, `"profiles":[`, `"profiles":[null,`, 1),
-		"bucket zero": strings.Replace(good, `"lo":7,"hi":7`, `"lo":0,"hi":7`, 1),
+		"empty":         "",
+		"truncated":     good[:len(good)/2],
+		"not json":      "hello",
+		"format":        strings.Replace(good, fileFormat, "other", 1),
+		"version":       strings.Replace(good, `"version":1`, `"version":9`, 1),
+		"unknown":       strings.Replace(good, `"version":1`, `"version":1,"x":2`, 1),
+		"runs":          strings.Replace(good, `"runs":1`, `"runs":-1`, 1),
+		"weight":        strings.Replace(good, `"w":1,`, `"w":-1,`, 1),
+		"bucket":        strings.Replace(good, `[44,1,7,7]`, `[44,1,8,7]`, 1),
+		"bucket index":  strings.Replace(good, `[44,1,7,7]`, `[44.5,1,7,7]`, 1),
+		"bucket size":   strings.Replace(good, `[44,1,7,7]`, `[44,1,7,7,7]`, 1),
+		"bucket weight": strings.Replace(good, `[44,1,7,7]`, `[44,0,7,7]`, 1),
+		"empty name":    strings.Replace(good, `"name":"c"`, `"name":""`, 1),
+		"trailing":      good + "{}",
+		"duplicate":     strings.Replace(good, `"profiles":[`, `"profiles":[`+profileJSON(t, good)+",", 1),
+		"null entry":    strings.Replace(good, `"profiles":[`, `"profiles":[null,`, 1),
+		"bucket zero":   strings.Replace(good, `[44,1,7,7]`, `[44,1,0,7]`, 1),
 	}
 	for name, s := range cases {
 		if s == good {
@@ -386,7 +389,7 @@ func TestSketch(t *testing.T) {
 	var s Sketch
 	var v []float64
 	for i := range 200 {
-		x := 5 * math.Pow(1.05, float64(i%97))
+		x := 5 * math.Pow(1.05, float64(i%30)) // 30 buckets: none merged (64 are kept)
 		v = append(v, x)
 		if !s.Add(x) {
 			t.Fatal("reading refused")
@@ -407,6 +410,23 @@ func TestSketch(t *testing.T) {
 	}
 	if s.Max() != slices.Max(v) {
 		t.Errorf("max %v", s.Max())
+	}
+	// 200 distinct values, 200 buckets: merged into 64, the quantiles
+	// interpolated over merged buckets stay close.
+	var wide Sketch
+	v = v[:0]
+	for i := range 200 {
+		x := 5 * math.Pow(1.05, float64(i))
+		v = append(v, x)
+		wide.Add(x)
+	}
+	for _, q := range []float64{0.5, 0.95} {
+		if got, want := wide.Quantile(q), nearestRank(v, q); math.Abs(got-want)/want > 0.1 {
+			t.Errorf("merged q%v = %v, want %v ± 10%%", q, got, want)
+		}
+	}
+	if wide.Max() != slices.Max(v) || len(wide.h.B) > maxStored {
+		t.Errorf("merged: max %v, %d buckets", wide.Max(), len(wide.h.B))
 	}
 	var empty Sketch
 	if empty.Quantile(0.5) != 0 || empty.Max() != 0 {

@@ -7,7 +7,9 @@
 // fixed size. It owns the one reader API the rest of the daemon uses for
 // live load (Reader): the latest sample, a window, busy fractions per
 // NUMA node, per-GPU utilisation, per-job usage, and the per-minute
-// history the forecasters run on.
+// history the forecasters run on. It also keeps, for each followed job, a
+// bounded summary of its current attempt's use (runs.go), which the
+// daemon takes when the attempt ends for the job's task profile.
 package telemetry
 
 import (

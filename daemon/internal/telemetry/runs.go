@@ -1,7 +1,9 @@
 package telemetry
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/profile"
@@ -94,15 +96,12 @@ func (b *Bus) endRuns(seen map[string]bool, now time.Time) {
 			delete(b.ended, id)
 		}
 	}
-	for len(b.ended) > endedMax {
-		var oldest string
-		var at time.Time
-		for id, e := range b.ended {
-			if oldest == "" || e.at.Before(at) {
-				oldest, at = id, e.at
-			}
+	if extra := len(b.ended) - endedMax; extra > 0 {
+		ids := slices.Collect(maps.Keys(b.ended))
+		slices.SortFunc(ids, func(x, y string) int { return b.ended[x].at.Compare(b.ended[y].at) })
+		for _, id := range ids[:extra] {
+			delete(b.ended, id)
 		}
-		delete(b.ended, oldest)
 	}
 }
 

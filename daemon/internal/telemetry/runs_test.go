@@ -79,3 +79,24 @@ func TestRunSummaries(t *testing.T) {
 		t.Error("an ended job's summary kept past endedKeep")
 	}
 }
+
+func TestEndedRunsBounded(t *testing.T) {
+	b := newBus(t, Config{Proc: newFakeProc(t, 1).root})
+	t0 := time.Unix(0, 0)
+	for i := range endedMax + 10 {
+		id := string(rune('a'+i%26)) + time.Duration(i).String()
+		b.runs[id] = &RunSummary{Readings: 1}
+		b.endRuns(map[string]bool{}, t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	if len(b.ended) != endedMax {
+		t.Fatalf("%d ended summaries kept, bound %d", len(b.ended), endedMax)
+	}
+	// The oldest went first.
+	if _, ok := b.TakeRun("a0s"); ok {
+		t.Error("the oldest ended summary was kept")
+	}
+	last := endedMax + 9
+	if _, ok := b.TakeRun(string(rune('a'+last%26)) + time.Duration(last).String()); !ok {
+		t.Error("the newest ended summary was dropped")
+	}
+}
