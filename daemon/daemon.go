@@ -236,7 +236,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 		// It scores with the configured profiles and the live load the bus
 		// reads (GPU utilisation and power, CPU busy per NUMA node).
 		Name:  "placer",
-		Needs: []string{"hardware", "cgroups", "telemetry-bus"},
+		Needs: []string{"hardware", "cgroups", "telemetry-bus", "profiles"},
 		Start: func(ctx context.Context) (err error) {
 			var cores func() []cgroups.Core
 			var memNodes func(int) []int
@@ -264,6 +264,8 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 			popts.Pods = cfg.Kubernetes.podOptions(d.hw, log)
 			popts.Live = busLive{r: bus, over: liveOver}
 			engine = hostplacer.New(inventory(), popts)
+			// A restarted daemon starts with the mix of jobs it learned.
+			engine.SeedProfiles(d.profileUse().shapes())
 			if runner, err = newExecutor(cfg, cg, cgErr, engine.SharedCPUs, memNodes, log); err != nil {
 				return err
 			}
@@ -320,10 +322,11 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 					ExemptRoot:   cfg.Limits.ExemptRoot,
 					PodHolds:     cfg.Kubernetes.MaxHolds,
 				},
-				Observer: d.metrics,
-				Queue:    cfg.Scheduling.queue(),
-				Audit:    d.audit,
-				RunEnded: d.profiles.runEndedFunc(),
+				Observer:  d.metrics,
+				Queue:     cfg.Scheduling.queue(),
+				Audit:     d.audit,
+				RunEnded:  d.profiles.runEndedFunc(),
+				Estimator: d.profileUse().estimator(),
 			}, d.store, runner, engine, log)
 			if d.profiles != nil {
 				d.profiles.get = d.mgr.Get
@@ -380,9 +383,9 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 		Stop: noErr(func() { stopElastic() }),
 	}, {
 		Name:  "reclaim",
-		Needs: []string{"jobs", "placer", "telemetry", "cgroups"},
+		Needs: []string{"jobs", "placer", "telemetry", "cgroups", "profiles"},
 		Start: func(ctx context.Context) (err error) {
-			reclaimLoop, reclaimOff, stopReclaim, err = startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
+			reclaimLoop, reclaimOff, stopReclaim, err = startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), d.profileUse().reclaimPrior, log)
 			return err
 		},
 		Stop: noErr(func() { stopReclaim() }),

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strings"
 )
@@ -79,10 +80,24 @@ func NewShapeLearner() *ShapeLearner { return &ShapeLearner{counts: map[Shape]fl
 
 // Observe records one request.
 func (l *ShapeLearner) Observe(r *Request) {
-	k := Shape{CPUMilli: r.CPUMilli, GPUs: r.GPUs, GPUMilli: r.GPUMilli, Models: strings.Join(r.GPUModels, "|")}
-	l.counts[k]++
-	l.total++
+	l.Add(Shape{CPUMilli: r.CPUMilli, GPUs: r.GPUs, GPUMilli: r.GPUMilli, Models: strings.Join(r.GPUModels, "|")}, 1)
 }
+
+// Add records weight requests of shape s (its P is ignored), as many
+// Observe calls would; a prior, e.g. the shapes of the daemon's task
+// profiles weighted by their decayed runs. A weight that is not a finite
+// number above zero is ignored.
+func (l *ShapeLearner) Add(s Shape, weight float64) {
+	if !(weight > 0) || math.IsInf(weight, 0) {
+		return
+	}
+	s.P = 0
+	l.counts[s] += weight
+	l.total += weight
+}
+
+// Total is the weight of the requests recorded.
+func (l *ShapeLearner) Total() float64 { return l.total }
 
 // Model returns the most popular shapes covering at least coverage (0..1]
 // of the observed requests, popularity renormalised to sum to 1, most

@@ -117,6 +117,10 @@ type Placer struct {
 	// how many.
 	seen     map[string]bool
 	observed int
+	// seeded is the weight SeedProfiles gave the learner, in jobs;
+	// shapes the learned model in use (nil: the prior).
+	seeded int
+	shapes *sched.FragModel
 	// liveAt is when the live load was last read (zero: read it at the
 	// next decision).
 	liveAt time.Time

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"syscall"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -130,6 +131,22 @@ type Backfiller interface {
 	// else placed: ever (every device in service), and now (the devices
 	// out of service left out).
 	FitsEmpty(group []*api.Job) (ever, now bool)
+}
+
+// Shadower is a Backfiller that knows run times: EASY backfill with
+// estimates (queue.go).
+type Shadower interface {
+	// ShadowTime is when head would first fit if the jobs in ends (by ID)
+	// released what they hold at those times and the others held on;
+	// false when it would not, or head is a gang.
+	ShadowTime(head []*api.Job, ends map[string]time.Time, now time.Time) (time.Time, bool)
+}
+
+// RuntimeEstimator says how long a job is expected to run (the daemon:
+// its task profile's estimate, profile.Book.EstimateRuntime); false when
+// nothing is known.
+type RuntimeEstimator interface {
+	EstimateJob(j *api.Job) (time.Duration, bool)
 }
 
 // Preempter is a Placer that can plan preemptions (see preempt.go).

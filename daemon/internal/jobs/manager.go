@@ -64,6 +64,11 @@ type Config struct {
 	// own), nor of jobs handed over to peers. Called without the
 	// manager's lock held; it must not block.
 	RunEnded func(j api.Job, started, ended time.Time, failed bool)
+	// Estimator, when set with a placer that is a Shadower, gives the
+	// queue's EASY backfill run times: a job behind the head may also take
+	// what the head waits for when it is expected to end before the head
+	// could start (queue.go).
+	Estimator RuntimeEstimator
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -916,6 +921,7 @@ func selectNewest(h []listHit, k int) {
 type RunningJob struct {
 	ID        string
 	Tier      api.Tier
+	Owner     api.Owner
 	Spec      api.JobSpec
 	StartedAt time.Time
 	// GPUs are the whole GPUs it holds and Share its share of one (nil:
@@ -934,7 +940,7 @@ func (m *Manager) Running() []RunningJob {
 	out := make([]RunningJob, 0, m.running)
 	for _, j := range m.jobs {
 		if j.State == api.StateRunning && j.Handover == nil && j.Spec.Pod == nil {
-			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
+			r := RunningJob{ID: j.ID, Tier: j.Tier, Owner: j.Owner, Spec: j.Spec}
 			if j.StartedAt != nil {
 				r.StartedAt = *j.StartedAt
 			}

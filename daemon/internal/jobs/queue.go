@@ -69,6 +69,21 @@ type queued struct {
 	queuedAt time.Time
 }
 
+// endsBy reports whether every member of group has a run-time estimate
+// and, starting now, is expected to end by t.
+func (m *Manager) endsBy(group []*api.Job, now, t time.Time) bool {
+	if m.cfg.Estimator == nil {
+		return false
+	}
+	for _, j := range group {
+		est, ok := m.cfg.Estimator.EstimateJob(j)
+		if !ok || est < 0 || now.Add(est).After(t) {
+			return false
+		}
+	}
+	return true
+}
+
 // schedule runs one pass over the queue. Pending jobs are ordered by
 // sched.CompareQueued (priority plus aging, then time queued, then ID);
 // the job the last preemption made room for goes first while it waits.
@@ -77,7 +92,12 @@ type queued struct {
 // head: it holds a reservation (EASY backfill: every job behind it is
 // placed only where it leaves what the head needs, Backfiller.PlaceBehind)
 // and, if it is a single job and preemption is on, may preempt lower-tier
-// jobs (preempt.go).
+// jobs (preempt.go). With run times (Config.Estimator and a Shadower
+// placer) the head also has a shadow time, when it is expected to fit as
+// the jobs holding resources end (each at its start plus its estimate; a
+// job without one holds on); a job behind it that PlaceBehind refuses is
+// placed anyway when every member is expected to end by then. An
+// estimate that is too short can delay the head (EASY's trade).
 func (m *Manager) schedule() {
 	m.mu.Lock()
 	if m.cordoned {
@@ -92,7 +112,22 @@ func (m *Manager) schedule() {
 	}
 	var pending []*api.Job
 	active := map[uint32]int{}
+	// ends are the expected ends of the jobs holding resources, for the
+	// head's shadow time (EASY backfill with run times).
+	var ends map[string]time.Time
+	if m.cfg.Estimator != nil {
+		ends = map[string]time.Time{}
+	}
 	for _, j := range m.jobs {
+		if ends != nil && j.Spec.Pod == nil && (j.State == api.StatePlaced || j.State == api.StateStarting || j.State == api.StateRunning) {
+			if est, ok := m.cfg.Estimator.EstimateJob(j); ok {
+				start := now // placed or starting: it starts about now
+				if j.State == api.StateRunning && j.StartedAt != nil {
+					start = *j.StartedAt
+				}
+				ends[j.ID] = start.Add(est)
+			}
+		}
 		switch j.State {
 		case api.StatePending:
 			if m.releasing[j.ID] || j.Spec.Pod != nil {
@@ -170,7 +205,12 @@ func (m *Manager) schedule() {
 	})
 
 	backfill, _ := m.placer.(Backfiller)
+	shadower, _ := m.placer.(Shadower)
 	var head []*api.Job
+	// shadow is when the head is expected to fit (hasShadow: known).
+	var shadow time.Time
+	hasShadow := false
+	passAt := now // the FitsEmpty switch below shadows now
 	ahead := 0
 	for _, e := range groupQueue(pending, queuedAt) {
 		group, j := e.group, e.group[0]
@@ -196,6 +236,13 @@ func (m *Manager) schedule() {
 		var ok bool
 		if head != nil && backfill != nil {
 			allocs, why, ok = backfill.PlaceBehind(group, head)
+			if !ok && hasShadow && m.endsBy(group, now, shadow) {
+				// It takes what the head waits for, but is expected
+				// to give it back before the head could start.
+				if a, _, placed := m.placer.Place(group); placed {
+					allocs, ok = a, true
+				}
+			}
 		} else {
 			allocs, why, ok = m.placer.Place(group)
 		}
@@ -232,6 +279,9 @@ func (m *Manager) schedule() {
 				default:
 					head = group
 					w.Reserved = "room on this host"
+					if shadower != nil && ends != nil {
+						shadow, hasShadow = shadower.ShadowTime(group, ends, passAt)
+					}
 					if len(group) == 1 {
 						s := m.preempt(j)
 						if s == "" {

@@ -30,6 +30,7 @@ func NewCommand() *cobra.Command {
 		frag      string
 		passes    int
 		list      bool
+		estimate  string
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -79,6 +80,14 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 				return Tune(cmd.Context(), to, cmd.OutOrStdout())
 			}
 			o.Policies = splitList(policies)
+			if estimate != "" {
+				if !o.Timed {
+					return fmt.Errorf("%w: --estimates needs --timed", ErrBadOption)
+				}
+				if o.Estimates, err = ParseEstimates(estimate); err != nil {
+					return err
+				}
+			}
 			if o.GPUPower, err = ParsePowerOverrides(gpuPower); err != nil {
 				return err
 			}
@@ -104,6 +113,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringArrayVar(&o.PlotPaths, "plot", nil, "write a picture (FILE.svg or FILE.png; repeatable): allocation and failed-request curves, or with --timed utilisation over time (FILE) and the wait CDF (FILE-wait)")
 	f.BoolVar(&o.Timed, "timed", false, "time-ordered mode: honour creation/deletion times")
 	f.Float64Var(&o.LoadPct, "load", 0, "timed mode: scale every lifetime by one factor so the offered GPU load between the first and last arrival is this % of capacity (0: as traced); arrival times stay as traced")
+	f.StringVar(&estimate, "estimates", "", "timed mode: the run-time estimates the queue's EASY backfill is given, comma-separated to compare: none (the head's reserved node left to it), profile (task profiles learned from the pods that ended, keyed by request shape and QoS; else longest), longest (the longest lifetime ended so far), exact (each pod's real lifetime); adds an estimates table")
 	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
 	f.StringVar(&gpuTFLOPS, "gpu-tflops", "", "timed mode: dense FP16 TFLOPS per GPU model, e.g. G2=312, replacing the model table's figure for delivered compute (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")

@@ -59,6 +59,10 @@ type Options struct {
 	// to that offered GPU load (see TimedOptions).
 	Timed   bool
 	LoadPct float64
+	// Estimates are the timed mode's backfill run-time estimate modes
+	// (TimedOptions.Estimates), each policy run once per mode; none: one
+	// run without, and no estimates table.
+	Estimates []string
 	// GPUPower overrides the timed mode's power model (idle and TDP watts
 	// per GPU model; see PowerModel).
 	GPUPower map[string][2]float64
@@ -272,12 +276,18 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 		capMilli += int64(s.GPUs) * sched.MilliPerGPU
 	}
 	if o.Timed {
+		modes := o.Estimates
+		if len(modes) == 0 {
+			modes = []string{""}
+		}
 		for _, pol := range o.Policies {
-			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower, TFLOPS: o.GPUTFLOPS})
-			if err != nil {
-				return nil, err
+			for _, m := range modes {
+				r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower, TFLOPS: o.GPUTFLOPS, Estimates: m})
+				if err != nil {
+					return nil, err
+				}
+				rep.Timed = append(rep.Timed, r)
 			}
-			rep.Timed = append(rep.Timed, r)
 		}
 		splitAgainstSpread(rep.Timed)
 		return rep, nil
@@ -435,7 +445,10 @@ func writeTable(w io.Writer, rep *Report) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		return writeComputeEnergy(w, rep.Timed)
+		if err := writeComputeEnergy(w, rep.Timed); err != nil {
+			return err
+		}
+		return writeEstimates(w, rep.Timed)
 	}
 	fmt.Fprintf(w, "trace %s: %d nodes, %d GPUs; typical shapes %s\n", rep.Trace, rep.Nodes, rep.GPUs, rep.Shapes)
 	if len(rep.Summaries) > 0 {

@@ -61,6 +61,9 @@ type TimedResult struct {
 	WaitCDF []CDFPoint `json:"wait_cdf,omitempty"`
 	// Energy is the GPUs' energy and idle time inside the window.
 	Energy Energy `json:"energy"`
+	// Estimates is the backfill's run-time estimates and their error
+	// (TimedOptions.Estimates); nil without.
+	Estimates *EstimateStats `json:"estimates,omitempty"`
 }
 
 // CDFPoint says that Frac (0..1) of the placed pods waited at most WaitS
@@ -104,6 +107,10 @@ type TimedOptions struct {
 	// TFLOPS overrides the dense FP16 TFLOPS per GPU model (see
 	// PowerModel).
 	TFLOPS map[string]float64
+	// Estimates is the run-time estimates the queue's backfill is given
+	// (EstimatesProfile, EstimatesLongest, EstimatesExact; "" or
+	// EstimatesNone: none, the head's reserved node left to it).
+	Estimates string
 }
 
 // offeredPct is the in-window offered GPU load of pods whose lifetimes are
@@ -278,6 +285,17 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	}
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed})
 	q := &sched.Queue{Aging: o.Aging, MaxTries: o.MaxTries}
+	var est *estimator
+	runningOn := map[int][]sched.Running{} // with estimates: each node's pods and their expected ends
+	if o.Estimates != "" && o.Estimates != EstimatesNone {
+		if _, err := ParseEstimates(o.Estimates); err != nil {
+			return TimedResult{}, err
+		}
+		if est, err = newEstimator(o.Estimates, order, life); err != nil {
+			return TimedResult{}, err
+		}
+		q.Estimate = est.queueEstimate
+	}
 	var running finishHeap
 	res := TimedResult{Policy: policy, Pods: len(order), Scale: k, Copies: copies, WindowS: hi - lo, WindowEnd: hi, OfferedPct: offeredPct(order, capMilli, lo, hi, 1)}
 	var waits []float64
@@ -312,13 +330,31 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 			eng.Release(&f.req, &f.a, nodes)
 			meter.change(&f.a, -1)
 			alloc -= f.req.GPUMilliTotal()
+			if est != nil {
+				est.clock = t
+				runningOn[f.a.NodeIdx] = slices.DeleteFunc(runningOn[f.a.NodeIdx], func(r sched.Running) bool { return r.Request.ID == f.req.ID })
+				if err := est.ended(&f.req); err != nil {
+					return res, err
+				}
+			}
 		}
 		for next < len(order) && order[next].Creation == t {
 			q.Push(order[next].Request(), t)
 			next++
 		}
-		placed, _ := q.Schedule(t, eng, nodes)
+		var placed []sched.Placement
+		if est != nil {
+			est.clock = t
+			placed, _ = q.ScheduleRunning(t, eng, nodes, func(i int) []sched.Running { return runningOn[i] })
+		} else {
+			placed, _ = q.Schedule(t, eng, nodes)
+		}
 		for _, pl := range placed {
+			if est != nil {
+				r := est.started(&pl.Request, t)
+				r.Request, r.Assignment = pl.Request, pl.Decision.Assignment
+				runningOn[r.Assignment.NodeIdx] = append(runningOn[r.Assignment.NodeIdx], r)
+			}
 			alloc += pl.Request.GPUMilliTotal()
 			meter.change(&pl.Decision.Assignment, +1)
 			waits = append(waits, float64(t-created[pl.Request.ID]))
@@ -349,6 +385,13 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMean = percentile(waits, 0.5), percentile(waits, 0.95), percentile(waits, 0.99), mean(waits)
 	res.Util = downsample(samples, o.MaxPoints)
 	res.WaitCDF = cdf(waits)
+	switch {
+	case est != nil:
+		s := est.result()
+		res.Estimates = &s
+	case o.Estimates != "":
+		res.Estimates = &EstimateStats{Mode: EstimatesNone}
+	}
 	return res, nil
 }
 
