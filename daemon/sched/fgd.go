@@ -22,6 +22,12 @@ type fragEntry struct {
 	sig2 float64
 	// res is the reserve measure's gain (before − after), when set.
 	res float64
+	// key is fusiond's fragmentation score folded from this entry
+	// (Weighted.fragmentation), valid when keyed: it depends only on the
+	// entry, the node's state and the request's shape, which is what the
+	// cache is keyed by.
+	key   float64
+	keyed bool
 }
 
 type nodeFragCache struct {
@@ -30,7 +36,8 @@ type nodeFragCache struct {
 	before  float64
 	before2 float64
 	beforeR float64
-	// byShape[id] is valid when stamp[id] == version+1.
+	// byShape[id] is valid when stamp[id] == 1 (cleared when the
+	// node's version changes).
 	byShape []fragEntry
 	stamp   []uint64
 }
@@ -64,6 +71,8 @@ type fragScorer struct {
 	lastReq *Request
 	lastKey fragKey
 	lastID  int
+	// scratch holds the entry of a node outside the cache (idx < 0).
+	scratch fragEntry
 }
 
 func (f *fragScorer) shapeID(req *Request) int {
@@ -87,6 +96,13 @@ func (f *fragScorer) shapeID(req *Request) int {
 }
 
 func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
+	return *f.entry(req, n, idx)
+}
+
+// entry is gain's cache entry for req on n, computed if need be; for
+// idx < 0 (no cache) the scorer's scratch entry, valid until the next
+// call.
+func (f *fragScorer) entry(req *Request, n *Node, idx int) *fragEntry {
 	if idx < 0 {
 		var b2 float64
 		if f.second != nil {
@@ -96,7 +112,8 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 		if f.reserve != nil {
 			br = f.reserve.NodeFrag(n)
 		}
-		return f.compute(req, n, f.model.NodeFrag(n), b2, br)
+		f.scratch = f.compute(req, n, f.model.NodeFrag(n), b2, br)
+		return &f.scratch
 	}
 	if idx >= len(f.cache) {
 		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
@@ -119,12 +136,10 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 		c.stamp = append(c.stamp, make([]uint64, grow-len(c.stamp))...)
 		c.byShape = append(c.byShape, make([]fragEntry, grow-len(c.byShape))...)
 	}
-	if c.stamp[id] == 1 {
-		return c.byShape[id]
+	if c.stamp[id] != 1 {
+		c.byShape[id], c.stamp[id] = f.compute(req, n, c.before, c.before2, c.beforeR), 1
 	}
-	e := f.compute(req, n, c.before, c.before2, c.beforeR)
-	c.byShape[id], c.stamp[id] = e, 1
-	return e
+	return &c.byShape[id]
 }
 
 func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR float64) fragEntry {

@@ -17,7 +17,10 @@ func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) 
 	switch {
 	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)):
 		p.linkFrag()
-		e := p.fs.gain(req, n, idx)
+		e := p.fs.entry(req, n, idx)
+		if e.keyed {
+			return e.key, e.gpu
+		}
 		// Keys, most significant first (fragKeys, with the policy's
 		// FragParams): FGD's measure on its 0..100 scale; the reserve
 		// for the workload's large shapes (reserve.go) on ReserveSteps
@@ -29,11 +32,14 @@ func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) 
 		// The capacity measure is not a key for GPU requests: it prefers
 		// fresh nodes, and on the multi-GPU traces it broke the nodes the
 		// 8-GPU pods needed (docs/benchmarks.md).
+		// The keys are folded once per cache entry (node state and
+		// request shape).
 		var sl float64
 		if p.fs.params.SliverMass > 0 {
 			sl = sliverKey(req, n, e.gpu, p.fs.params.SliverMass, p.fs.usable)
 		}
-		return fragKeys(&p.fs.params, &e, sl), e.gpu
+		e.key, e.keyed = fragKeys(&p.fs.params, e, sl), true
+		return e.key, e.gpu
 	case len(n.GPUs) > 0:
 		return 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU), -1
 	default:
