@@ -67,13 +67,15 @@ func boundRequest(r *rand.Rand, i int) Request {
 // Skipping the nodes whose score bound is below the best changes no
 // decision: on random clusters and request streams, with the shape model's
 // reserve and the GPU model table, fusiond's policy places every request
-// alike with and without the bound (same assignment, score, feasible and
-// filter counts, same error), under both tie-breaking rules, and the bound
-// does skip nodes.
+// alike with and without the bounds (same assignment, score, feasible and
+// filter counts, same error), under both tie-breaking rules and with each
+// setting of the fragmentation keys (the bounds rely on fragKeys being
+// non-decreasing in each measure), and the bounds do skip nodes.
 func TestBoundChangesNoDecision(t *testing.T) {
 	shapes := []Shape{{CPUMilli: 1000, GPUs: 1, GPUMilli: 500, P: 0.4}, {CPUMilli: 4000, GPUs: 1, GPUMilli: 1000, P: 0.3}, {CPUMilli: 2000, P: 0.2}, {CPUMilli: 8000, GPUs: 2, GPUMilli: 1000, P: 0.1}}
+	params := []FragParams{{}, {ExactLast: true, Tail: TailStrandAll}, {SliverMass: 0.5, Tail: TailCapacityAll, ReserveSteps: 50}, {Tail: TailNone, FullNodesAsFGD: true}, {Tail: TailStrandGPU, ReserveUncovered: true}}
 	skipped := 0
-	for seed := range uint64(6) {
+	for seed := range uint64(10) {
 		for _, tie := range []TieBreak{TieRanked, TieRandom} {
 			model := func() *FragModel {
 				m := NewFragModel(shapes)
@@ -83,6 +85,7 @@ func TestBoundChangesNoDecision(t *testing.T) {
 			newPolicy := func() *Weighted {
 				p := NewWeighted(nil, model())
 				p.ModelTable = seed%2 == 0
+				p.Frag = params[seed%uint64(len(params))]
 				return p
 			}
 			bounded := &countBelow{Weighted: newPolicy()}

@@ -143,10 +143,19 @@ func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, 
 		p.lastReq, p.lastClass, p.lastW = req, req.Class, p.weights(req.Class)
 	}
 	w := p.lastW
-	frag, fragGPU := p.fragmentation(req, n, idx)
 	prio := priorityScore(req, n)
+	mig := req.MIGProfile != ""
+	bounded := keep <= 1 && !math.IsInf(floor, -1)
+	if bounded {
+		// Whether n has options does not depend on the shared GPU the
+		// fragmentation measure prefers (oneGPUOptions).
+		if fb, ok := p.fragBound(req, n, idx); ok && scoreBound(&w, fb, prio, mig) < floor && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
+			return out, true
+		}
+	}
+	frag, fragGPU := p.fragmentation(req, n, idx)
 	opts := p.options(req, n, fragGPU, keep > 1)
-	if keep <= 1 && len(opts) > 0 && !math.IsInf(floor, -1) && scoreBound(&w, frag, prio, req.MIGProfile != "") < floor {
+	if bounded && len(opts) > 0 && scoreBound(&w, frag, prio, mig) < floor {
 		return out, true
 	}
 	base := len(out)
@@ -210,6 +219,17 @@ func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, 
 		cs = cs[:len(cs)-1]
 	}
 	return out[:base+len(cs)], false
+}
+
+// hasOptions says whether options is sure to generate some assignment of
+// req on n, which passed Filter, without generating them: for a request
+// with no MIG instance, FPGA region or exclusive cores on a node of at
+// most 64 GPUs. Then no NUMA alignment applies (mustAlign), a CPU-only
+// request has its one option, and Filter counted at least req.GPUs GPUs
+// that gpuFits, of one model (fitOfOneModel, as wholeGPUOptions groups
+// them), from which oneGPUOptions and wholeGPUOptions build at least one.
+func hasOptions(req *Request, n *Node) bool {
+	return req.MIGProfile == "" && req.Bitstream == "" && req.ExclusiveCores == 0 && len(n.GPUs) <= 64
 }
 
 // scoreBound is at least the score of every assignment of a request on a

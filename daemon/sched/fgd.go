@@ -40,6 +40,10 @@ type nodeFragCache struct {
 	// node's version changes).
 	byShape []fragEntry
 	stamp   []uint64
+	// keyBound bounds fusiond's fragmentation keys of any request on the
+	// node (Weighted.fragBound), valid when bounded.
+	keyBound float64
+	bounded  bool
 }
 
 // fragScorer computes, with a per-node cache, the fragmentation gain
@@ -115,6 +119,22 @@ func (f *fragScorer) entry(req *Request, n *Node, idx int) *fragEntry {
 		f.scratch = f.compute(req, n, f.model.NodeFrag(n), b2, br)
 		return &f.scratch
 	}
+	c := f.node(n, idx)
+	id := f.shapeID(req)
+	if id >= len(c.stamp) {
+		grow := max(id+1, 2*len(c.stamp))
+		c.stamp = append(c.stamp, make([]uint64, grow-len(c.stamp))...)
+		c.byShape = append(c.byShape, make([]fragEntry, grow-len(c.byShape))...)
+	}
+	if c.stamp[id] != 1 {
+		c.byShape[id], c.stamp[id] = f.compute(req, n, c.before, c.before2, c.beforeR), 1
+	}
+	return &c.byShape[id]
+}
+
+// node is the cache of n (index idx ≥ 0) with the measures before,
+// emptied of its entries if n changed since.
+func (f *fragScorer) node(n *Node, idx int) *nodeFragCache {
 	if idx >= len(f.cache) {
 		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
 	}
@@ -129,17 +149,9 @@ func (f *fragScorer) entry(req *Request, n *Node, idx int) *fragEntry {
 			c.beforeR = f.reserve.NodeFrag(n)
 		}
 		clear(c.stamp)
+		c.bounded = false
 	}
-	id := f.shapeID(req)
-	if id >= len(c.stamp) {
-		grow := max(id+1, 2*len(c.stamp))
-		c.stamp = append(c.stamp, make([]uint64, grow-len(c.stamp))...)
-		c.byShape = append(c.byShape, make([]fragEntry, grow-len(c.byShape))...)
-	}
-	if c.stamp[id] != 1 {
-		c.byShape[id], c.stamp[id] = f.compute(req, n, c.before, c.before2, c.beforeR), 1
-	}
-	return &c.byShape[id]
+	return c
 }
 
 func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR float64) fragEntry {

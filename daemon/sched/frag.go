@@ -2,6 +2,7 @@ package sched
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strings"
 )
@@ -15,7 +16,7 @@ import (
 // for CPU-only nodes) the request leaves free.
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
-	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)):
+	case p.byKeys(req, n):
 		p.linkFrag()
 		e := p.fs.entry(req, n, idx)
 		if e.keyed {
@@ -45,6 +46,31 @@ func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) 
 	default:
 		return 1 - float64(n.CPUFreeMilli-req.CPUMilli)/float64(max(n.CPUMilli, 1)), -1
 	}
+}
+
+// byKeys says whether fragmentation scores req on n by the keys.
+func (p *Weighted) byKeys(req *Request, n *Node) bool {
+	return p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0))
+}
+
+// fragBound is at least fragmentation's score of any request on n where
+// it scores by the keys (ok), found without the request's cache entry and
+// kept per node state: FGD's gain there is at most the node's measure
+// before (the measure after is not negative), and fragKeys is
+// non-decreasing in each measure, so the keys folded from that gain (with
+// a margin far above the sigmoid's rounding) and every other measure at
+// its largest bound it.
+func (p *Weighted) fragBound(req *Request, n *Node, idx int) (float64, bool) {
+	if idx < 0 || !p.byKeys(req, n) {
+		return 0, false
+	}
+	p.linkFrag()
+	c := p.fs.node(n, idx)
+	if !c.bounded {
+		e := fragEntry{sig: sigmoid(c.before/1000 + 1e-9), sig2: 1, res: math.Inf(1)}
+		c.keyBound, c.bounded = fragKeys(&p.fs.params, &e, 1), true
+	}
+	return c.keyBound, true
 }
 
 // Shape is a typical request shape and its popularity P (the shapes of a
