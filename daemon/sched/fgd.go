@@ -34,8 +34,11 @@ type nodeFragCache struct {
 	node    *Node
 	version uint64
 	before  float64
-	before2 float64
-	beforeR float64
+	// before2 and beforeR are the second and reserve measures before,
+	// computed when an entry first needs them (have2, haveR).
+	before2      float64
+	beforeR      float64
+	have2, haveR bool
 	// byShape[id] is valid when stamp[id] == 1 (cleared when the
 	// node's version changes).
 	byShape []fragEntry
@@ -122,17 +125,29 @@ func (f *fragScorer) entry(req *Request, n *Node, idx int) *fragEntry {
 	c := f.node(n, idx)
 	id := f.shapeID(req)
 	if id >= len(c.stamp) {
-		grow := max(id+1, 2*len(c.stamp))
+		// Room for every shape seen so far: most nodes see most of them.
+		grow := max(id+1, 2*len(c.stamp), len(f.shapes))
 		c.stamp = append(c.stamp, make([]uint64, grow-len(c.stamp))...)
 		c.byShape = append(c.byShape, make([]fragEntry, grow-len(c.byShape))...)
 	}
 	if c.stamp[id] != 1 {
+		if f.second != nil && !c.have2 && f.usesSecond(req) {
+			c.before2, c.have2 = f.second.NodeFrag(n), true
+		}
+		if f.reserve != nil && !c.haveR {
+			c.beforeR, c.haveR = f.reserve.NodeFrag(n), true
+		}
 		c.byShape[id], c.stamp[id] = f.compute(req, n, c.before, c.before2, c.beforeR), 1
 	}
 	return &c.byShape[id]
 }
 
-// node is the cache of n (index idx ≥ 0) with the measures before,
+// usesSecond says whether the second measure is computed for req.
+func (f *fragScorer) usesSecond(req *Request) bool {
+	return !(f.secondCPUOnly && req.GPUs > 0) && !(f.secondGPUOnly && req.GPUs == 0)
+}
+
+// node is the cache of n (index idx ≥ 0) with FGD's measure before,
 // emptied of its entries if n changed since.
 func (f *fragScorer) node(n *Node, idx int) *nodeFragCache {
 	if idx >= len(f.cache) {
@@ -142,21 +157,15 @@ func (f *fragScorer) node(n *Node, idx int) *nodeFragCache {
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
 		c.before = f.model.NodeFrag(n)
-		if f.second != nil {
-			c.before2 = f.second.NodeFrag(n)
-		}
-		if f.reserve != nil {
-			c.beforeR = f.reserve.NodeFrag(n)
-		}
 		clear(c.stamp)
-		c.bounded = false
+		c.have2, c.haveR, c.bounded = false, false, false
 	}
 	return c
 }
 
 func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR float64) fragEntry {
 	second := f.second
-	if (f.secondCPUOnly && req.GPUs > 0) || (f.secondGPUOnly && req.GPUs == 0) {
+	if !f.usesSecond(req) {
 		second = nil
 	}
 	if req.Shared() {
