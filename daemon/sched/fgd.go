@@ -34,6 +34,7 @@ type nodeFragCache struct {
 	node    *Node
 	version uint64
 	before  float64
+	gpuFree int64 // n.GPUMilliFree()
 	// before2 and beforeR are the second and reserve measures before,
 	// computed when an entry first needs them (have2, haveR).
 	before2      float64
@@ -156,7 +157,7 @@ func (f *fragScorer) node(n *Node, idx int) *nodeFragCache {
 	c := &f.cache[idx]
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
-		c.before = f.model.NodeFrag(n)
+		c.before, c.gpuFree = f.model.NodeFrag(n), n.GPUMilliFree()
 		clear(c.stamp)
 		c.have2, c.haveR, c.bounded = false, false, false
 	}

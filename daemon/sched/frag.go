@@ -16,7 +16,7 @@ import (
 // for CPU-only nodes) the request leaves free.
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
-	case p.byKeys(req, n):
+	case p.byKeys(req, n, idx):
 		p.linkFrag()
 		e := p.fs.entry(req, n, idx)
 		if e.keyed {
@@ -48,9 +48,22 @@ func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) 
 	}
 }
 
-// byKeys says whether fragmentation scores req on n by the keys.
-func (p *Weighted) byKeys(req *Request, n *Node) bool {
-	return p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0))
+// byKeys says whether fragmentation scores req on n (index idx) by the
+// keys.
+func (p *Weighted) byKeys(req *Request, n *Node, idx int) bool {
+	switch {
+	case p.fs == nil:
+		return false
+	case req.GPUs > 0:
+		return true
+	}
+	var free int64
+	if idx >= 0 {
+		free = p.fs.node(n, idx).gpuFree
+	} else {
+		free = n.GPUMilliFree()
+	}
+	return free > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)
 }
 
 // fragBound is at least fragmentation's score of any request on n where
@@ -61,7 +74,7 @@ func (p *Weighted) byKeys(req *Request, n *Node) bool {
 // a margin far above the sigmoid's rounding) and every other measure at
 // its largest bound it.
 func (p *Weighted) fragBound(req *Request, n *Node, idx int) (float64, bool) {
-	if idx < 0 || !p.byKeys(req, n) {
+	if idx < 0 || !p.byKeys(req, n, idx) {
 		return 0, false
 	}
 	p.linkFrag()
