@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -155,5 +156,29 @@ func TestScoreBound(t *testing.T) {
 		if b := scoreBound(&w, frag, prio, mig); c.Score > b {
 			t.Fatalf("score %v above its bound %v (dims %v, weights %v, mig %v)", c.Score, b, c.Dims, w, mig)
 		}
+	}
+}
+
+// The state bound assumes the FGD measure after a placement is not
+// negative: it declines a model with a negative popularity and a node
+// with a negative free share, and bounds the plain case.
+func TestFragBoundDeclinesNegatives(t *testing.T) {
+	shapes := []Shape{{CPUMilli: 1000, GPUs: 1, GPUMilli: 500, P: 0.7}, {CPUMilli: 2000, P: 0.3}}
+	req := Request{CPUMilli: 1000, GPUs: 1, GPUMilli: 500}
+	n := NewNode("n", 8000, 8192, 2, "T4")
+	p := NewWeighted(nil, NewFragModel(shapes))
+	if _, ok := p.fragBound(&req, n, 0); !ok {
+		t.Error("no bound for a plain node and model")
+	}
+	n.GPUs[1].MilliFree = -100
+	n.Version++
+	if _, ok := p.fragBound(&req, n, 0); ok {
+		t.Error("bounded a node with a negative free share")
+	}
+	neg := slices.Clone(shapes)
+	neg[1].P = -0.3
+	p = NewWeighted(nil, NewFragModel(neg))
+	if _, ok := p.fragBound(&req, NewNode("m", 8000, 8192, 2, "T4"), 1); ok {
+		t.Error("bounded with a negative popularity")
 	}
 }

@@ -3,6 +3,7 @@ package sched
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 )
 
@@ -35,6 +36,8 @@ type nodeFragCache struct {
 	version uint64
 	before  float64
 	gpuFree int64 // n.GPUMilliFree()
+	// noneNegative: no GPU (MIG ones aside) has a negative free share.
+	noneNegative bool
 	// before2 and beforeR are the second and reserve measures before,
 	// computed when an entry first needs them (have2, haveR).
 	before2      float64
@@ -81,6 +84,9 @@ type fragScorer struct {
 	lastID  int
 	// scratch holds the entry of a node outside the cache (idx < 0).
 	scratch fragEntry
+	// nonNegativeP: no shape of model has a negative popularity (checked
+	// once, when shapesChecked).
+	nonNegativeP, shapesChecked bool
 }
 
 func (f *fragScorer) shapeID(req *Request) int {
@@ -158,6 +164,7 @@ func (f *fragScorer) node(n *Node, idx int) *nodeFragCache {
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
 		c.before, c.gpuFree = f.model.NodeFrag(n), n.GPUMilliFree()
+		c.noneNegative = !slices.ContainsFunc(n.GPUs, func(g GPU) bool { return g.MIG == nil && g.MilliFree < 0 })
 		clear(c.stamp)
 		c.have2, c.haveR, c.bounded = false, false, false
 	}

@@ -69,16 +69,25 @@ func (p *Weighted) byKeys(req *Request, n *Node, idx int) bool {
 // fragBound is at least fragmentation's score of any request on n where
 // it scores by the keys (ok), found without the request's cache entry and
 // kept per node state: FGD's gain there is at most the node's measure
-// before (the measure after is not negative), and fragKeys is
-// non-decreasing in each measure, so the keys folded from that gain (with
-// a margin far above the sigmoid's rounding) and every other measure at
-// its largest bound it.
+// before (the measure after a placement is not negative: a sum of
+// popularities times free shares, none negative, which ok requires), and
+// fragKeys is non-decreasing in each measure, so the keys folded from
+// that gain (with a margin far above the sigmoid's rounding) and every
+// other measure at its largest bound it.
 func (p *Weighted) fragBound(req *Request, n *Node, idx int) (float64, bool) {
 	if idx < 0 || !p.byKeys(req, n, idx) {
 		return 0, false
 	}
 	p.linkFrag()
-	c := p.fs.node(n, idx)
+	f := p.fs
+	if !f.shapesChecked {
+		f.nonNegativeP = !slices.ContainsFunc(f.model.Shapes, func(s Shape) bool { return !(s.P >= 0) })
+		f.shapesChecked = true
+	}
+	c := f.node(n, idx)
+	if !f.nonNegativeP || !c.noneNegative {
+		return 0, false
+	}
 	if !c.bounded {
 		e := fragEntry{sig: sigmoid(c.before/1000 + 1e-9), sig2: 1, res: math.Inf(1)}
 		c.keyBound, c.bounded = fragKeys(&p.fs.params, &e, 1), true
