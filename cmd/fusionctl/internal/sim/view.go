@@ -12,9 +12,10 @@ import (
 // GPU order) score alike under a policy whose score depends only on the
 // node (no random draw, no per-node memory), and with ranked tie-breaking
 // the engine then picks the one ranked first among them. So only that one
-// needs scoring: the view hands the engine a slice in which every other
-// member of a group is nil (skipped, indices unchanged). A 1213-node openb
-// cluster starts as a handful of groups and fills one node at a time.
+// (the group's representative) needs scoring: the view hands the engine a
+// slice in which every other member of a group is nil (skipped, indices
+// unchanged). A 1213-node openb cluster starts as a handful of groups and
+// fills one node at a time.
 //
 // As it fills, most groups cannot take a given pod: for each request
 // (forRequest) the view also leaves out the groups that a compact summary
@@ -23,19 +24,18 @@ import (
 // engine reading them.
 type nodeView struct {
 	nodes  []*sched.Node
-	view   []*sched.Node
 	rank   []uint32
 	key    []string
 	groups map[string][]int // members of a state, any order
 	buf    []byte
-	// reps are the groups' representatives (view[i] != nil), repAt[i]
-	// node i's place in reps (-1: not one); sum[i] summarises node i.
+	// reps are the groups' representatives, repAt[i] node i's place in
+	// reps (-1: not one); sum[i] summarises node i.
 	reps  []int
 	repAt []int
 	sum   []fitSummary
-	// cand is the slice forRequest hands the engine: view without the
-	// representatives that cannot fit the request; shown are the indices
-	// it holds.
+	// cand is the slice forRequest hands the engine: the representatives
+	// that may fit the request, nil elsewhere; shown are the indices it
+	// holds.
 	cand  []*sched.Node
 	shown []int
 }
@@ -116,7 +116,7 @@ func dedupable(p sched.Policy, tie sched.TieBreak) bool {
 // the engine's TieRanked order (a seeded permutation of node indices,
 // sched.Engine.rankOf), which TestNodeViewMatchesEngine keeps in step.
 func newNodeView(nodes []*sched.Node, seed uint64) *nodeView {
-	v := &nodeView{nodes: nodes, view: make([]*sched.Node, len(nodes)), rank: make([]uint32, len(nodes)), key: make([]string, len(nodes)), groups: map[string][]int{},
+	v := &nodeView{nodes: nodes, rank: make([]uint32, len(nodes)), key: make([]string, len(nodes)), groups: map[string][]int{},
 		repAt: make([]int, len(nodes)), sum: make([]fitSummary, len(nodes)), cand: make([]*sched.Node, len(nodes))}
 	for i := range v.repAt {
 		v.repAt[i] = -1
@@ -198,16 +198,14 @@ func (v *nodeView) refresh(g []int) {
 			v.hide(m)
 		}
 	}
-	v.view[best] = v.nodes[best]
 	if v.repAt[best] < 0 {
 		v.repAt[best] = len(v.reps)
 		v.reps = append(v.reps, best)
 	}
 }
 
-// hide takes node i out of the view (and of reps).
+// hide takes node i out of reps.
 func (v *nodeView) hide(i int) {
-	v.view[i] = nil
 	if at := v.repAt[i]; at >= 0 {
 		last := v.reps[len(v.reps)-1]
 		v.reps[at], v.repAt[last] = last, at
