@@ -114,13 +114,50 @@ type option struct {
 // assignments (symmetric ones once), scores each Σ w_d·s_d with the
 // class's profile and returns them best first.
 func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) []Choice {
+	out, _ = p.choices(req, n, idx, keep, math.Inf(-1), out)
+	return out
+}
+
+// boundedChooser is an AssignmentPolicy that can tell, before scoring a
+// node's assignments, that none of them can score floor or more; the
+// Engine then leaves the node out of a decision it cannot win or tie.
+type boundedChooser interface {
+	AssignmentPolicy
+	// choicesAbove is Choices keeping the best only, except that when n
+	// has assignments but none can score floor or more it returns out
+	// unchanged and true, without scoring them.
+	choicesAbove(req *Request, n *Node, idx int, floor float64, out []Choice) ([]Choice, bool)
+}
+
+var _ boundedChooser = (*Weighted)(nil)
+
+func (p *Weighted) choicesAbove(req *Request, n *Node, idx int, floor float64, out []Choice) ([]Choice, bool) {
+	return p.choices(req, n, idx, 1, floor, out)
+}
+
+// choices is Choices; with a floor above -Inf and keep ≤ 1 it scores
+// nothing when scoreBound shows that no assignment of n can score floor
+// or more, and then reports true (n has assignments: it is feasible).
+func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, out []Choice) ([]Choice, bool) {
 	if p.lastReq != req || p.lastClass != req.Class {
 		p.lastReq, p.lastClass, p.lastW = req, req.Class, p.weights(req.Class)
 	}
 	w := p.lastW
-	frag, fragGPU := p.fragmentation(req, n, idx)
 	prio := priorityScore(req, n)
+	mig := req.MIGProfile != ""
+	bounded := keep <= 1 && !math.IsInf(floor, -1)
+	if bounded {
+		// Whether n has options does not depend on the shared GPU the
+		// fragmentation measure prefers (oneGPUOptions).
+		if fb, ok := p.fragBound(req, n, idx); ok && scoreBound(&w, fb, prio, mig) < floor && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
+			return out, true
+		}
+	}
+	frag, fragGPU := p.fragmentation(req, n, idx)
 	opts := p.options(req, n, fragGPU, keep > 1)
+	if bounded && len(opts) > 0 && scoreBound(&w, frag, prio, mig) < floor {
+		return out, true
+	}
 	base := len(out)
 	for i := range opts {
 		o := &opts[i]
@@ -147,7 +184,7 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 	}
 	cs := out[base:]
 	if len(cs) == 1 {
-		return out
+		return out, false
 	}
 	order := func(a, b Choice) int {
 		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.seq, b.seq))
@@ -181,21 +218,64 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 	for len(cs) > k || (len(cs) > 1 && math.IsInf(cs[len(cs)-1].Score, -1)) {
 		cs = cs[:len(cs)-1]
 	}
-	return out[:base+len(cs)]
+	return out[:base+len(cs)], false
 }
 
-func (c *Choice) score(w *Weights) {
-	c.Score = 0
-	for d, v := range c.Dims {
+// hasOptions says whether options is sure to generate some assignment of
+// req on n, which passed Filter, without generating them: for a request
+// with no MIG instance, FPGA region or exclusive cores on a node of at
+// most 64 GPUs. Then no NUMA alignment applies (mustAlign), a CPU-only
+// request has its one option, and Filter counted at least req.GPUs GPUs
+// that gpuFits, of one model (fitOfOneModel, as wholeGPUOptions groups
+// them), from which oneGPUOptions and wholeGPUOptions build at least one.
+func hasOptions(req *Request, n *Node) bool {
+	return req.MIGProfile == "" && req.Bitstream == "" && req.ExclusiveCores == 0 && len(n.GPUs) <= 64
+}
+
+// scoreBound is at least the score of every assignment of a request on a
+// node whose fragmentation dimension is frag and priority dimension prio
+// (what all of the node's assignments share): the other dimensions at
+// their maximum, 1, and for a MIG request the fragmentation dimension too
+// (a MIG option averages frag with its slot's packing). An assignment's
+// fragmentation dimension is frag or, refined on another shared GPU
+// (sharedFrag), less. It is summed by weigh, as the scores are, so its
+// float arithmetic is theirs, term by term, and rounding, being
+// monotone, keeps it a bound.
+func scoreBound(w *Weights, frag, prio float64, mig bool) float64 {
+	var dims, parts [NumDims]float64
+	for d := range dims {
+		dims[d] = 1
+	}
+	if !mig {
+		dims[DimFragmentation] = frag
+	}
+	dims[DimPriority] = prio
+	return weigh(w, &dims, &parts)
+}
+
+func (c *Choice) score(w *Weights) { c.Score = weigh(w, &c.Dims, &c.Parts) }
+
+// weigh clamps each dimension's score into [0,1], sets parts to w_d·s_d
+// and returns their sum in dimension order. It is where every Choice's
+// score and scoreBound are summed; it is kept out of line so that the
+// compiler cannot fuse its multiply-adds differently at the two call
+// sites (Go allows fused multiply-add, e.g. on arm64), which would break
+// the bound by a rounding.
+//
+//go:noinline
+func weigh(w *Weights, dims, parts *[NumDims]float64) float64 {
+	var sum float64
+	for d, v := range dims {
 		if v < 0 {
 			v = 0
 		} else if v > 1 {
 			v = 1
 		}
-		c.Dims[d] = v
-		c.Parts[d] = w[d] * v
-		c.Score += c.Parts[d]
+		dims[d] = v
+		parts[d] = w[d] * v
+		sum += parts[d]
 	}
+	return sum
 }
 
 // sharedFrag is the fragmentation score of a shared request on GPU g when

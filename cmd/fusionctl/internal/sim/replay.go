@@ -113,11 +113,9 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.Policy, policy string, seed uint64, frag *sched.FragModel, thresholds []float64, tie sched.TieBreak, dedupe bool, placed *[]int) (RunResult, error) {
 	nodes := BuildNodes(specs)
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
-	scored := nodes
 	var view *nodeView
 	if dedupe {
 		view = newNodeView(nodes, seed)
-		scored = view.view
 	}
 	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds}
 	meter := newProtocolMeter(&res, nodes, frag)
@@ -127,6 +125,10 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 			return res, ctx.Err()
 		}
 		req := workload[i].Request()
+		scored := nodes
+		if view != nil {
+			scored = view.forRequest(&req)
+		}
 		d, err := eng.Place(&req, scored)
 		if err == nil {
 			err = eng.Commit(&req, &d.Assignment, nodes)
