@@ -334,3 +334,54 @@ func TestBoundHoldsFull(t *testing.T) {
 	}
 	t.Logf("%d runs checked", runs)
 }
+
+// TestDistanceToBoundPrinted checks that every allocation figure comes
+// with its distance to the bound: the table's column beside the last
+// threshold, the summary's ToBoundPct (bound minus allocation, mean over
+// seeds), and the CSV's bound_pct and to_bound_pct per run.
+func TestDistanceToBoundPrinted(t *testing.T) {
+	o := tinyOptions()
+	o.Policies = []string{"bestfit", "fusiond"}
+	rep, err := Simulate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.BoundPct <= 0 || rep.BoundPct > rep.LooseBoundPct+1e-9 || rep.ForcedPods <= 0 || rep.ForcedPods > rep.ArrivedGPUPods {
+		t.Fatalf("bound %.4f%%, loose %.4f%%, forced %.1f of %.1f", rep.BoundPct, rep.LooseBoundPct, rep.ForcedPods, rep.ArrivedGPUPods)
+	}
+	for _, s := range rep.Summaries {
+		var want float64
+		for _, r := range rep.Runs {
+			if r.Policy == s.Policy {
+				want += (r.BoundPct - r.AllocPct[len(r.AllocPct)-1]) / float64(s.Seeds)
+			}
+		}
+		if math.Abs(s.ToBoundPct-want) > 1e-9 || s.ToBoundPct < -1e-9 {
+			t.Errorf("%s: to bound %.4f, want %.4f (≥ 0)", s.Policy, s.ToBoundPct, want)
+		}
+	}
+	var tab strings.Builder
+	if err := WriteReport(&tab, rep, "table"); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"alloc@130%  to bound@130%", fmt.Sprintf("%.2f%% if any pod could be dropped", rep.LooseBoundPct), fmtPct(rep.Summaries[1].ToBoundPct)} {
+		if !strings.Contains(tab.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, tab.String())
+		}
+	}
+	var csv strings.Builder
+	if err := WriteReport(&csv, rep, "csv"); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(csv.String()), "\n")
+	if !strings.HasSuffix(lines[0], ",bound_pct,to_bound_pct") || len(lines) != 1+len(rep.Runs) {
+		t.Fatalf("csv:\n%s", csv.String())
+	}
+	for i, l := range lines[1:] {
+		f := strings.Split(l, ",")
+		r := rep.Runs[i]
+		if f[len(f)-2] != fmtPct(r.BoundPct) || f[len(f)-1] != fmtPct(r.BoundPct-r.AllocPct[len(r.AllocPct)-1]) {
+			t.Errorf("csv row %q: bound %.4f, allocation %.4f", l, r.BoundPct, r.AllocPct[len(r.AllocPct)-1])
+		}
+	}
+}
