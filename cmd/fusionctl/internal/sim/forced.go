@@ -30,9 +30,11 @@ import (
 // budgets that pods 0..i-1 supply: B_cpu = Σ CPU, B_mem = Σ memory and
 // B_gpu = min(Σ GPUs touched, ⌊Σ GPU milli / (1001 − s)⌋) — each GPU
 // blocked needs a pod on it (a whole-GPU pod touches its g GPUs, a share
-// one) and 1001 − s milli. Only pods that fit some empty node count (the
-// others are never placed). Ignoring which nodes and models earlier pods
-// can use only gives the adversary more, never less.
+// one) and 1001 − s milli. Only the nodes that could hold p empty need
+// blocking, and only earlier pods that fit at least one of their node
+// types empty can use them: the others do not count. Ignoring which of
+// those nodes and GPUs each earlier pod can use only gives the adversary
+// more, never less.
 //
 // Any real blocking gives y_{n,d} ∈ {0,1} (1 for one dimension d that
 // blocks n) with Σ_d y_{n,d} ≥ 1 per node and Σ_n k_{n,d} y_{n,d} ≤ B_d
@@ -229,42 +231,65 @@ func ForcedPods(specs []NodeSpec, workload []Pod, n int) ([]bool, error) {
 	for i := range scale {
 		scale[i] = max(scale[i], 1)
 	}
-	// Budgets before each pod: CPU, memory, GPUs touched, GPU milli of
-	// the earlier pods that fit some empty node.
-	type budget struct{ cpu, mem, touch, milli int64 }
-	before := make([]budget, n)
-	fits := map[forcedShape]bool{}
-	var cur budget
+	// masks[i] are the node kinds pod i fits when empty, one byte each
+	// (a map key).
+	masks := make([]string, n)
+	byShape := map[forcedShape]string{}
 	positions := map[forcedShape][]int{}
 	var order []forcedShape
 	for i := range n {
-		before[i] = cur
 		p := &workload[i]
 		sh := shapeOf(p)
-		ok, seen := fits[sh]
-		if !seen {
-			ok = slices.ContainsFunc(kinds, func(k nodeKind) bool { return k.spec.canHold(p) })
-			fits[sh] = ok
-		}
+		m, ok := byShape[sh]
 		if !ok {
-			continue
+			b := make([]byte, len(kinds))
+			for k, nk := range kinds {
+				if nk.spec.canHold(p) {
+					b[k] = 1
+				}
+			}
+			m = string(b)
+			byShape[sh] = m
 		}
-		cur.cpu += p.CPUMilli
-		cur.mem += p.MemMiB
-		cur.touch += int64(p.GPUs)
-		cur.milli += p.GPUMilliTotal()
-		if p.GPUs > 0 {
+		masks[i] = m
+		if p.GPUs > 0 && strings.IndexByte(m, 1) >= 0 {
 			if _, had := positions[sh]; !had {
 				order = append(order, sh)
 			}
 			positions[sh] = append(positions[sh], i)
 		}
 	}
+	// Budgets before each pod for the pods that fit the kinds of mask:
+	// CPU, memory, GPUs touched and GPU milli of the earlier pods that fit
+	// at least one of those kinds empty (the others never use them).
+	type budget struct{ cpu, mem, touch, milli int64 }
+	budgets := map[string][]budget{}
+	budgetsFor := func(mask string) []budget {
+		if b, ok := budgets[mask]; ok {
+			return b
+		}
+		before := make([]budget, n)
+		var cur budget
+		for i := range n {
+			before[i] = cur
+			if !overlap(masks[i], mask) {
+				continue
+			}
+			p := &workload[i]
+			cur.cpu += p.CPUMilli
+			cur.mem += p.MemMiB
+			cur.touch += int64(p.GPUs)
+			cur.milli += p.GPUMilliTotal()
+		}
+		budgets[mask] = before
+		return before
+	}
 	out := make([]bool, n)
 	for _, sh := range order {
 		pos := positions[sh]
 		fc := newForcedChecker(kinds, &workload[pos[0]], scale)
 		per := sched.MilliPerGPU + 1 - sh.milli
+		before := budgetsFor(byShape[sh])
 		at := func(j int) bool {
 			b := before[pos[j]]
 			return fc.forced([3]float64{float64(b.cpu), float64(b.mem), float64(min(b.touch, b.milli/per))})
@@ -284,4 +309,14 @@ func ForcedPods(specs []NodeSpec, workload []Pod, n int) ([]bool, error) {
 		}
 	}
 	return out, nil
+}
+
+// overlap reports whether two kind masks share a kind.
+func overlap(a, b string) bool {
+	for i := range len(a) {
+		if a[i] == 1 && b[i] == 1 {
+			return true
+		}
+	}
+	return false
 }
