@@ -108,8 +108,9 @@ func gpuBlocks(n NodeSpec, p *Pod) float64 {
 // total of each budget (F's terms are at most about 1 in them), to count.
 const forcedMargin = 1e-9
 
-// forcedChecker tells, for one pod shape, whether given budgets prove it
-// forced: the maximum of F over the cell vertices (see above).
+// forcedChecker tells, for one pod shape, whether the earlier pods'
+// supplies prove it forced: it tries candidate λ (the cell vertices of the
+// relaxation with summed budgets, see above) against F.
 type forcedChecker struct {
 	// cands are the candidate λ (scaled to the cluster totals) and
 	// base[j] = Σ_t N_t min_d λ_d k_{t,d} at cands[j].
@@ -233,7 +234,10 @@ func (fc *forcedChecker) forced(rs [][3]float64) bool {
 		l := fc.cands[c.j]
 		f := fc.base[c.j]
 		for _, r := range rs {
-			f -= max(l[0]*r[0], l[1]*r[1], l[2]*r[2])
+			// f only falls: stop once it is no certificate.
+			if f -= max(l[0]*r[0], l[1]*r[1], l[2]*r[2]); f <= forcedMargin {
+				break
+			}
 		}
 		if f > forcedMargin {
 			return true
