@@ -287,12 +287,25 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 		}
 		return rep, nil
 	}
+	// The bound of each seed, o.Workers at a time.
+	perSeed := make([]BoundResult, len(o.Seeds))
+	errs := make([]error, len(o.Seeds))
+	sem := make(chan struct{}, o.Workers)
+	var bwg sync.WaitGroup
+	for i, seed := range o.Seeds {
+		bwg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			perSeed[i], errs[i] = Bound(specs, Workload(pods, seed, o.TargetPct, capMilli), o.Thresholds[len(o.Thresholds)-1])
+		})
+	}
+	bwg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
 	bounds := map[uint64]float64{}
-	for _, seed := range o.Seeds {
-		b, err := Bound(specs, Workload(pods, seed, o.TargetPct, capMilli), o.Thresholds[len(o.Thresholds)-1])
-		if err != nil {
-			return nil, err
-		}
+	for i, seed := range o.Seeds {
+		b := perSeed[i]
 		bounds[seed] = b.Pct
 		k := float64(len(o.Seeds))
 		rep.BoundPct += b.Pct / k
