@@ -72,3 +72,24 @@ func cpuTime(b *testing.B) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkBound is the allocation bound at 130 % of the default trace
+// (seed 42), forced pods included, and ForcedPods alone.
+func BenchmarkBound(b *testing.B) {
+	specs, pods := loadTrace(b, "openb_pod_list_default")
+	wl := Workload(pods, 42, 130, 6212*sched.MilliPerGPU)
+	b.Run("bound", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Bound(specs, wl, 130); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("forced", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := ForcedPods(specs, wl, len(wl)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -95,6 +95,9 @@ type RunResult struct {
 	// GPU count of the largest node, which defines a big pod.
 	FailAt  []FailPoint `json:"fail_at"`
 	BigGPUs int         `json:"big_gpus"`
+	// BoundPct is the seed's AllocBound at the last threshold (set by
+	// Simulate; 0 where nothing computed it).
+	BoundPct float64 `json:"bound_pct"`
 }
 
 // RunProtocol places workload pods one by one with the named policy on
