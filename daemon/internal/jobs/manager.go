@@ -43,7 +43,9 @@ type Config struct {
 	// when nil). No decision reads it: retention by age, grace periods and
 	// probes measure elapsed time on the monotonic clock, so a wall clock
 	// set forward or back (NTP step, operator) neither deletes a job that
-	// just finished nor keeps one forever.
+	// just finished nor keeps one forever. The one exception is a
+	// re-attached attempt's max_runtime: what is left of it is read once,
+	// at re-attach, from the recorded start (runtime.go).
 	Now func() time.Time
 	// Limits bound each user's jobs, specs and logs (zero: no limit).
 	Limits Limits
