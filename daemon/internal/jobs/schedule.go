@@ -154,6 +154,9 @@ func (m *Manager) release(j *api.Job) {
 // supervise records a started (or re-attached) attempt as running, waits
 // for it to end and records how it ended.
 func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
+	// Read before the deadline is set, so the recorded start is never
+	// after the moment the limit counts from.
+	started := m.now()
 	m.mu.Lock()
 	m.procs[j.ID] = proc
 	cancelled := m.cancels[j.ID]
@@ -169,7 +172,6 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
-	started := m.now()
 	markRunning := func() error {
 		return m.transitionFrom(j, api.StateStarting, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
 			j.PID = proc.PID()
