@@ -12,7 +12,8 @@ import (
 // profileUse is where placement puts the task profiles (profiles.go) to
 // use: the reclaim loop's prior on a job's peak, the shape learner's
 // prior and the queue's run-time estimates. Without a book
-// (profiles.enabled false) it gives none of them.
+// (profiles.enabled false) it gives none of them but the estimates of
+// jobs that give their own max_runtime.
 type profileUse struct {
 	book *profile.Book
 	// minRuns is how many sampled runs a profile needs before its peaks
@@ -50,23 +51,21 @@ func (u profileUse) shapes() []profile.Profile {
 	return u.book.All()
 }
 
-// estimator is the queue's run-time estimator (jobs.Config.Estimator);
-// nil without a book.
-func (u profileUse) estimator() jobs.RuntimeEstimator {
-	if u.book == nil {
-		return nil
-	}
-	return u
-}
+// estimator is the queue's run-time estimator (jobs.Config.Estimator). It
+// is there without a book too: a job's own max_runtime is an estimate.
+func (u profileUse) estimator() jobs.RuntimeEstimator { return u }
 
-// EstimateJob is how long j is expected to run: its task profile's
-// estimate (profile.Book.EstimateRuntime, the p95 of its succeeded runs).
-// A job spec has no run-time limit of its own yet, so none is passed; when
-// one is added it goes in as the limit, which wins. False without a
-// profile.
+// EstimateJob is how long j is expected to run: its spec's max_runtime
+// when it gives one (it wins: the job is stopped there), else its task
+// profile's estimate (profile.Book.EstimateRuntime, the p95 of its
+// succeeded runs). False with neither.
 func (u profileUse) EstimateJob(j *api.Job) (time.Duration, bool) {
-	if u.book == nil || j == nil {
+	if j == nil {
 		return 0, false
 	}
-	return u.book.EstimateRuntime(jobKey(*j), 0)
+	limit := time.Duration(j.Spec.MaxRuntime)
+	if u.book == nil {
+		return limit, limit > 0
+	}
+	return u.book.EstimateRuntime(jobKey(*j), limit)
 }

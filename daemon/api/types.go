@@ -95,6 +95,16 @@ type JobSpec struct {
 	Restart *Restart `json:"restart,omitempty"`
 	// Labels are free-form key/value pairs, returned as given.
 	Labels map[string]string `json:"labels,omitempty"`
+	// MaxRuntime bounds how long one attempt may run, counted from its
+	// start (a Go duration string: "90s", "2h"; at most MaxJobRuntime).
+	// An attempt still running at its limit is stopped as a cancel stops
+	// it (SIGTERM, SIGKILL after cancel_grace) and the job ends failed,
+	// "exceeded max_runtime …", with no on-failure retry. A start after a
+	// preemption or a move is a new attempt with the whole limit again.
+	// The queue's backfill takes it as the job's run time (it wins over
+	// the task profile's estimate). Zero (or absent) is no limit. Not for
+	// a pod's device hold; a gang member's limit is its own.
+	MaxRuntime Duration `json:"max_runtime,omitempty"`
 	// Movable lets the daemon stop this job and start it again elsewhere
 	// on this host to make room for the job first in the queue
 	// (defragmentation, docs/scheduling.md): the job must tolerate a

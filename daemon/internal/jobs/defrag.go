@@ -136,7 +136,7 @@ func (m *Manager) defrag(head *api.Job) string {
 	for id, j := range m.jobs {
 		p := m.procs[id]
 		if j.State != api.StateRunning || p == nil || id == head.ID || !j.CanMove() || j.Origin != nil || j.Handover != nil ||
-			m.cancels[id] || q.reclaiming[id] != "" || q.preempting[id] != "" || j.MovingFor != "" || !q.budget.rested(id, now) {
+			m.cancels[id] || m.overtimeStopping(id) || q.reclaiming[id] != "" || q.preempting[id] != "" || j.MovingFor != "" || !q.budget.rested(id, now) {
 			continue
 		}
 		ids = append(ids, id)

@@ -143,8 +143,8 @@ type Shadower interface {
 }
 
 // RuntimeEstimator says how long a job is expected to run (the daemon:
-// its task profile's estimate, profile.Book.EstimateRuntime); false when
-// nothing is known.
+// its spec's max_runtime when given, else its task profile's estimate,
+// profile.Book.EstimateRuntime); false when nothing is known.
 type RuntimeEstimator interface {
 	EstimateJob(j *api.Job) (time.Duration, bool)
 }

@@ -43,7 +43,9 @@ type Config struct {
 	// when nil). No decision reads it: retention by age, grace periods and
 	// probes measure elapsed time on the monotonic clock, so a wall clock
 	// set forward or back (NTP step, operator) neither deletes a job that
-	// just finished nor keeps one forever.
+	// just finished nor keeps one forever. The one exception is a
+	// re-attached attempt's max_runtime: what is left of it is read once,
+	// at re-attach, from the recorded start (runtime.go).
 	Now func() time.Time
 	// Limits bound each user's jobs, specs and logs (zero: no limit).
 	Limits Limits
@@ -58,7 +60,8 @@ type Config struct {
 	// Audit records every admission, from every source (optional).
 	Audit Auditor
 	// RunEnded, when set, is told of every attempt that ran to its own
-	// end — succeeded, or failed (restarted on failure or not) — with the
+	// end — succeeded, or failed (restarted on failure or not; stopped at
+	// its max_runtime counts as failed) — with the
 	// record as that end stored it, the attempt's start and end; not of
 	// attempts cancelled, preempted or lost (they did not end on their
 	// own), nor of jobs handed over to peers. Called without the
@@ -124,6 +127,10 @@ type Manager struct {
 	// overCap names the jobs told to stop for holding more GPU memory
 	// than their share's cap, with why (overcap.go).
 	overCap map[string]string
+	// deadlines are the running attempts' run-time limits; overtime
+	// names the jobs told to stop at theirs, with why (runtime.go).
+	deadlines map[string]runtimeDeadline
+	overtime  map[string]string
 
 	// queue is the queue's and preemption's memory (queue.go).
 	queue queueState
@@ -176,6 +183,8 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		specBytes:  map[string]int64{},
 		logByUser:  map[uint32]int64{},
 		finished:   map[string]time.Time{},
+		deadlines:  map[string]runtimeDeadline{},
+		overtime:   map[string]string{},
 	}
 }
 
@@ -499,6 +508,7 @@ func (m *Manager) loop() {
 		}
 		m.retryUnrecorded()
 		m.schedule()
+		m.stopOverdue()
 	}
 }
 

@@ -154,10 +154,16 @@ func (m *Manager) release(j *api.Job) {
 // supervise records a started (or re-attached) attempt as running, waits
 // for it to end and records how it ended.
 func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
+	// Read before the deadline is set, so the recorded start is never
+	// after the moment the limit counts from.
+	started := m.now()
 	m.mu.Lock()
 	m.procs[j.ID] = proc
 	cancelled := m.cancels[j.ID]
 	state := j.State
+	// A re-attached running attempt keeps the deadline of its recorded
+	// start (runtime.go).
+	m.trackDeadline(j, proc, state == api.StateRunning)
 	// Marked for a move (a re-attached job the last daemon was moving):
 	// stopped again, and queued again when it ends (finish).
 	moving := j.MovingFor != ""
@@ -166,7 +172,6 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
-	started := m.now()
 	markRunning := func() error {
 		return m.transitionFrom(j, api.StateStarting, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
 			j.PID = proc.PID()
@@ -222,6 +227,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	}
 	preemptedBy := m.preemptedBy(j.ID)
 	overCap := m.takeOverCap(j.ID)
+	overtime := m.takeOvertime(j.ID)
 	// The end is recorded now or, if the store cannot take it (a full
 	// state filesystem), by the loop once it can: the monitor's result is
 	// not turned into a lost job for want of disk space.
@@ -234,7 +240,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 				return err
 			}
 		}
-		return m.finish(j, exit, usage, werr, cancelled, preemptedBy, overCap, attempt)
+		return m.finish(j, exit, usage, werr, stopCause{cancelled: cancelled, preemptedBy: preemptedBy, overCap: overCap, overtime: overtime}, attempt)
 	}
 	if err := record(); errors.Is(err, errStore) {
 		// Its placement is kept until its end is stored: until then its
@@ -300,11 +306,26 @@ func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
 	}
 }
 
-// finish records how an attempt ended. overCap, when not empty, is why
-// the daemon stopped it for its GPU memory (StopOverGPUCap): the attempt
-// failed, however it exited, and its restart policy applies as to an
-// OOM kill.
-func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, preemptedBy, overCap string, attempt int) error {
+// stopCause is why the daemon stopped an attempt, if it did.
+type stopCause struct {
+	// cancelled: a user cancelled the job.
+	cancelled bool
+	// preemptedBy is the job it was preempted for (or reclaimEviction).
+	preemptedBy string
+	// overCap is why it was stopped for its GPU memory (StopOverGPUCap).
+	overCap string
+	// overtime is why it was stopped at its max_runtime (runtime.go).
+	overtime string
+}
+
+// finish records how an attempt ended. stop.overCap, when not empty, is
+// why the daemon stopped it for its GPU memory (StopOverGPUCap): the
+// attempt failed, however it exited, and its restart policy applies as to
+// an OOM kill. stop.overtime, when not empty, is why it was stopped at its
+// max_runtime: the job failed, however it exited, and is not restarted; it
+// wins over a cancel that came while it was being stopped.
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, stop stopCause, attempt int) error {
+	cancelled, preemptedBy, overCap := stop.cancelled, stop.preemptedBy, stop.overCap
 	// ended is the record as a run that ended on its own left it, for
 	// Config.RunEnded (captured under the lock, in the transition).
 	var ended api.Job
@@ -342,6 +363,10 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 	switch {
 	case werr != nil:
 		return m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
+	case stop.overtime != "":
+		// Stopped at its limit: failed, never retried (a retry would run
+		// into the same limit).
+		return runEnded(m.transition(j, api.StateFailed, fmt.Sprintf("%s: stopped (%s); not restarted", stop.overtime, desc), capture(record)), true)
 	case cancelled:
 		return m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
 	case movingFor != "":
