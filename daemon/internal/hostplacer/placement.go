@@ -478,7 +478,9 @@ func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 			sg.IdleWatts = spec.IdleW
 		}
 		if m := g.MIG; m != nil {
-			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs}
+			// The driver's placements bound where the engine starts a new
+			// instance (the same slots pods' migStarts offer).
+			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs, Starts: m.Starts}
 			for _, in := range m.Instances {
 				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slots})
 			}
