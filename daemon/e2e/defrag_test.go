@@ -254,6 +254,8 @@ func TestDefragMIGDGXH200(t *testing.T) {
 	if moved.State != api.StateRunning || moved.Attempt != 2 || moved.Moves != 1 || ma == nil || ma.MIG == nil || ma.MIG.Instance == sa.Instance {
 		t.Fatalf("moved 1g job: %s, attempt %d, moves %d, allocation %+v; want running again on another instance", moved.State, moved.Attempt, moved.Moves, ma)
 	}
+	t.Logf("4g job %s ran %s after its submission, after moving job %s from slot %d of %s to slot %d of %s", head.ID, head.StartedAt.Sub(head.CreatedAt).Round(time.Millisecond),
+		small.ID, sa.Start, sa.GPU, ma.MIG.Start, ma.MIG.GPU)
 	// The GPU's instances: the head's 4g at 0, the 1g job's old instance
 	// gone.
 	l, err := c.GPUs(ctx)
