@@ -1,6 +1,7 @@
 package hostplacer
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -9,15 +10,15 @@ import (
 )
 
 // h200MIGHost is one H200 in MIG mode (8 memory slots, NVIDIA's starts)
-// holding an idle 1g instance at slot 2.
-func h200MIGHost() Hardware {
+// holding an idle 1g instance at slot idle.
+func h200MIGHost(idle int) Hardware {
 	hw := dgx()
 	hw.GPUs, hw.NVLink = hw.GPUs[:1], nil
 	hw.GPUs[0].ReconfigMs = 1500
 	hw.GPUs[0].MIG = &devices.MIG{Slots: 8,
-		Profiles: map[string]int{"1g.18gb": 1, "3g.71gb": 4, "4g.71gb": 4, "7g.141gb": 8},
-		Starts:   map[string][]int{"1g.18gb": {0, 1, 2, 3, 4, 5, 6}, "3g.71gb": {0, 4}, "4g.71gb": {0}, "7g.141gb": {0}},
-		Instances: []devices.MIGInstance{{ID: "MIG-a2", Profile: "1g.18gb", Start: 2, Slots: 1}}}
+		Profiles:  map[string]int{"1g.18gb": 1, "3g.71gb": 4, "4g.71gb": 4, "7g.141gb": 8},
+		Starts:    map[string][]int{"1g.18gb": {0, 1, 2, 3, 4, 5, 6}, "3g.71gb": {0, 4}, "4g.71gb": {0}, "7g.141gb": {0}},
+		Instances: []devices.MIGInstance{{ID: "MIG-idle", Profile: "1g.18gb", Start: idle, Slots: 1}}}
 	return hw
 }
 
@@ -26,8 +27,19 @@ func h200MIGHost() Hardware {
 // engine's own rule, multiples of 4, would put it); the reservation holds
 // across inventories read before and after the driver destroyed the idle
 // instance and created the new one.
+//
+// With the idle instance at slot 0 itself, the inventory read before the
+// driver acted has an instance at the reservation's start, of another
+// size: the reservation must not claim it as its own (it would hold one
+// slot and leave 1-3 to others).
 func TestPlaceMIGOverIdleInstance(t *testing.T) {
-	hw := h200MIGHost()
+	for _, idle := range []int{2, 0} {
+		t.Run(fmt.Sprintf("idle at %d", idle), func(t *testing.T) { placeMIGOverIdle(t, idle) })
+	}
+}
+
+func placeMIGOverIdle(t *testing.T, idle int) {
+	hw := h200MIGHost(idle)
 	p := New(hw, Options{Seed: 1})
 	allocs, why, ok := p.Place([]*api.Job{job("big", api.TierBurstable, migReq("4g.71gb"))})
 	if !ok {
@@ -48,12 +60,12 @@ func TestPlaceMIGOverIdleInstance(t *testing.T) {
 	}
 	// The inventory read again before the driver acted (the idle 1g still
 	// at 2): the reservation stays whole.
-	p.UpdateHardware(h200MIGHost())
-	if got := held(); !slices.Equal(got, []int{0}) {
-		t.Fatalf("instances in use before the driver acted: %v, want the 4g at 0", got)
+	p.UpdateHardware(h200MIGHost(idle))
+	if got := held(); !slices.Equal(got, []int{0}) || p.node.GPUs[0].MIG.Instances[0].Slices != 4 {
+		t.Fatalf("instances in use before the driver acted: %v (%+v), want the 4g at 0", got, p.node.GPUs[0].MIG.Instances)
 	}
-	// The driver destroyed the idle 1g at 2 and created the 4g at 0.
-	after := h200MIGHost()
+	// The driver destroyed the idle 1g and created the 4g at 0.
+	after := h200MIGHost(idle)
 	after.GPUs[0].MIG.Instances = []devices.MIGInstance{{ID: "MIG-new", Profile: "4g.71gb", Start: 0, Slots: 4}}
 	p.UpdateHardware(after)
 	if got := held(); !slices.Equal(got, []int{0}) {

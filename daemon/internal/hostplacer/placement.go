@@ -195,8 +195,10 @@ const unhealthyMIG = "(unhealthy)"
 // programmed, a device found or gone, a topology refresh. What jobs hold
 // stays held: each reservation is applied again to the new inventory, by
 // device ID. A MIG instance still to be created for a job is matched to
-// the instance now at its slot, or to a new instance of its profile on its
-// GPU (the driver may create it elsewhere than the engine chose). Devices
+// the instance of its profile now at its slot, or to a new instance of its
+// profile on its GPU (the driver may create it elsewhere than the engine
+// chose); idle instances of other profiles on its slots, which the driver
+// destroys for it, stay out of the model. Devices
 // hw reports unhealthy are out of service, as with SetHealthy.
 func (p *Placer) UpdateHardware(hw Hardware) {
 	p.mu.Lock()
@@ -254,7 +256,10 @@ func (p *Placer) rebuild(old Hardware) {
 				if ni, ok := gpuAt[old.GPUs[m.GPU].ID]; ok && p.hw.GPUs[ni].MIG != nil {
 					mp.GPU = ni
 					a.MIG = &mp
-					if in, ok := instanceAt(p.hw.GPUs[ni].MIG, mp.Start); ok {
+					// An instance at the slot is the reservation's only if
+					// it is of its profile: an idle one of another (that
+					// the engine destroys for it) is not.
+					if in, ok := instanceAt(p.hw.GPUs[ni].MIG, mp.Start); ok && in.Slots == mp.Slices && in.Profile == p.held[id].req.MIGProfile {
 						mp.Create = false
 						claimed[in.ID] = true
 					} else {
