@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -191,4 +192,89 @@ func layout(byGPU map[string][]api.Job) string {
 		fmt.Fprintf(&b, "%s: %s; ", gpu, strings.Join(ids, ","))
 	}
 	return b.String()
+}
+
+// TestDefragMIGDGXH200 runs fusiond --simulate dgxh200 with GPUs 6 and 7
+// in MIG mode (no instances) and defragmentation on. A movable 1g job gets
+// a new instance at slot 0 of one GPU and a 4g job that is not movable
+// slot 0 of the other (NVIDIA starts a 4g only at slot 0). A second 4g job
+// fits only if the 1g job leaves: it is moved, its instance goes idle, and
+// the 4g job's instance is created at slot 0 over it (the driver destroys
+// the idle instance first).
+func TestDefragMIGDGXH200(t *testing.T) {
+	dir := publicTempDir(t)
+	d := newDaemon(t, dir, "scheduling: {defrag: {enabled: true, max_moves: 1, window: 10m, min_interval_per_job: 30m}}\n")
+	d.args = []string{"--simulate", "dgxh200"}
+	d.start()
+	c := d.client()
+	ctx := context.Background()
+	layout := filepath.Join(t.TempDir(), "mig.yaml")
+	if err := os.WriteFile(layout, []byte("version: v1\nmig-configs:\n  two:\n    - devices: [6, 7]\n      mig-enabled: true\n      mig-devices: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := d.ctl(nil, "", "mig", "apply", "-f", layout, "-c", "two"); r.code != 0 {
+		t.Fatalf("mig apply: exit %d: %s%s", r.code, r.stdout, r.stderr)
+	}
+	mig := func(name, profile string, movable bool) api.Job {
+		t.Helper()
+		j, err := c.Submit(ctx, api.JobSpec{Name: name, Tier: api.TierBurstable, Movable: movable, Command: []string{"sleep", "600"},
+			Resources: api.Resources{CPU: 20, Memory: 16 << 20, GPU: &api.GPURequest{MIG: profile}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return waitFor(t, c, j.ID, api.StateRunning)
+	}
+	small := mig("small", "1g.18gb", true)
+	fixed := mig("fixed", "4g.71gb", false)
+	sa, fa := small.Allocation.MIG, fixed.Allocation.MIG
+	if sa == nil || fa == nil || sa.Start != 0 || fa.Start != 0 || sa.GPU == fa.GPU {
+		t.Fatalf("setup: 1g job at %+v, 4g job at %+v; want slot 0 of each MIG GPU", sa, fa)
+	}
+	head := mig("head", "4g.71gb", false)
+	ha := head.Allocation.MIG
+	if ha == nil || ha.GPU != sa.GPU || ha.Start != 0 || ha.Instance == "" {
+		t.Fatalf("second 4g job at %+v; want slot 0 of %s, where the 1g job was", ha, sa.GPU)
+	}
+	if !slices.ContainsFunc(head.Events, func(e api.Event) bool { return strings.Contains(e.Reason, "room made by moving "+small.ID) }) {
+		t.Errorf("second 4g job: no event saying room was made by moving %s: %+v", small.ID, head.Events)
+	}
+	var moved api.Job
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var err error
+		if moved, err = c.Get(ctx, small.ID); err != nil {
+			t.Fatal(err)
+		}
+		if moved.State == api.StateRunning && moved.Attempt == 2 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ma := moved.Allocation
+	if moved.State != api.StateRunning || moved.Attempt != 2 || moved.Moves != 1 || ma == nil || ma.MIG == nil || ma.MIG.Instance == sa.Instance {
+		t.Fatalf("moved 1g job: %s, attempt %d, moves %d, allocation %+v; want running again on another instance", moved.State, moved.Attempt, moved.Moves, ma)
+	}
+	t.Logf("4g job %s ran %s after its submission, after moving job %s from slot %d of %s to slot %d of %s", head.ID, head.StartedAt.Sub(head.CreatedAt).Round(time.Millisecond),
+		small.ID, sa.Start, sa.GPU, ma.MIG.Start, ma.MIG.GPU)
+	// The GPU's instances: the head's 4g at 0, the 1g job's old instance
+	// gone.
+	l, err := c.GPUs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range l.GPUs {
+		if g.UUID != sa.GPU {
+			continue
+		}
+		for _, in := range g.MIG {
+			if in.UUID == sa.Instance {
+				t.Errorf("the moved job's old instance %s still exists on %s: %+v", sa.Instance, sa.GPU, g.MIG)
+			}
+		}
+		if !slices.ContainsFunc(g.MIG, func(in api.MIGInstance) bool {
+			return in.UUID == ha.Instance && in.Start == 0 && in.Profile == "4g.71gb"
+		}) {
+			t.Errorf("GPU %s's instances %+v lack the 4g job's %s at slot 0", sa.GPU, g.MIG, ha.Instance)
+		}
+	}
 }

@@ -530,10 +530,14 @@ func growSets(n *Node, k int, free uint64, link *[64]uint64, opts []option) []op
 }
 
 // migOptions are, on each MIG GPU, a free instance of the profile (no
-// reconfiguration) and the best spot for a new one (the one leaving the
-// longest run of free slices, as pickMIG), GPUs with the same layout and
-// key once.
+// reconfiguration) and the best spot for a new one on free slices (the one
+// leaving the longest run of free slices, as pickMIG), GPUs with the same
+// layout and key once. Only where the node offers none of these, each GPU's
+// best spot over slices that only idle instances hold (destroying them, as
+// pickMIG's last resort) is offered.
 func migOptions(req *Request, n *Node, opts []option) []option {
+	first := len(opts)
+	var destroys []option
 	for gi := range n.GPUs {
 		m := n.GPUs[gi].MIG
 		if m == nil || !req.ModelAllowed(n.ModelOf(gi)) {
@@ -550,33 +554,41 @@ func migOptions(req *Request, n *Node, opts []option) []option {
 				break
 			}
 		}
-		bestStart, bestRun := -1, -1
-		for start := 0; start+req.MIGSlices <= m.TotalSlices; start += req.MIGSlices {
-			if !m.sliceRunFree(start, req.MIGSlices) {
-				continue
+		if p, bestRun, ok := bestMIGSpot(req, m, false); ok {
+			if sig := key ^ 2; !dupSig(opts, sig) {
+				p.GPU = gi
+				opts = append(opts, option{mig: p, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: migPacking(m, free, req.MIGSlices, bestRun)})
 			}
-			var run uint64
-			for s := start; s < start+req.MIGSlices; s++ {
-				run |= 1 << uint(s)
-			}
-			if left := longestFreeRun(used|run, m.TotalSlices); left > bestRun {
-				bestStart, bestRun = start, left
-			}
-		}
-		if bestStart < 0 {
 			continue
 		}
-		if sig := key ^ 2; !dupSig(opts, sig) {
-			// Packing: fewer free slices left on the GPU is better (whole
-			// GPUs stay whole), and a contiguous rest better than a broken
-			// one.
-			t := float64(max(m.TotalSlices, 1))
-			after := free - req.MIGSlices
-			mf := 1 - 0.5*float64(after)/t - 0.5*float64(after-bestRun)/t
-			opts = append(opts, option{mig: MIGPick{GPU: gi, Start: bestStart, Slices: req.MIGSlices, Create: true}, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: mf})
+		if p, bestRun, ok := bestMIGSpot(req, m, true); ok {
+			if sig := key ^ 3; !dupSig(destroys, sig) {
+				p.GPU = gi
+				// The destroyed instances' slices are free again.
+				freed := 0
+				for _, in := range m.Instances {
+					if !in.InUse && in.overlaps(p.Start, p.Slices) {
+						freed += in.Slices
+					}
+				}
+				destroys = append(destroys, option{mig: p, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: migPacking(m, free+freed, req.MIGSlices, bestRun)})
+			}
 		}
 	}
+	if len(opts) == first {
+		opts = append(opts, destroys...)
+	}
 	return opts
+}
+
+// migPacking scores a new instance of k slices on m, free slices free
+// before it and a longest free run of run after it: fewer free slices left
+// on the GPU is better (whole GPUs stay whole), and a contiguous rest
+// better than a broken one.
+func migPacking(m *MIG, free, k, run int) float64 {
+	t := float64(max(m.TotalSlices, 1))
+	after := free - k
+	return 1 - 0.5*float64(after)/t - 0.5*float64(after-run)/t
 }
 
 // withFPGA gives each option an FPGA region: every free region, regions
@@ -708,7 +720,8 @@ func regionCompute(req *Request, r *FPGARegion) float64 {
 // active power): a GPU at or below its idle draw counts half, one at twice
 // its idle draw or more full, linearly between. A GPU without a power
 // reading counts as idle when nothing holds it, it reports no load and its
-// idle draw is known. Creating a MIG instance (reconfiguration) halves it.
+// idle draw is known. Creating a MIG instance (reconfiguration) halves it,
+// and each idle instance destroyed for it divides it further (1/(2+n)).
 // CPU-only and FPGA-only work scores 1.
 func (p *Weighted) energyOf(req *Request, n *Node, o *option) float64 {
 	var sum float64
@@ -729,7 +742,8 @@ func (p *Weighted) energyOf(req *Request, n *Node, o *option) float64 {
 	}
 	e := sum / float64(cnt)
 	if o.hasMIG && o.mig.Create {
-		e /= 2
+		// Each idle instance destroyed first is one more reconfiguration.
+		e /= float64(2 + len(o.mig.Destroy))
 	}
 	return e
 }

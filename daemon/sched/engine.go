@@ -61,6 +61,9 @@ func (d *Decision) Explain() string {
 		}
 		if d.Assignment.MIG != nil {
 			fmt.Fprintf(&b, " mig gpu %d slices %d+%d create=%v", d.Assignment.MIG.GPU, d.Assignment.MIG.Start, d.Assignment.MIG.Slices, d.Assignment.MIG.Create)
+			if len(d.Assignment.MIG.Destroy) > 0 {
+				fmt.Fprintf(&b, " destroying idle %v", d.Assignment.MIG.Destroy)
+			}
 		}
 		if d.Assignment.FPGA >= 0 {
 			fmt.Fprintf(&b, " fpga region %d program=%v", d.Assignment.FPGA, d.Assignment.Program)
@@ -113,6 +116,9 @@ func (a *Assignment) devices() string {
 			verb = "create"
 		}
 		fmt.Fprintf(&b, " mig gpu %d slices %d+%d (%s)", m.GPU, m.Start, m.Slices, verb)
+		if len(m.Destroy) > 0 {
+			fmt.Fprintf(&b, " destroying idle %v", m.Destroy)
+		}
 	}
 	if a.FPGA >= 0 {
 		fmt.Fprintf(&b, " fpga %d", a.FPGA)

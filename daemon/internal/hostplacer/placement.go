@@ -195,8 +195,10 @@ const unhealthyMIG = "(unhealthy)"
 // programmed, a device found or gone, a topology refresh. What jobs hold
 // stays held: each reservation is applied again to the new inventory, by
 // device ID. A MIG instance still to be created for a job is matched to
-// the instance now at its slot, or to a new instance of its profile on its
-// GPU (the driver may create it elsewhere than the engine chose). Devices
+// the instance of its profile now at its slot, or to a new instance of its
+// profile on its GPU (the driver may create it elsewhere than the engine
+// chose); idle instances of other profiles on its slots, which the driver
+// destroys for it, stay out of the model. Devices
 // hw reports unhealthy are out of service, as with SetHealthy.
 func (p *Placer) UpdateHardware(hw Hardware) {
 	p.mu.Lock()
@@ -254,7 +256,10 @@ func (p *Placer) rebuild(old Hardware) {
 				if ni, ok := gpuAt[old.GPUs[m.GPU].ID]; ok && p.hw.GPUs[ni].MIG != nil {
 					mp.GPU = ni
 					a.MIG = &mp
-					if in, ok := instanceAt(p.hw.GPUs[ni].MIG, mp.Start); ok {
+					// An instance at the slot is the reservation's only if
+					// it is of its profile: an idle one of another (that
+					// the engine destroys for it) is not.
+					if in, ok := instanceAt(p.hw.GPUs[ni].MIG, mp.Start); ok && in.Slots == mp.Slices && in.Profile == p.held[id].req.MIGProfile {
 						mp.Create = false
 						claimed[in.ID] = true
 					} else {
@@ -478,7 +483,9 @@ func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 			sg.IdleWatts = spec.IdleW
 		}
 		if m := g.MIG; m != nil {
-			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs}
+			// The driver's placements bound where the engine starts a new
+			// instance (the same slots pods' migStarts offer).
+			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs, Starts: m.Starts}
 			for _, in := range m.Instances {
 				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slots})
 			}

@@ -145,3 +145,57 @@ func TestMoveSurvivesRestart(t *testing.T) {
 		t.Errorf("after a restart mid-move: moves %d, moving_for %q, pid %d (was %d), events %+v; want the move completed", got.Moves, got.MovingFor, got.PID, j.PID, got.Events)
 	}
 }
+
+// migHost is the daemon's placer for a host of two H200s in MIG mode (8
+// memory slots, NVIDIA's starts); GPU-a holds an idle 1g instance at
+// slot 2.
+func migHost() *hostplacer.Placer {
+	ok := devices.Health{Healthy: true}
+	hw := hostplacer.Hardware{Name: "mig", CPU: 8000, Memory: 8 << 30}
+	for i := range 2 {
+		g := devices.Device{ID: fmt.Sprintf("GPU-%c", 'a'+i), Kind: devices.GPU, Model: "NVIDIA H200", MemoryMB: 143771, Health: ok, ReconfigMs: 1500,
+			MIG: &devices.MIG{Slots: 8, Profiles: map[string]int{"1g.18gb": 1, "4g.71gb": 4},
+				Starts: map[string][]int{"1g.18gb": {0, 1, 2, 3, 4, 5, 6}, "4g.71gb": {0}}}}
+		if i == 0 {
+			g.MIG.Instances = []devices.MIGInstance{{ID: "MIG-a2", Profile: "1g.18gb", Start: 2, Slots: 1}}
+		}
+		hw.GPUs = append(hw.GPUs, g)
+	}
+	return hostplacer.New(hw, hostplacer.Options{Seed: 1})
+}
+
+func migJob(profile string, movable bool) api.JobSpec {
+	return api.JobSpec{Tier: api.TierBurstable, Movable: movable, Command: []string{"sleep", "600"},
+		Resources: api.Resources{CPU: 100, Memory: 16 << 20, GPU: &api.GPURequest{MIG: profile}}}
+}
+
+// Two MIG GPUs: a movable 1g job runs on GPU-a's instance at slot 2, a 4g
+// job that is not movable holds GPU-b's slots 0-3. Another 4g job (NVIDIA
+// starts a 4g only at slot 0) fits only if the 1g job leaves slot 2: with
+// defragmentation on it moves (its instance goes idle) and the 4g job runs
+// on GPU-a at slot 0, over the idle instance, which is destroyed for it.
+func TestDefragMovesAMovableMIGJob(t *testing.T) {
+	dir := t.TempDir()
+	m := gpuManager(t, podStore(t, dir), dir, migHost(), jobs.Config{Queue: jobs.QueueConfig{
+		Defrag: jobs.DefragConfig{Enabled: true, MaxMoves: 1, Window: time.Hour, MinInterval: time.Hour}}})
+	jobstest.Run(t, m)
+	small := waitFor(t, m, submit(t, m, migJob("1g.18gb", true)).ID, state(api.StateRunning))
+	if a := small.Allocation.MIG; a == nil || a.Instance != "MIG-a2" {
+		t.Fatalf("setup: the 1g job got %+v, want the idle instance MIG-a2", a)
+	}
+	fixed := waitFor(t, m, submit(t, m, migJob("4g.71gb", false)).ID, state(api.StateRunning))
+	if a := fixed.Allocation.MIG; a == nil || a.GPU != "GPU-b" || a.Start != 0 {
+		t.Fatalf("setup: the first 4g job got %+v, want GPU-b slot 0", a)
+	}
+	head := waitFor(t, m, submit(t, m, migJob("4g.71gb", false)).ID, state(api.StateRunning))
+	if a := head.Allocation.MIG; a == nil || a.GPU != "GPU-a" || a.Start != 0 || !hasEvent(head, "room made by moving "+small.ID) {
+		t.Fatalf("4g job on %+v, events %+v; want GPU-a slot 0, room made by moving %s", a, head.Events, small.ID)
+	}
+	moved := waitFor(t, m, small.ID, func(j api.Job) bool { return j.State == api.StateRunning && j.Attempt == 2 })
+	if a := moved.Allocation.MIG; moved.Moves != 1 || a == nil || (a.GPU == "GPU-a" && a.Start < 4) {
+		t.Errorf("moved 1g job: moves %d, on %+v; want moved once, off GPU-a's slots 0-3", moved.Moves, a)
+	}
+	if f, _ := m.Get(context.Background(), root, fixed.ID); f.Moves != 0 || f.Attempt != 1 || f.State != api.StateRunning {
+		t.Errorf("the 4g job that is not movable: %s, attempt %d, moves %d", f.State, f.Attempt, f.Moves)
+	}
+}
