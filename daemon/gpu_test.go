@@ -452,17 +452,20 @@ func TestConnectHealthOnDemandMIG(t *testing.T) {
 	}
 	p.Release(a)
 	prep.Release(a)
+	// The instance that existed before the job is still offered. Held by a
+	// job, it also keeps the 3g below off slot 0: an idle 1g there would
+	// be destroyed for a new 3g instance (docs/scheduling.md, "Resource
+	// model"), and the faulty instance is the only other room for one.
+	one := &api.Job{ID: "1g", Tier: api.TierBurstable, Spec: api.JobSpec{Command: []string{"x"},
+		Resources: api.Resources{CPU: 100, Memory: 1 << 20, GPU: &api.GPURequest{MIG: "1g.18gb"}}}}
+	if why, ok := place(one); !ok {
+		t.Errorf("1g job not placed beside the faulty 3g instance: %s", why)
+	}
 	b := mig3g("b")
 	if why, ok := place(b); ok {
 		t.Fatalf("second 3g job placed (%+v) while the only 3g instance is out of service", b.Allocation.MIG)
 	} else if !strings.Contains(why, inst) {
 		t.Errorf("second 3g job waits with %q; want it to name %s", why, inst)
-	}
-	// The instance that existed before the job is still offered.
-	one := &api.Job{ID: "1g", Tier: api.TierBurstable, Spec: api.JobSpec{Command: []string{"x"},
-		Resources: api.Resources{CPU: 100, Memory: 1 << 20, GPU: &api.GPURequest{MIG: "1g.18gb"}}}}
-	if why, ok := place(one); !ok {
-		t.Errorf("1g job not placed beside the faulty 3g instance: %s", why)
 	}
 
 	waitFor("the instance back in service", func() bool { return len(p.Unhealthy()) == 0 })

@@ -128,15 +128,17 @@ func BenchmarkRank(b *testing.B) {
 	}
 }
 
-// TestRankMIGAndFPGA: a MIG request fits only a peer with an instance of
-// its profile to give; an FPGA job prefers the peer whose free region
-// holds its bitstream.
+// TestRankMIGAndFPGA: a MIG request fits only a peer with an instance to
+// give — one of its profile, or an idle one of another profile that the
+// peer's placer would destroy for it (docs/scheduling.md, "Resource
+// model"), ranked after the one that needs no reconfiguration; an FPGA job
+// prefers the peer whose free region holds its bitstream.
 func TestRankMIGAndFPGA(t *testing.T) {
 	mig := api.JobSpec{Class: api.ClassInference, Resources: api.Resources{CPU: 500, Memory: 1 << 30, GPU: &api.GPURequest{MIG: "1g.10gb"}}}
-	with, other := okLoad(8000, nil), okLoad(8000, nil)
-	with.MIG, other.MIG = map[string]int{"1g.10gb": 3, "3g.40gb": 0}, map[string]int{"3g.40gb": 2}
-	ranked, skipped := ranker{}.rank(mig, []candidate{{name: "other", load: other}, {name: "with", load: with}})
-	if len(ranked) != 1 || ranked[0].name != "with" || len(skipped) != 1 || !strings.Contains(skipped[0], "MIG") {
+	with, other, none := okLoad(8000, nil), okLoad(8000, nil), okLoad(8000, nil)
+	with.MIG, other.MIG, none.MIG = map[string]int{"1g.10gb": 3, "3g.40gb": 0}, map[string]int{"3g.40gb": 2}, map[string]int{"3g.40gb": 0}
+	ranked, skipped := ranker{}.rank(mig, []candidate{{name: "other", load: other}, {name: "with", load: with}, {name: "none", load: none}})
+	if len(ranked) != 2 || ranked[0].name != "with" || ranked[1].name != "other" || len(skipped) != 1 || !strings.HasPrefix(skipped[0], "none: ") {
 		t.Fatalf("MIG: ranked %v, skipped %v", names(ranked), skipped)
 	}
 	fpga := api.JobSpec{Class: api.ClassBatch, Resources: api.Resources{CPU: 500, Memory: 1 << 20, FPGA: &api.FPGARequest{Bitstream: "fir"}}}
