@@ -142,10 +142,13 @@ func (p *Weighted) choicesAbove(req *Request, n *Node, idx int, floor float64, o
 // assignments: it is feasible).
 func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, orEqual bool, out []Choice) ([]Choice, bool) {
 	if p.lastReq != req || p.lastClass != req.Class {
-		p.lastReq, p.lastClass, p.lastW = req, req.Class, p.weights(req.Class)
+		w := p.weights(req.Class)
+		if p.wGen == 0 || w != p.lastW {
+			p.wGen++
+		}
+		p.lastReq, p.lastClass, p.lastW = req, req.Class, w
 	}
 	w := p.lastW
-	prio := priorityScore(req, n)
 	mig := req.MIGProfile != ""
 	bounded := keep <= 1 && !math.IsInf(floor, -1)
 	// A bound below floor, or equal to it with orEqual, cannot win. The
@@ -159,10 +162,21 @@ func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, 
 	if bounded {
 		// Whether n has options does not depend on the shared GPU the
 		// fragmentation measure prefers (oneGPUOptions).
-		if fb, ok := p.fragBound(req, n, idx); ok && cannotWin(scoreBound(&w, nil, fb, prio, mig)) && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
+		// Outside MIG the bound with the priority at 1 (kept per node
+		// state) first; it is the bound itself where priority weighs 0.
+		fb, ok := p.fragBound(req, n, idx)
+		if ok {
+			if mig {
+				ok = cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), true))
+			} else {
+				ok = cannotWin(p.stateScore(idx, &w, fb)) || (w[DimPriority] != 0 && cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), false)))
+			}
+		}
+		if ok && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
 			return out, true
 		}
 	}
+	prio := priorityScore(req, n)
 	frag, fragGPU := p.fragmentation(req, n, idx)
 	below := func() bool {
 		if cannotWin(scoreBound(&w, nil, frag, prio, mig)) {

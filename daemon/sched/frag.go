@@ -95,6 +95,20 @@ func (p *Weighted) fragBound(req *Request, n *Node, idx int) (float64, bool) {
 	return c.keyBound, true
 }
 
+// stateScore is scoreBound of fragBound's bound fb for n (index idx,
+// for which fragBound reported ok) under the weights w with the priority
+// dimension at its largest, 1 (so at least the bound with any request's
+// priority: weigh clamps it into [0,1]), and not for a MIG request; kept
+// with the node's state while the weights stay those of generation
+// p.wGen.
+func (p *Weighted) stateScore(idx int, w *Weights, fb float64) float64 {
+	c := &p.fs.cache[idx]
+	if c.stateGen != p.wGen {
+		c.stateScore, c.stateGen = scoreBound(w, nil, fb, 1, false), p.wGen
+	}
+	return c.stateScore
+}
+
 // Shape is a typical request shape and its popularity P (the shapes of a
 // FragModel sum to 1).
 type Shape struct {

@@ -56,6 +56,9 @@ type Weighted struct {
 	lastReq   *Request
 	lastClass Class
 	lastW     Weights
+	// wGen counts the changes of lastW (from 1), for what is cached per
+	// weights (stateScore).
+	wGen uint64
 }
 
 type perfKey struct {
