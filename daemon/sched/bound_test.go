@@ -257,3 +257,47 @@ func TestOtherBounds(t *testing.T) {
 		t.Fatalf("checked %d choices, %d on alike GPUs: the test compares nothing", checked, exact)
 	}
 }
+
+// stateScore, kept per node state and weights, agrees with fragBound and
+// scoreBound (priority at 1) computed afresh: on random clusters while
+// requests of every class (so changing weights) are placed, for GPU and
+// CPU-only requests alike.
+func TestStateScoreAgrees(t *testing.T) {
+	shapes := []Shape{{CPUMilli: 1000, GPUs: 1, GPUMilli: 500, P: 0.6}, {CPUMilli: 2000, P: 0.4}}
+	compared := 0
+	for seed := range uint64(4) {
+		r := rand.New(rand.NewPCG(seed, 9))
+		nodes := boundCluster(r)
+		p := NewWeighted(nil, NewFragModel(shapes))
+		p.Frag.FullNodesAsFGD = seed%2 == 0
+		e := NewEngine(Options{Policy: p, Seed: seed, TieBreak: TieRanked})
+		fresh := NewWeighted(nil, NewFragModel(shapes))
+		fresh.Frag = p.Frag
+		for i := range 300 {
+			req := boundRequest(r, i)
+			if req.MIGProfile != "" {
+				continue
+			}
+			w := p.weightsFor(&req)
+			for idx, n := range nodes {
+				fb, sb, ok := p.stateScore(&req, n, idx, &w)
+				fresh.fs.cache = nil
+				wantFB, wantOK := fresh.fragBound(&req, n, idx)
+				if ok != wantOK || (ok && (fb != wantFB || sb != scoreBound(&w, nil, wantFB, 1, false))) {
+					t.Fatalf("seed %d request %d node %d: stateScore %v %v %v, afresh %v %v", seed, i, idx, fb, sb, ok, wantFB, wantOK)
+				}
+				if ok {
+					compared++
+				}
+			}
+			if d, err := e.Place(&req, nodes); err == nil {
+				if err := e.Commit(&req, &d.Assignment, nodes); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if compared == 0 {
+		t.Fatal("nothing compared")
+	}
+}

@@ -136,11 +136,9 @@ func (p *Weighted) choicesAbove(req *Request, n *Node, idx int, floor float64, o
 	return p.choices(req, n, idx, 1, floor, orEqual, out)
 }
 
-// choices is Choices; with a floor above -Inf and keep ≤ 1 it scores
-// nothing when scoreBound shows that no assignment of n can score floor
-// or more (orEqual: more than floor), and then reports true (n has
-// assignments: it is feasible).
-func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, orEqual bool, out []Choice) ([]Choice, bool) {
+// weightsFor is req's class's weights, looked up once per request (not
+// per node); p.wGen counts their changes.
+func (p *Weighted) weightsFor(req *Request) Weights {
 	if p.lastReq != req || p.lastClass != req.Class {
 		w := p.weights(req.Class)
 		if p.wGen == 0 || w != p.lastW {
@@ -148,7 +146,15 @@ func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, 
 		}
 		p.lastReq, p.lastClass, p.lastW = req, req.Class, w
 	}
-	w := p.lastW
+	return p.lastW
+}
+
+// choices is Choices; with a floor above -Inf and keep ≤ 1 it scores
+// nothing when scoreBound shows that no assignment of n can score floor
+// or more (orEqual: more than floor), and then reports true (n has
+// assignments: it is feasible).
+func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, orEqual bool, out []Choice) ([]Choice, bool) {
+	w := p.weightsFor(req)
 	mig := req.MIGProfile != ""
 	bounded := keep <= 1 && !math.IsInf(floor, -1)
 	// A bound below floor, or equal to it with orEqual, cannot win. The
@@ -164,15 +170,15 @@ func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, 
 		// fragmentation measure prefers (oneGPUOptions).
 		// Outside MIG the bound with the priority at 1 (kept per node
 		// state) first; it is the bound itself where priority weighs 0.
-		fb, ok := p.fragBound(req, n, idx)
-		if ok {
-			if mig {
-				ok = cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), true))
-			} else {
-				ok = cannotWin(p.stateScore(idx, &w, fb)) || (w[DimPriority] != 0 && cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), false)))
-			}
+		var below bool
+		if mig {
+			fb, ok := p.fragBound(req, n, idx)
+			below = ok && cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), true))
+		} else {
+			fb, sb, ok := p.stateScore(req, n, idx, &w)
+			below = ok && (cannotWin(sb) || (w[DimPriority] != 0 && cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), false))))
 		}
-		if ok && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
+		if below && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
 			return out, true
 		}
 	}

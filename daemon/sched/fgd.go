@@ -51,10 +51,6 @@ type nodeFragCache struct {
 	// node (Weighted.fragBound), valid when bounded.
 	keyBound float64
 	bounded  bool
-	// stateScore is the score bound of keyBound (Weighted.stateScore)
-	// under the policy's weights of generation stateGen (0: none).
-	stateScore float64
-	stateGen   uint64
 }
 
 // fragScorer computes, with a per-node cache, the fragmentation gain
@@ -170,7 +166,7 @@ func (f *fragScorer) node(n *Node, idx int) *nodeFragCache {
 		c.before, c.gpuFree = f.model.NodeFrag(n), n.GPUMilliFree()
 		c.noneNegative = !slices.ContainsFunc(n.GPUs, func(g GPU) bool { return g.MIG == nil && g.MilliFree < 0 })
 		clear(c.stamp)
-		c.have2, c.haveR, c.bounded, c.stateGen = false, false, false, 0
+		c.have2, c.haveR, c.bounded = false, false, false
 	}
 	return c
 }
