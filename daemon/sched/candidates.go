@@ -305,7 +305,7 @@ func (c *Choice) score(w *Weights) { c.Score = weigh(w, &c.Dims, &c.Parts) }
 
 // otherBounds sets dims' compute, locality, energy and load dimensions to
 // bounds of those of every assignment of req on n and reports whether it
-// could (false leaves dims unusable). It can for a request without a MIG
+// could (false: dims unset). It can for a request without a MIG
 // instance, FPGA region or exclusive cores on a node whose GPUs differ in
 // nothing those dimensions read (liveUniform): its assignments are then
 // req.GPUs of the first 64 GPUs (none for a CPU-only request) with
@@ -320,10 +320,7 @@ func (p *Weighted) otherBounds(req *Request, n *Node, dims *[NumDims]float64) bo
 	if req.MIGProfile != "" || req.Bitstream != "" || req.ExclusiveCores > 0 || k > min(len(n.GPUs), 64) || (k > 0 && !liveUniform(n)) {
 		return false
 	}
-	o := option{gpus: uint64(1)<<uint(k) - 1, fpga: -1, home: -1, loc: 1}
-	if k == 64 {
-		o.gpus = math.MaxUint64
-	}
+	o := option{gpus: uint64(1)<<uint(k) - 1, fpga: -1, home: -1, loc: 1} // 1<<64 is 0 in Go: all 64
 	dims[DimCompute] = p.computeOf(req, n, &o)
 	dims[DimLocality] = 1
 	dims[DimEnergy] = p.energyOf(req, n, &o)

@@ -119,7 +119,9 @@ type stateBound struct {
 // its largest, 1 — at least the bound with any request's priority (weigh
 // clamps it into [0,1]); not for a MIG request (scoreBound's frag
 // dimension is 1 there). Both are kept per node state while the weights
-// stay those of generation p.wGen.
+// stay those of generation p.wGen, as is byKeys' answer for a CPU-only
+// request (it reads the node's state and the policy's settings, which
+// are set before the first decision).
 func (p *Weighted) stateScore(req *Request, n *Node, idx int, w *Weights) (fb, score float64, ok bool) {
 	if idx < 0 || p.fs == nil {
 		return 0, 0, false
