@@ -13,14 +13,27 @@ import (
 // feasible node, as it did before the bound.
 type unbounded struct{ AssignmentPolicy }
 
-// countBelow counts the nodes the bound left unscored.
+// countBelow counts the nodes the bound left unscored, and those of them
+// left unscored only because their bound equals the best and they are
+// ranked after it (orEqual).
 type countBelow struct {
 	*Weighted
-	below int
+	below, onlyEqual int
+	buf              []Choice
 }
 
-func (c *countBelow) choicesAbove(req *Request, n *Node, idx int, floor float64, out []Choice) ([]Choice, bool) {
-	out, below := c.Weighted.choicesAbove(req, n, idx, floor, out)
+func (c *countBelow) choicesAbove(req *Request, n *Node, idx int, floor float64, orEqual bool, out []Choice) ([]Choice, bool) {
+	if orEqual {
+		var strict bool
+		if c.buf, strict = c.Weighted.choicesAbove(req, n, idx, floor, false, c.buf[:0]); !strict {
+			defer func(before int) {
+				if c.below > before {
+					c.onlyEqual++
+				}
+			}(c.below)
+		}
+	}
+	out, below := c.Weighted.choicesAbove(req, n, idx, floor, orEqual, out)
 	if below {
 		c.below++
 	}
@@ -71,11 +84,13 @@ func boundRequest(r *rand.Rand, i int) Request {
 // alike with and without the bounds (same assignment, score, feasible and
 // filter counts, same error), under both tie-breaking rules and with each
 // setting of the fragmentation keys (the bounds rely on fragKeys being
-// non-decreasing in each measure), and the bounds do skip nodes.
+// non-decreasing in each measure), and the bounds do skip nodes, some
+// (with ranked ties) only because their bound equals the best score and
+// they rank after its node.
 func TestBoundChangesNoDecision(t *testing.T) {
 	shapes := []Shape{{CPUMilli: 1000, GPUs: 1, GPUMilli: 500, P: 0.4}, {CPUMilli: 4000, GPUs: 1, GPUMilli: 1000, P: 0.3}, {CPUMilli: 2000, P: 0.2}, {CPUMilli: 8000, GPUs: 2, GPUMilli: 1000, P: 0.1}}
 	params := []FragParams{{}, {ExactLast: true, Tail: TailStrandAll}, {SliverMass: 0.5, Tail: TailCapacityAll, ReserveSteps: 50}, {Tail: TailNone, FullNodesAsFGD: true}, {Tail: TailStrandGPU, ReserveUncovered: true}}
-	skipped := 0
+	skipped, onlyEqual := 0, 0
 	for seed := range uint64(10) {
 		for _, tie := range []TieBreak{TieRanked, TieRandom} {
 			model := func() *FragModel {
@@ -124,12 +139,16 @@ func TestBoundChangesNoDecision(t *testing.T) {
 				}
 			}
 			skipped += bounded.below
+			onlyEqual += bounded.onlyEqual
 		}
 	}
 	if skipped == 0 {
 		t.Error("the bound never skipped a node: the test compares nothing")
 	}
-	t.Logf("%d nodes left unscored", skipped)
+	if onlyEqual == 0 {
+		t.Error("no node was skipped for a bound equal to the best: the tie rule is untested")
+	}
+	t.Logf("%d nodes left unscored, %d of them for a bound equal to the best", skipped, onlyEqual)
 }
 
 // scoreBound is at least the score of any choice whose fragmentation
@@ -153,7 +172,7 @@ func TestScoreBound(t *testing.T) {
 			c.Dims[DimFragmentation] = frag - r.Float64()*float64(r.IntN(2))
 		}
 		c.score(&w)
-		if b := scoreBound(&w, frag, prio, mig); c.Score > b {
+		if b := scoreBound(&w, nil, frag, prio, mig); c.Score > b {
 			t.Fatalf("score %v above its bound %v (dims %v, weights %v, mig %v)", c.Score, b, c.Dims, w, mig)
 		}
 	}
@@ -180,5 +199,105 @@ func TestFragBoundDeclinesNegatives(t *testing.T) {
 	p = NewWeighted(nil, NewFragModel(neg))
 	if _, ok := p.fragBound(&req, NewNode("m", 8000, 8192, 2, "T4"), 1); ok {
 		t.Error("bounded with a negative popularity")
+	}
+}
+
+// otherBounds bounds the compute, locality, energy and load dimensions of
+// every assignment (Choices keeping them all), and on a node whose GPUs
+// are alike (liveUniform) or for a CPU-only request is every
+// assignment's compute, energy and load exactly; it declines MIG, FPGA
+// and exclusive-core requests.
+func TestOtherBounds(t *testing.T) {
+	clamp := func(v float64) float64 { return min(1, max(0, v)) }
+	checked, exact := 0, 0
+	for seed := range uint64(6) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		nodes := boundCluster(r)
+		p := NewWeighted(nil, nil)
+		p.ModelTable = seed%2 == 0
+		for i := range 300 {
+			req := boundRequest(r, i)
+			for _, n := range nodes {
+				if Filter(&req, n) != Fits {
+					continue
+				}
+				var ob [NumDims]float64
+				ok := p.otherBounds(&req, n, &ob)
+				if req.MIGProfile != "" || req.Bitstream != "" || req.ExclusiveCores > 0 {
+					if ok {
+						t.Fatalf("bounded request %+v", req)
+					}
+					continue
+				}
+				if !ok {
+					if req.GPUs == 0 || liveUniform(n) {
+						t.Fatalf("declined request %+v on node %s", req, n.Name)
+					}
+					continue
+				}
+				same := req.GPUs == 0 || liveUniform(n)
+				for _, c := range p.Choices(&req, n, 0, 64, nil) {
+					checked++
+					for _, d := range []Dimension{DimCompute, DimLocality, DimEnergy, DimLoad} {
+						if c.Dims[d] > clamp(ob[d]) {
+							t.Fatalf("request %+v node %s: %s %v above its bound %v", req, n.Name, d, c.Dims[d], ob[d])
+						}
+						if same && d != DimLocality && c.Dims[d] != clamp(ob[d]) {
+							t.Fatalf("request %+v node %s of alike GPUs: %s %v, bound %v", req, n.Name, d, c.Dims[d], ob[d])
+						}
+					}
+					if same {
+						exact++
+					}
+				}
+			}
+		}
+	}
+	if checked == 0 || exact == 0 {
+		t.Fatalf("checked %d choices, %d on alike GPUs: the test compares nothing", checked, exact)
+	}
+}
+
+// stateScore, kept per node state and weights, agrees with fragBound and
+// scoreBound (priority at 1) computed afresh: on random clusters while
+// requests of every class (so changing weights) are placed, for GPU and
+// CPU-only requests alike.
+func TestStateScoreAgrees(t *testing.T) {
+	shapes := []Shape{{CPUMilli: 1000, GPUs: 1, GPUMilli: 500, P: 0.6}, {CPUMilli: 2000, P: 0.4}}
+	compared := 0
+	for seed := range uint64(4) {
+		r := rand.New(rand.NewPCG(seed, 9))
+		nodes := boundCluster(r)
+		p := NewWeighted(nil, NewFragModel(shapes))
+		p.Frag.FullNodesAsFGD = seed%2 == 0
+		e := NewEngine(Options{Policy: p, Seed: seed, TieBreak: TieRanked})
+		fresh := NewWeighted(nil, NewFragModel(shapes))
+		fresh.Frag = p.Frag
+		for i := range 300 {
+			req := boundRequest(r, i)
+			if req.MIGProfile != "" {
+				continue
+			}
+			w := p.weightsFor(&req)
+			for idx, n := range nodes {
+				fb, sb, ok := p.stateScore(&req, n, idx, &w)
+				fresh.fs.cache = nil
+				wantFB, wantOK := fresh.fragBound(&req, n, idx)
+				if ok != wantOK || (ok && (fb != wantFB || sb != scoreBound(&w, nil, wantFB, 1, false))) {
+					t.Fatalf("seed %d request %d node %d: stateScore %v %v %v, afresh %v %v", seed, i, idx, fb, sb, ok, wantFB, wantOK)
+				}
+				if ok {
+					compared++
+				}
+			}
+			if d, err := e.Place(&req, nodes); err == nil {
+				if err := e.Commit(&req, &d.Assignment, nodes); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if compared == 0 {
+		t.Fatal("nothing compared")
 	}
 }

@@ -114,7 +114,7 @@ type option struct {
 // assignments (symmetric ones once), scores each Σ w_d·s_d with the
 // class's profile and returns them best first.
 func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) []Choice {
-	out, _ = p.choices(req, n, idx, keep, math.Inf(-1), out)
+	out, _ = p.choices(req, n, idx, keep, math.Inf(-1), false, out)
 	return out
 }
 
@@ -124,38 +124,78 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 type boundedChooser interface {
 	AssignmentPolicy
 	// choicesAbove is Choices keeping the best only, except that when n
-	// has assignments but none can score floor or more it returns out
-	// unchanged and true, without scoring them.
-	choicesAbove(req *Request, n *Node, idx int, floor float64, out []Choice) ([]Choice, bool)
+	// has assignments but none can score floor or more (with orEqual:
+	// more than floor) it returns out unchanged and true, without
+	// scoring them.
+	choicesAbove(req *Request, n *Node, idx int, floor float64, orEqual bool, out []Choice) ([]Choice, bool)
 }
 
 var _ boundedChooser = (*Weighted)(nil)
 
-func (p *Weighted) choicesAbove(req *Request, n *Node, idx int, floor float64, out []Choice) ([]Choice, bool) {
-	return p.choices(req, n, idx, 1, floor, out)
+func (p *Weighted) choicesAbove(req *Request, n *Node, idx int, floor float64, orEqual bool, out []Choice) ([]Choice, bool) {
+	return p.choices(req, n, idx, 1, floor, orEqual, out)
+}
+
+// weightsFor is req's class's weights, looked up once per request (not
+// per node); p.wGen counts their changes.
+func (p *Weighted) weightsFor(req *Request) Weights {
+	if p.lastReq != req || p.lastClass != req.Class {
+		w := p.weights(req.Class)
+		if p.wGen == 0 || w != p.lastW {
+			p.wGen++
+		}
+		p.lastReq, p.lastClass, p.lastW = req, req.Class, w
+	}
+	return p.lastW
 }
 
 // choices is Choices; with a floor above -Inf and keep ≤ 1 it scores
 // nothing when scoreBound shows that no assignment of n can score floor
-// or more, and then reports true (n has assignments: it is feasible).
-func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, out []Choice) ([]Choice, bool) {
-	if p.lastReq != req || p.lastClass != req.Class {
-		p.lastReq, p.lastClass, p.lastW = req, req.Class, p.weights(req.Class)
-	}
-	w := p.lastW
-	prio := priorityScore(req, n)
+// or more (orEqual: more than floor), and then reports true (n has
+// assignments: it is feasible).
+func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, orEqual bool, out []Choice) ([]Choice, bool) {
+	w := p.weightsFor(req)
 	mig := req.MIGProfile != ""
 	bounded := keep <= 1 && !math.IsInf(floor, -1)
+	// A bound below floor, or equal to it with orEqual, cannot win. The
+	// state bound and the entry bound take the other dimensions at 1;
+	// only where that leaves the node to be scored does the entry bound
+	// take them at otherBounds' (which costs about as much as scoring one
+	// assignment, and makes the bound the best assignment's score on a
+	// node of alike GPUs, so that with orEqual a node that would only tie
+	// is not scored).
+	cannotWin := func(bound float64) bool { return bound < floor || (orEqual && bound == floor) }
 	if bounded {
 		// Whether n has options does not depend on the shared GPU the
 		// fragmentation measure prefers (oneGPUOptions).
-		if fb, ok := p.fragBound(req, n, idx); ok && scoreBound(&w, fb, prio, mig) < floor && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
+		// Outside MIG the bound with the priority at 1 (kept per node
+		// state) first; it is the bound itself where priority weighs 0.
+		var below bool
+		if mig {
+			fb, ok := p.fragBound(req, n, idx)
+			below = ok && cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), true))
+		} else {
+			fb, sb, ok := p.stateScore(req, n, idx, &w)
+			below = ok && (cannotWin(sb) || (w[DimPriority] != 0 && cannotWin(scoreBound(&w, nil, fb, priorityScore(req, n), false))))
+		}
+		if below && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
 			return out, true
 		}
 	}
+	prio := priorityScore(req, n)
 	frag, fragGPU := p.fragmentation(req, n, idx)
+	below := func() bool {
+		if cannotWin(scoreBound(&w, nil, frag, prio, mig)) {
+			return true
+		}
+		var others [NumDims]float64
+		return p.otherBounds(req, n, &others) && cannotWin(scoreBound(&w, &others, frag, prio, mig))
+	}
+	if bounded && hasOptions(req, n) && below() {
+		return out, true
+	}
 	opts := p.options(req, n, fragGPU, keep > 1)
-	if bounded && len(opts) > 0 && scoreBound(&w, frag, prio, mig) < floor {
+	if bounded && !hasOptions(req, n) && len(opts) > 0 && below() {
 		return out, true
 	}
 	base := len(out)
@@ -235,18 +275,26 @@ func hasOptions(req *Request, n *Node) bool {
 // scoreBound is at least the score of every assignment of a request on a
 // node whose fragmentation dimension is frag and priority dimension prio
 // (what all of the node's assignments share): the other dimensions at
-// their maximum, 1, and for a MIG request the fragmentation dimension too
+// others' (bounds of them, otherBounds) or, with others nil, at their
+// maximum, 1, and for a MIG request the fragmentation dimension at 1 too
 // (a MIG option averages frag with its slot's packing). An assignment's
 // fragmentation dimension is frag or, refined on another shared GPU
 // (sharedFrag), less. It is summed by weigh, as the scores are, so its
 // float arithmetic is theirs, term by term, and rounding, being
-// monotone, keeps it a bound.
-func scoreBound(w *Weights, frag, prio float64, mig bool) float64 {
+// monotone, keeps it a bound; where every dimension equals the best
+// assignment's it is that assignment's score exactly.
+func scoreBound(w *Weights, others *[NumDims]float64, frag, prio float64, mig bool) float64 {
 	var dims, parts [NumDims]float64
-	for d := range dims {
-		dims[d] = 1
+	if others != nil {
+		dims = *others
+	} else {
+		for d := range dims {
+			dims[d] = 1
+		}
 	}
-	if !mig {
+	if mig {
+		dims[DimFragmentation] = 1
+	} else {
 		dims[DimFragmentation] = frag
 	}
 	dims[DimPriority] = prio
@@ -254,6 +302,31 @@ func scoreBound(w *Weights, frag, prio float64, mig bool) float64 {
 }
 
 func (c *Choice) score(w *Weights) { c.Score = weigh(w, &c.Dims, &c.Parts) }
+
+// otherBounds sets dims' compute, locality, energy and load dimensions to
+// bounds of those of every assignment of req on n and reports whether it
+// could (false: dims unset). It can for a request without a MIG
+// instance, FPGA region or exclusive cores on a node whose GPUs differ in
+// nothing those dimensions read (liveUniform): its assignments are then
+// req.GPUs of the first 64 GPUs (none for a CPU-only request) with
+// locality at most 1, and computeOf, energyOf and loadOf give every such
+// set the same value, so they are computed for the first req.GPUs GPUs —
+// by the dimensions' own functions, so with their float arithmetic: they
+// are every assignment's own values, and scoreBound with them and an
+// assignment's fragmentation dimension is its score where its locality
+// is 1.
+func (p *Weighted) otherBounds(req *Request, n *Node, dims *[NumDims]float64) bool {
+	k := req.GPUs
+	if req.MIGProfile != "" || req.Bitstream != "" || req.ExclusiveCores > 0 || k > min(len(n.GPUs), 64) || (k > 0 && !liveUniform(n)) {
+		return false
+	}
+	o := option{gpus: uint64(1)<<uint(k) - 1, fpga: -1, home: -1, loc: 1} // 1<<64 is 0 in Go: all 64
+	dims[DimCompute] = p.computeOf(req, n, &o)
+	dims[DimLocality] = 1
+	dims[DimEnergy] = p.energyOf(req, n, &o)
+	dims[DimLoad] = 1 - loadOf(req, n, &o)
+	return true
+}
 
 // weigh clamps each dimension's score into [0,1], sets parts to w_d·s_d
 // and returns their sum in dimension order. It is where every Choice's

@@ -257,9 +257,12 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 		var s Scored
 		if ap != nil {
 			if bc != nil && best >= 0 {
+				// With ranked ties a node ranked after the best so far
+				// cannot win by tying it.
+				after := e.tie == TieRanked && e.rankOf(i, len(nodes)) > e.rankOf(best, len(nodes))
 				var below bool
-				if e.choices, below = bc.choicesAbove(req, n, i, bestScore, e.choices[:0]); below {
-					d.Feasible++ // scores below the best: neither wins nor ties
+				if e.choices, below = bc.choicesAbove(req, n, i, bestScore, after, e.choices[:0]); below {
+					d.Feasible++ // cannot win: below the best, or equal to it and ranked after it
 					continue
 				}
 			} else {

@@ -78,6 +78,11 @@ func (p *Weighted) fragBound(req *Request, n *Node, idx int) (float64, bool) {
 	if idx < 0 || !p.byKeys(req, n, idx) {
 		return 0, false
 	}
+	return p.nodeBound(n, idx)
+}
+
+// nodeBound is fragBound for a request that byKeys scores by the keys.
+func (p *Weighted) nodeBound(n *Node, idx int) (float64, bool) {
 	p.linkFrag()
 	f := p.fs
 	if !f.shapesChecked {
@@ -93,6 +98,59 @@ func (p *Weighted) fragBound(req *Request, n *Node, idx int) (float64, bool) {
 		c.keyBound, c.bounded = fragKeys(&p.fs.params, &e, 1), true
 	}
 	return c.keyBound, true
+}
+
+// stateBound is what stateScore keeps of a node (index idx) while its
+// state and the policy's weights stay: fragBound's bound fb, its score
+// bound, and whether fragBound bounds the node for a GPU request (ok)
+// and a CPU-only one (cpu: 0 not yet known, 1 yes, -1 no). It is compact
+// so that a node the state bound leaves unscored costs one read.
+type stateBound struct {
+	node      *Node
+	version   uint64
+	gen       uint64
+	fb, score float64
+	ok        bool
+	cpu       int8
+}
+
+// stateScore is fragBound's bound fb for req on n (index idx) and
+// scoreBound of it under the weights w with the priority dimension at
+// its largest, 1 — at least the bound with any request's priority (weigh
+// clamps it into [0,1]); not for a MIG request (scoreBound's frag
+// dimension is 1 there). Both are kept per node state while the weights
+// stay those of generation p.wGen, as is byKeys' answer for a CPU-only
+// request (it reads the node's state and the policy's settings, which
+// are set before the first decision).
+func (p *Weighted) stateScore(req *Request, n *Node, idx int, w *Weights) (fb, score float64, ok bool) {
+	if idx < 0 || p.fs == nil {
+		return 0, 0, false
+	}
+	if idx >= len(p.states) {
+		p.states = append(p.states, make([]stateBound, idx+1-len(p.states))...)
+	}
+	s := &p.states[idx]
+	if s.node != n || s.version != n.Version || s.gen != p.wGen {
+		*s = stateBound{node: n, version: n.Version, gen: p.wGen}
+		if b, ok := p.nodeBound(n, idx); ok {
+			s.fb, s.score, s.ok = b, scoreBound(w, nil, b, 1, false), true
+		}
+	}
+	if !s.ok {
+		return 0, 0, false
+	}
+	if req.GPUs == 0 {
+		if s.cpu == 0 {
+			s.cpu = -1
+			if p.byKeys(req, n, idx) {
+				s.cpu = 1
+			}
+		}
+		if s.cpu < 0 {
+			return 0, 0, false
+		}
+	}
+	return s.fb, s.score, true
 }
 
 // Shape is a typical request shape and its popularity P (the shapes of a

@@ -53,6 +53,43 @@ type Observer interface {
 	Released(req *Request, n *Node, idx int)
 }
 
+// MemoryBlind is implemented by policies whose score of a node (and
+// choice inside it) never reads the node's free memory (Node.MemFreeMiB):
+// nodes that differ only there score alike wherever Filter lets them
+// through. The simulator then groups such nodes.
+type MemoryBlind interface {
+	MemoryBlind() bool
+}
+
+var (
+	_ MemoryBlind = BestFit{}
+	_ MemoryBlind = GpuPacking{}
+	_ MemoryBlind = DotProd{}
+	_ MemoryBlind = (*FGD)(nil)
+	_ MemoryBlind = (*FGDExact)(nil)
+	_ MemoryBlind = (*Weighted)(nil)
+)
+
+// MemoryBlind implements MemoryBlind: BestFit reads free CPU and GPU.
+func (BestFit) MemoryBlind() bool { return true }
+
+// MemoryBlind implements MemoryBlind: GpuPacking reads the GPUs.
+func (GpuPacking) MemoryBlind() bool { return true }
+
+// MemoryBlind implements MemoryBlind: DotProd reads free CPU and GPU.
+func (DotProd) MemoryBlind() bool { return true }
+
+// MemoryBlind implements MemoryBlind: FGD's measure reads free CPU and
+// GPU shares.
+func (*FGD) MemoryBlind() bool { return true }
+
+// MemoryBlind implements MemoryBlind: as FGD.
+func (*FGDExact) MemoryBlind() bool { return true }
+
+// MemoryBlind implements MemoryBlind: no dimension reads the node's free
+// memory (GPU memory is read, where options tell GPUs apart).
+func (*Weighted) MemoryBlind() bool { return true }
+
 var (
 	_ Policy = Random{}
 	_ Policy = BestFit{}

@@ -56,6 +56,10 @@ type Weighted struct {
 	lastReq   *Request
 	lastClass Class
 	lastW     Weights
+	// wGen counts the changes of lastW (from 1), for what is cached per
+	// weights: states[idx], stateScore's per node.
+	wGen   uint64
+	states []stateBound
 }
 
 type perfKey struct {
@@ -78,7 +82,7 @@ func NewWeighted(profiles Profiles, frag *FragModel) *Weighted {
 // SetFragModel replaces the typical shapes fragmentation is judged
 // against (nil: none), dropping what was cached for the old ones.
 func (p *Weighted) SetFragModel(frag *FragModel) {
-	p.fs, p.fsCap = nil, nil
+	p.fs, p.fsCap, p.states = nil, nil, nil
 	if frag == nil {
 		return
 	}

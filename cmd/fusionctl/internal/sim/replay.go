@@ -118,7 +118,7 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
 	var view *nodeView
 	if dedupe {
-		view = newNodeView(nodes, seed)
+		view = newNodeView(nodes, seed, memoryBlind(p))
 	}
 	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds}
 	meter := newProtocolMeter(&res, nodes, frag)

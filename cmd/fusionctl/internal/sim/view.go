@@ -22,14 +22,22 @@ import (
 // of their state (fitSummary) shows sched.Filter would reject, which
 // changes no decision either (such a node is never chosen) and spares the
 // engine reading them.
+//
+// For a policy that never reads a node's free memory (sched.MemoryBlind)
+// the state leaves free memory out: the members of a group then differ
+// at most there, and the view shows for each request the first-ranked
+// member with the memory it asks for (the others that have it score alike
+// and rank after it; those that lack it Filter rejects).
 type nodeView struct {
-	nodes  []*sched.Node
-	rank   []uint32
-	key    []string
-	groups map[string][]int // members of a state, any order
-	buf    []byte
+	nodes    []*sched.Node
+	memBlind bool
+	rank     []uint32
+	key      []string
+	groups   map[string][]int // members of a state, any order
+	buf      []byte
 	// reps are the groups' representatives, repAt[i] node i's place in
-	// reps (-1: not one); sum[i] summarises node i.
+	// reps (-1: not one); sum[i] summarises node i, a representative's
+	// with its group's largest free memory.
 	reps  []int
 	repAt []int
 	sum   []fitSummary
@@ -112,11 +120,18 @@ func dedupable(p sched.Policy, tie sched.TieBreak) bool {
 	return !random
 }
 
-// newNodeView groups nodes by state. seed is the engine's: the ranking is
-// the engine's TieRanked order (a seeded permutation of node indices,
-// sched.Engine.rankOf), which TestNodeViewMatchesEngine keeps in step.
-func newNodeView(nodes []*sched.Node, seed uint64) *nodeView {
-	v := &nodeView{nodes: nodes, rank: make([]uint32, len(nodes)), key: make([]string, len(nodes)), groups: map[string][]int{},
+// memoryBlind says whether p's scores never read a node's free memory.
+func memoryBlind(p sched.Policy) bool {
+	mb, ok := p.(sched.MemoryBlind)
+	return ok && mb.MemoryBlind()
+}
+
+// newNodeView groups nodes by state, with free memory or (memBlind)
+// without. seed is the engine's: the ranking is the engine's TieRanked
+// order (a seeded permutation of node indices, sched.Engine.rankOf),
+// which TestNodeViewMatchesEngine keeps in step.
+func newNodeView(nodes []*sched.Node, seed uint64, memBlind bool) *nodeView {
+	v := &nodeView{nodes: nodes, memBlind: memBlind, rank: make([]uint32, len(nodes)), key: make([]string, len(nodes)), groups: map[string][]int{},
 		repAt: make([]int, len(nodes)), sum: make([]fitSummary, len(nodes)), cand: make([]*sched.Node, len(nodes))}
 	for i := range v.repAt {
 		v.repAt[i] = -1
@@ -139,7 +154,9 @@ func (v *nodeView) stateKey(n *sched.Node) string {
 	b = append(b, ',')
 	b = strconv.AppendInt(b, n.MemMiB, 36)
 	b = append(b, ',')
-	b = strconv.AppendInt(b, n.MemFreeMiB, 36)
+	if !v.memBlind {
+		b = strconv.AppendInt(b, n.MemFreeMiB, 36)
+	}
 	b = append(b, ',')
 	b = append(b, n.GPUModel...)
 	for i := range n.GPUs {
@@ -185,19 +202,23 @@ func (v *nodeView) remove(i int) {
 	v.refresh(g)
 }
 
-// refresh shows only the first-ranked member of group g.
+// refresh shows only the first-ranked member of group g, summarised with
+// the group's largest free memory.
 func (v *nodeView) refresh(g []int) {
 	best := g[0]
+	mem := v.nodes[best].MemFreeMiB
 	for _, m := range g {
 		if v.rank[m] < v.rank[best] {
 			best = m
 		}
+		mem = max(mem, v.nodes[m].MemFreeMiB)
 	}
 	for _, m := range g {
 		if m != best {
 			v.hide(m)
 		}
 	}
+	v.sum[best].mem = mem
 	if v.repAt[best] < 0 {
 		v.repAt[best] = len(v.reps)
 		v.reps = append(v.reps, best)
@@ -224,11 +245,27 @@ func (v *nodeView) forRequest(req *sched.Request) []*sched.Node {
 	v.shown = v.shown[:0]
 	for _, i := range v.reps {
 		if v.sum[i].mayFit(req) {
+			if v.nodes[i].MemFreeMiB < req.MemMiB {
+				i = v.withMemory(i, req.MemMiB)
+			}
 			v.cand[i] = v.nodes[i]
 			v.shown = append(v.shown, i)
 		}
 	}
 	return v.cand
+}
+
+// withMemory is the first-ranked member of representative rep's group
+// with at least mem free memory (the summary's largest is: some member
+// has it).
+func (v *nodeView) withMemory(rep int, mem int64) int {
+	best := rep
+	for _, m := range v.groups[v.key[rep]] {
+		if v.nodes[m].MemFreeMiB >= mem && (v.nodes[best].MemFreeMiB < mem || v.rank[m] < v.rank[best]) {
+			best = m
+		}
+	}
+	return best
 }
 
 // changed regroups node i after its state changed.
