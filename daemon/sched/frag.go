@@ -15,7 +15,7 @@ import (
 // for CPU-only nodes) the request leaves free.
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
-	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)):
+	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (len(n.GPUs) > 0 && p.fullNodesAsFGD())):
 		p.linkFrag()
 		e := p.fs.gain(req, n, idx)
 		// Keys, most significant first (fragKeys, with the policy's

@@ -37,6 +37,15 @@ type FragParams struct {
 	// ExactLast adds FGD's measure unquantised as the last key, before
 	// the node ranking.
 	ExactLast bool `json:"exact_last"`
+	// CPUOnlyRule switches the keys for CPU-only requests by the
+	// workload the policy has learned (Effective): when the typical
+	// shapes' CPU-only share (FragModel.CPUOnlyShare) is above it, the
+	// CPU-only capacity tail is off (Tail capacity-cpu becomes none) and
+	// CPU-only requests on nodes with no free GPU are scored by the keys
+	// (FullNodesAsFGD). Where CPU-only requests are that common, the
+	// capacity tail spreads them over nodes whose GPUs the GPU requests
+	// still need. In (0, 1]; 0: the default; 1: never.
+	CPUOnlyRule float64 `json:"cpu_only_rule"`
 }
 
 // TailKey names the measure fusiond's fragmentation dimension ranks by
@@ -76,7 +85,41 @@ func (t TailKey) String() string {
 // that the search chose; docs/benchmarks.md ("Tuning") says why not all
 // of its choice.
 func DefaultFragParams() FragParams {
-	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.05, Tail: TailCapacityCPUOnly}
+	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.05, Tail: TailCapacityCPUOnly, CPUOnlyRule: DefaultCPUOnlyRule}
+}
+
+// DefaultCPUOnlyRule is CPUOnlyRule's default threshold: the CPU-only
+// share of the typical shapes above which the CPU-only keys are FGD's.
+const DefaultCPUOnlyRule = 1
+
+// Effective resolves fp against the shape model m the policy judges
+// fragmentation by: the defaults for zero values, then the CPUOnlyRule
+// (a nil m has no CPU-only shapes). It is pure; the policy applies its
+// result on its first decision after each SetFragModel.
+func (fp FragParams) Effective(m *FragModel) FragParams {
+	fp = fp.withDefaults()
+	if m.CPUOnlyShare() > fp.CPUOnlyRule {
+		if fp.Tail == TailCapacityCPUOnly {
+			fp.Tail = TailNone
+		}
+		fp.FullNodesAsFGD = true
+	}
+	return fp
+}
+
+// CPUOnlyShare is the popularity of the typical shapes that ask for no
+// GPU (0 for a nil model).
+func (f *FragModel) CPUOnlyShare() float64 {
+	if f == nil {
+		return 0
+	}
+	var out float64
+	for _, s := range f.Shapes {
+		if s.GPUs == 0 && s.GPUMilli == 0 {
+			out += s.P
+		}
+	}
+	return out
 }
 
 func (fp FragParams) withDefaults() FragParams {
@@ -89,6 +132,9 @@ func (fp FragParams) withDefaults() FragParams {
 	}
 	if fp.ReserveMaxShare <= 0 {
 		fp.ReserveMaxShare = d.ReserveMaxShare
+	}
+	if fp.CPUOnlyRule <= 0 {
+		fp.CPUOnlyRule = d.CPUOnlyRule
 	}
 	return fp
 }

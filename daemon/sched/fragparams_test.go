@@ -87,3 +87,68 @@ func TestFullNodesAsFGD(t *testing.T) {
 		t.Errorf("full node: default %v (want 1), FullNodesAsFGD %v (want below 1)", a, b)
 	}
 }
+
+// The CPU-only rule turns the CPU-only capacity tail off and scores full
+// nodes as FGD does exactly when the learned CPU-only share is above its
+// threshold, and the policy follows the model it is given.
+func TestCPUOnlyRule(t *testing.T) {
+	model := func(cpuOnly int) *FragModel {
+		l := NewShapeLearner()
+		gpu := Request{ID: "g", Class: ClassBatch, CPUMilli: 4000, MemMiB: 1, GPUs: 1, GPUMilli: MilliPerGPU}
+		cpu := Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+		for range 100 - cpuOnly {
+			l.Observe(&gpu)
+		}
+		for range cpuOnly {
+			l.Observe(&cpu)
+		}
+		return l.Model(1)
+	}
+	few, many := model(10), model(30)
+	if a, b := few.CPUOnlyShare(), many.CPUOnlyShare(); a != 0.1 || b != 0.3 {
+		t.Fatalf("CPU-only shares %v, %v; want 0.1, 0.3", a, b)
+	}
+	if s := (*FragModel)(nil).CPUOnlyShare(); s != 0 {
+		t.Errorf("nil model: share %v", s)
+	}
+	rule := FragParams{CPUOnlyRule: 0.2}
+	if e := rule.Effective(few); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
+		t.Errorf("share 0.1 under 0.2: tail %v, full nodes as FGD %v; want capacity-cpu, false", e.Tail, e.FullNodesAsFGD)
+	}
+	if e := rule.Effective(many); e.Tail != TailNone || !e.FullNodesAsFGD {
+		t.Errorf("share 0.3 over 0.2: tail %v, full nodes as FGD %v; want none, true", e.Tail, e.FullNodesAsFGD)
+	}
+	strand := FragParams{CPUOnlyRule: 0.2, Tail: TailStrandGPU}
+	if e := strand.Effective(many); e.Tail != TailStrandGPU {
+		t.Errorf("the rule changed a tail other than capacity-cpu: %v", e.Tail)
+	}
+	never := FragParams{CPUOnlyRule: 1}
+	if e := never.Effective(many); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
+		t.Errorf("threshold 1 switched: %+v", e)
+	}
+	if e := (FragParams{}).Effective(many); e.CPUOnlyRule != DefaultCPUOnlyRule {
+		t.Errorf("zero threshold resolved to %v, want the default %v", e.CPUOnlyRule, DefaultCPUOnlyRule)
+	}
+
+	// The policy applies it: a CPU-only request on a node whose only GPU
+	// is taken is a perfect fit under the few-CPU-only model and scored
+	// by the keys under the many-CPU-only one, and SetFragModel
+	// re-applies the rule.
+	full := NewNode("full", 96000, 1<<20, 1, "G2")
+	if err := full.Apply(&Assignment{CPUMilli: 4000, GPUs: []int{0}, GPUMilli: MilliPerGPU, FPGA: -1}); err != nil {
+		t.Fatal(err)
+	}
+	cpu := &Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+	p := NewWeighted(nil, few)
+	p.Frag = rule
+	if s, _ := p.fragmentation(cpu, full, -1); s != 1 {
+		t.Errorf("few CPU-only: full node scored %v, want 1", s)
+	}
+	p.SetFragModel(many)
+	if s, _ := p.fragmentation(cpu, full, -1); s >= 1 {
+		t.Errorf("many CPU-only: full node scored %v, want below 1 (by the keys)", s)
+	}
+	if p.fs.second != nil {
+		t.Errorf("many CPU-only: the capacity tail is still set")
+	}
+}

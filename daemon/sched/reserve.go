@@ -46,7 +46,7 @@ func (p *Weighted) linkFrag() {
 		return
 	}
 	p.fs.linked = true
-	fp := p.Frag.withDefaults()
+	fp := p.Frag.Effective(p.fs.model)
 	p.fs.params = fp
 	switch fp.Tail {
 	case TailCapacityCPUOnly, TailCapacityAll:
@@ -78,6 +78,13 @@ func (p *Weighted) linkFrag() {
 	if fp.SliverMass > 0 {
 		p.fs.usable = usableShares(p.fs.model.Shapes)
 	}
+}
+
+// fullNodesAsFGD says whether the policy scores a CPU-only request on a
+// node with no free GPU by the keys (FragParams.Effective); p.fs is set.
+func (p *Weighted) fullNodesAsFGD() bool {
+	p.linkFrag()
+	return p.fs.params.FullNodesAsFGD
 }
 
 // largeOf keeps the shapes asking for at least frac of the largest GPU
