@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,9 @@ type TuneOptions struct {
 	Passes int
 	// Start is the point the search starts from (nil: the defaults).
 	Start *sched.FragParams
+	// Only names the parameters searched (as ParseFragParams takes
+	// them; empty: all of tuneGrid).
+	Only []string
 }
 
 // tuneTrace is one trace's inputs, with each seed's workload and shapes.
@@ -47,12 +51,16 @@ type tuneScore struct {
 	alloc, big100 float64
 }
 
-// tuneGrid is what the search tries, one parameter at a time (coordinate
-// descent from the defaults, two passes).
-var tuneGrid = []struct {
+// tuneParam is one searched parameter: its name (as ParseFragParams
+// takes it) and the values tried, each a setter returning the value's text.
+type tuneParam struct {
 	name   string
 	values []func(*sched.FragParams) string
-}{
+}
+
+// tuneGrid is what the search tries, one parameter at a time (coordinate
+// descent from the defaults, two passes).
+var tuneGrid = []tuneParam{
 	{"reserve_steps", []func(*sched.FragParams) string{
 		setSteps(3), setSteps(5), setSteps(10), setSteps(20), setSteps(50)}},
 	{"reserve_frac", []func(*sched.FragParams) string{
@@ -66,6 +74,10 @@ var tuneGrid = []struct {
 		setSliver(0), setSliver(0.05), setSliver(0.2), setSliver(0.5)}},
 	{"full_nodes_as_fgd", []func(*sched.FragParams) string{setFullNodes(false), setFullNodes(true)}},
 	{"exact_last", []func(*sched.FragParams) string{setExact(false), setExact(true)}},
+	// The CPU-only rule's thresholds lie between the CPU-only shares of
+	// the openb pod lists' typical shapes (0 to 0.31); 1 is never.
+	{"cpu_only_rule", []func(*sched.FragParams) string{
+		setCPUOnlyRule(0.05), setCPUOnlyRule(0.1), setCPUOnlyRule(0.15), setCPUOnlyRule(0.175), setCPUOnlyRule(0.2), setCPUOnlyRule(0.225), setCPUOnlyRule(0.25), setCPUOnlyRule(0.275), setCPUOnlyRule(0.3), setCPUOnlyRule(1)}},
 }
 
 func setSteps(v int) func(*sched.FragParams) string {
@@ -93,8 +105,12 @@ func setExact(v bool) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.ExactLast = v; return fmt.Sprint(v) }
 }
 
+func setCPUOnlyRule(v float64) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.CPUOnlyRule = v; return fmt.Sprint(v) }
+}
+
 func fmtParams(p sched.FragParams) string {
-	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast)
+	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t cpu_only_rule=%g", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast, p.CPUOnlyRule)
 }
 
 // Tune searches sched.FragParams by coordinate descent from the defaults
@@ -122,6 +138,17 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	}
 	if len(inputs) == 0 {
 		return fmt.Errorf("%w: --tune needs one or more traces (--trace or --pods)", ErrBadOption)
+	}
+	grid := tuneGrid
+	if len(o.Only) > 0 {
+		grid = nil
+		for _, name := range o.Only {
+			i := slices.IndexFunc(tuneGrid, func(g tuneParam) bool { return g.name == name })
+			if i < 0 {
+				return fmt.Errorf("%w: --tune-only %q: not a parameter --tune searches", ErrBadOption, name)
+			}
+			grid = append(grid, tuneGrid[i])
+		}
 	}
 	if len(o.TrainSeeds) == 0 || len(o.TestSeeds) == 0 {
 		return fmt.Errorf("%w: --tune needs train and test seeds", ErrBadOption)
@@ -153,9 +180,32 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	}
 	th := []float64{o.TargetPct}
 	// eval runs fusiond with params (fgd when nil) on every trace × seed.
+	// memo holds each run's score by trace, seed and the parameters the
+	// policy resolves on that seed's shapes (FragParams.Effective; FGD
+	// has none): variants that resolve alike on a trace — thresholds of
+	// the CPU-only rule on the same side of its CPU-only share — make
+	// the same decisions, so they run once.
+	type memoKey struct {
+		t      int
+		seed   uint64
+		fgd    bool
+		params sched.FragParams
+	}
+	memo := map[memoKey]tuneScore{}
 	eval := func(params *sched.FragParams, seeds []uint64) ([]tuneScore, error) {
 		type job struct{ t, s int }
 		out := make([]tuneScore, len(traces))
+		key := func(j job) memoKey {
+			t, seed := traces[j.t], seeds[j.s]
+			if params == nil {
+				return memoKey{t: j.t, seed: seed, fgd: true}
+			}
+			return memoKey{t: j.t, seed: seed, params: params.Effective(t.frag[seed])}
+		}
+		add := func(j job, sc tuneScore) {
+			out[j.t].alloc += sc.alloc / float64(len(seeds))
+			out[j.t].big100 += sc.big100 / float64(len(seeds))
+		}
 		jobs := make(chan job)
 		var mu sync.Mutex
 		var firstErr error
@@ -179,8 +229,9 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 						firstErr = err
 					}
 					if err == nil {
-						out[j.t].alloc += r.AllocPct[0] / float64(len(seeds))
-						out[j.t].big100 += bigBy100(r) / float64(len(seeds))
+						sc := tuneScore{alloc: r.AllocPct[0], big100: bigBy100(r)}
+						memo[key(j)] = sc
+						add(j, sc)
 					}
 					mu.Unlock()
 				}
@@ -188,7 +239,16 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 		}
 		for ti := range traces {
 			for si := range seeds {
-				jobs <- job{ti, si}
+				j := job{ti, si}
+				mu.Lock()
+				sc, ok := memo[key(j)]
+				if ok {
+					add(j, sc)
+				}
+				mu.Unlock()
+				if !ok {
+					jobs <- j
+				}
 			}
 		}
 		close(jobs)
@@ -232,7 +292,7 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	}
 	for pass := 1; pass <= o.Passes; pass++ {
 		improved := false
-		for _, g := range tuneGrid {
+		for _, g := range grid {
 			for _, set := range g.values {
 				cand := best
 				v := set(&cand)
@@ -335,6 +395,11 @@ func ParseFragParams(s string) (*sched.FragParams, error) {
 			p.FullNodesAsFGD, err = strconv.ParseBool(v)
 		case "exact_last":
 			p.ExactLast, err = strconv.ParseBool(v)
+		case "cpu_only_rule":
+			p.CPUOnlyRule, err = strconv.ParseFloat(v, 64)
+			if err == nil && (p.CPUOnlyRule <= 0 || p.CPUOnlyRule > 1) {
+				err = errors.New("not in (0, 1]")
+			}
 		default:
 			err = errors.New("unknown parameter")
 		}
