@@ -37,15 +37,16 @@ type FragParams struct {
 	// ExactLast adds FGD's measure unquantised as the last key, before
 	// the node ranking.
 	ExactLast bool `json:"exact_last"`
-	// CPUOnlyRule switches the keys for CPU-only requests by the
-	// workload the policy has learned (Effective): when the typical
-	// shapes' CPU-only share (FragModel.CPUOnlyShare) is above it, the
-	// CPU-only capacity tail is off (Tail capacity-cpu becomes none) and
-	// CPU-only requests on nodes with no free GPU are scored by the keys
-	// (FullNodesAsFGD). Where CPU-only requests are that common, the
-	// capacity tail spreads them over nodes whose GPUs the GPU requests
-	// still need. In (0, 1]; 0: the default; 1: never.
-	CPUOnlyRule float64 `json:"cpu_only_rule"`
+	// CPUOnlyTailMax and CPUOnlyFullMax are the rule that switches the
+	// keys for CPU-only requests by the workload the policy has learned
+	// (Effective): when the typical shapes' CPU-only share
+	// (FragModel.CPUOnlyShare) is above CPUOnlyTailMax, the CPU-only
+	// capacity tail is off (Tail capacity-cpu becomes none); when it is
+	// above CPUOnlyFullMax, CPU-only requests on nodes with no free GPU
+	// are scored by the keys (FullNodesAsFGD). Each in (0, 1]; 0: the
+	// default; 1: never.
+	CPUOnlyTailMax float64 `json:"cpu_only_tail_max"`
+	CPUOnlyFullMax float64 `json:"cpu_only_full_max"`
 }
 
 // TailKey names the measure fusiond's fragmentation dimension ranks by
@@ -85,23 +86,29 @@ func (t TailKey) String() string {
 // that the search chose; docs/benchmarks.md ("Tuning") says why not all
 // of its choice.
 func DefaultFragParams() FragParams {
-	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.05, Tail: TailCapacityCPUOnly, CPUOnlyRule: DefaultCPUOnlyRule}
+	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.05, Tail: TailCapacityCPUOnly, CPUOnlyTailMax: DefaultCPUOnlyTailMax, CPUOnlyFullMax: DefaultCPUOnlyFullMax}
 }
 
-// DefaultCPUOnlyRule is CPUOnlyRule's default threshold: the CPU-only
-// share of the typical shapes above which the CPU-only keys are FGD's.
-const DefaultCPUOnlyRule = 1
+// The CPU-only rule's default thresholds (FragParams.CPUOnlyTailMax,
+// CPUOnlyFullMax): the CPU-only share of the typical shapes above which
+// the CPU-only capacity tail is off, and above which full nodes are
+// scored as FGD scores them.
+const (
+	DefaultCPUOnlyTailMax = 1
+	DefaultCPUOnlyFullMax = 1
+)
 
 // Effective resolves fp against the shape model m the policy judges
-// fragmentation by: the defaults for zero values, then the CPUOnlyRule
+// fragmentation by: the defaults for zero values, then the CPU-only rule
 // (a nil m has no CPU-only shapes). It is pure; the policy applies its
 // result on its first decision after each SetFragModel.
 func (fp FragParams) Effective(m *FragModel) FragParams {
 	fp = fp.withDefaults()
-	if m.CPUOnlyShare() > fp.CPUOnlyRule {
-		if fp.Tail == TailCapacityCPUOnly {
-			fp.Tail = TailNone
-		}
+	share := m.CPUOnlyShare()
+	if share > fp.CPUOnlyTailMax && fp.Tail == TailCapacityCPUOnly {
+		fp.Tail = TailNone
+	}
+	if share > fp.CPUOnlyFullMax {
 		fp.FullNodesAsFGD = true
 	}
 	return fp
@@ -133,8 +140,11 @@ func (fp FragParams) withDefaults() FragParams {
 	if fp.ReserveMaxShare <= 0 {
 		fp.ReserveMaxShare = d.ReserveMaxShare
 	}
-	if fp.CPUOnlyRule <= 0 {
-		fp.CPUOnlyRule = d.CPUOnlyRule
+	if fp.CPUOnlyTailMax <= 0 {
+		fp.CPUOnlyTailMax = d.CPUOnlyTailMax
+	}
+	if fp.CPUOnlyFullMax <= 0 {
+		fp.CPUOnlyFullMax = d.CPUOnlyFullMax
 	}
 	return fp
 }

@@ -88,9 +88,9 @@ func TestFullNodesAsFGD(t *testing.T) {
 	}
 }
 
-// The CPU-only rule turns the CPU-only capacity tail off and scores full
-// nodes as FGD does exactly when the learned CPU-only share is above its
-// threshold, and the policy follows the model it is given.
+// The CPU-only rule turns the CPU-only capacity tail off, and scores full
+// nodes as FGD does, exactly when the learned CPU-only share is above the
+// respective threshold, and the policy follows the model it is given.
 func TestCPUOnlyRule(t *testing.T) {
 	model := func(cpuOnly int) *FragModel {
 		l := NewShapeLearner()
@@ -104,30 +104,33 @@ func TestCPUOnlyRule(t *testing.T) {
 		}
 		return l.Model(1)
 	}
-	few, many := model(10), model(30)
-	if a, b := few.CPUOnlyShare(), many.CPUOnlyShare(); a != 0.1 || b != 0.3 {
-		t.Fatalf("CPU-only shares %v, %v; want 0.1, 0.3", a, b)
+	few, some, many := model(10), model(20), model(30)
+	if a, b, c := few.CPUOnlyShare(), some.CPUOnlyShare(), many.CPUOnlyShare(); a != 0.1 || b != 0.2 || c != 0.3 {
+		t.Fatalf("CPU-only shares %v, %v, %v; want 0.1, 0.2, 0.3", a, b, c)
 	}
 	if s := (*FragModel)(nil).CPUOnlyShare(); s != 0 {
 		t.Errorf("nil model: share %v", s)
 	}
-	rule := FragParams{CPUOnlyRule: 0.2}
-	if e := rule.Effective(few); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
-		t.Errorf("share 0.1 under 0.2: tail %v, full nodes as FGD %v; want capacity-cpu, false", e.Tail, e.FullNodesAsFGD)
+	rule := FragParams{CPUOnlyTailMax: 0.15, CPUOnlyFullMax: 0.25}
+	for _, c := range []struct {
+		m    *FragModel
+		tail TailKey
+		full bool
+	}{{few, TailCapacityCPUOnly, false}, {some, TailNone, false}, {many, TailNone, true}} {
+		if e := rule.Effective(c.m); e.Tail != c.tail || e.FullNodesAsFGD != c.full {
+			t.Errorf("share %v: tail %v, full nodes as FGD %v; want %v, %v", c.m.CPUOnlyShare(), e.Tail, e.FullNodesAsFGD, c.tail, c.full)
+		}
 	}
-	if e := rule.Effective(many); e.Tail != TailNone || !e.FullNodesAsFGD {
-		t.Errorf("share 0.3 over 0.2: tail %v, full nodes as FGD %v; want none, true", e.Tail, e.FullNodesAsFGD)
-	}
-	strand := FragParams{CPUOnlyRule: 0.2, Tail: TailStrandGPU}
+	strand := FragParams{CPUOnlyTailMax: 0.15, Tail: TailStrandGPU}
 	if e := strand.Effective(many); e.Tail != TailStrandGPU {
 		t.Errorf("the rule changed a tail other than capacity-cpu: %v", e.Tail)
 	}
-	never := FragParams{CPUOnlyRule: 1}
+	never := FragParams{CPUOnlyTailMax: 1, CPUOnlyFullMax: 1}
 	if e := never.Effective(many); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
-		t.Errorf("threshold 1 switched: %+v", e)
+		t.Errorf("thresholds 1 switched: %+v", e)
 	}
-	if e := (FragParams{}).Effective(many); e.CPUOnlyRule != DefaultCPUOnlyRule {
-		t.Errorf("zero threshold resolved to %v, want the default %v", e.CPUOnlyRule, DefaultCPUOnlyRule)
+	if e := (FragParams{}).Effective(nil); e.CPUOnlyTailMax != DefaultCPUOnlyTailMax || e.CPUOnlyFullMax != DefaultCPUOnlyFullMax {
+		t.Errorf("zero thresholds resolved to %v, %v; want the defaults", e.CPUOnlyTailMax, e.CPUOnlyFullMax)
 	}
 
 	// The policy applies it: a CPU-only request on a node whose only GPU
@@ -143,6 +146,9 @@ func TestCPUOnlyRule(t *testing.T) {
 	p.Frag = rule
 	if s, _ := p.fragmentation(cpu, full, -1); s != 1 {
 		t.Errorf("few CPU-only: full node scored %v, want 1", s)
+	}
+	if p.fs.second == nil {
+		t.Errorf("few CPU-only: no capacity tail")
 	}
 	p.SetFragModel(many)
 	if s, _ := p.fragmentation(cpu, full, -1); s >= 1 {

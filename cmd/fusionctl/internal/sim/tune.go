@@ -76,8 +76,8 @@ var tuneGrid = []tuneParam{
 	{"exact_last", []func(*sched.FragParams) string{setExact(false), setExact(true)}},
 	// The CPU-only rule's thresholds lie between the CPU-only shares of
 	// the openb pod lists' typical shapes (0 to 0.31); 1 is never.
-	{"cpu_only_rule", []func(*sched.FragParams) string{
-		setCPUOnlyRule(0.05), setCPUOnlyRule(0.1), setCPUOnlyRule(0.15), setCPUOnlyRule(0.175), setCPUOnlyRule(0.2), setCPUOnlyRule(0.225), setCPUOnlyRule(0.25), setCPUOnlyRule(0.275), setCPUOnlyRule(0.3), setCPUOnlyRule(1)}},
+	{"cpu_only_tail_max", cpuOnlyGrid(setTailMax)},
+	{"cpu_only_full_max", cpuOnlyGrid(setFullMax)},
 }
 
 func setSteps(v int) func(*sched.FragParams) string {
@@ -105,12 +105,25 @@ func setExact(v bool) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.ExactLast = v; return fmt.Sprint(v) }
 }
 
-func setCPUOnlyRule(v float64) func(*sched.FragParams) string {
-	return func(p *sched.FragParams) string { p.CPUOnlyRule = v; return fmt.Sprint(v) }
+func setTailMax(v float64) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.CPUOnlyTailMax = v; return fmt.Sprint(v) }
+}
+func setFullMax(v float64) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.CPUOnlyFullMax = v; return fmt.Sprint(v) }
+}
+
+// cpuOnlyGrid is the CPU-only rule's thresholds tried, for one of its
+// setters.
+func cpuOnlyGrid(set func(float64) func(*sched.FragParams) string) []func(*sched.FragParams) string {
+	var out []func(*sched.FragParams) string
+	for _, v := range []float64{0.05, 0.1, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3, 1} {
+		out = append(out, set(v))
+	}
+	return out
 }
 
 func fmtParams(p sched.FragParams) string {
-	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t cpu_only_rule=%g", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast, p.CPUOnlyRule)
+	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t cpu_only_tail_max=%g cpu_only_full_max=%g", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast, p.CPUOnlyTailMax, p.CPUOnlyFullMax)
 }
 
 // Tune searches sched.FragParams by coordinate descent from the defaults
@@ -395,10 +408,16 @@ func ParseFragParams(s string) (*sched.FragParams, error) {
 			p.FullNodesAsFGD, err = strconv.ParseBool(v)
 		case "exact_last":
 			p.ExactLast, err = strconv.ParseBool(v)
-		case "cpu_only_rule":
-			p.CPUOnlyRule, err = strconv.ParseFloat(v, 64)
-			if err == nil && (p.CPUOnlyRule <= 0 || p.CPUOnlyRule > 1) {
+		case "cpu_only_tail_max", "cpu_only_full_max":
+			var f float64
+			f, err = strconv.ParseFloat(v, 64)
+			if err == nil && (f <= 0 || f > 1) {
 				err = errors.New("not in (0, 1]")
+			}
+			if k == "cpu_only_tail_max" {
+				p.CPUOnlyTailMax = f
+			} else {
+				p.CPUOnlyFullMax = f
 			}
 		default:
 			err = errors.New("unknown parameter")

@@ -36,14 +36,14 @@ func TestTuneCommand(t *testing.T) {
 
 // --frag parses over the defaults and refuses what it does not know.
 func TestParseFragParams(t *testing.T) {
-	p, err := ParseFragParams("reserve_steps=20,tail=strand-gpu,sliver_mass=0.2,full_nodes_as_fgd=true,cpu_only_rule=0.25")
+	p, err := ParseFragParams("reserve_steps=20,tail=strand-gpu,sliver_mass=0.2,full_nodes_as_fgd=true,cpu_only_tail_max=0.25,cpu_only_full_max=0.5")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.ReserveSteps != 20 || p.Tail.String() != "strand-gpu" || p.SliverMass != 0.2 || !p.FullNodesAsFGD || p.CPUOnlyRule != 0.25 {
+	if p.ReserveSteps != 20 || p.Tail.String() != "strand-gpu" || p.SliverMass != 0.2 || !p.FullNodesAsFGD || p.CPUOnlyTailMax != 0.25 || p.CPUOnlyFullMax != 0.5 {
 		t.Errorf("parsed %+v", *p)
 	}
-	for _, bad := range []string{"reserve_steps=0", "tail=sideways", "nope=1", "reserve_frac", "reserve_max_share=2", "sliver_mass=-1", "cpu_only_rule=0", "cpu_only_rule=1.5"} {
+	for _, bad := range []string{"reserve_steps=0", "tail=sideways", "nope=1", "reserve_frac", "reserve_max_share=2", "sliver_mass=-1", "cpu_only_tail_max=0", "cpu_only_full_max=1.5"} {
 		if _, err := ParseFragParams(bad); !errors.Is(err, ErrBadOption) {
 			t.Errorf("%q: %v, want ErrBadOption", bad, err)
 		}
@@ -56,13 +56,13 @@ func TestTuneOnly(t *testing.T) {
 	cmd := NewCommand()
 	var out bytes.Buffer
 	cmd.SetOut(&out)
-	cmd.SetArgs([]string{"--tune", "--tune-only", "cpu_only_rule", "--nodes", "testdata/nodes.csv", "--pods", "testdata/pods.csv", "--seeds", "1-2", "--test-seeds", "3"})
+	cmd.SetArgs([]string{"--tune", "--tune-only", "cpu_only_tail_max", "--nodes", "testdata/nodes.csv", "--pods", "testdata/pods.csv", "--seeds", "1-2", "--test-seeds", "3"})
 	if err := cmd.ExecuteContext(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	s := out.String()
-	if !strings.Contains(s, "pass 1 cpu_only_rule=") || strings.Contains(s, "reserve_steps=3 ") || strings.Contains(s, "pass 1 tail=") {
-		t.Errorf("want only cpu_only_rule variants:\n%s", s)
+	if !strings.Contains(s, "pass 1 cpu_only_tail_max=") || strings.Contains(s, "reserve_steps=3 ") || strings.Contains(s, "pass 1 tail=") {
+		t.Errorf("want only cpu_only_tail_max variants:\n%s", s)
 	}
 	err := Tune(context.Background(), TuneOptions{NodesPath: "testdata/nodes.csv", PodsPaths: []string{"testdata/pods.csv"}, TrainSeeds: []uint64{1}, TestSeeds: []uint64{2}, Only: []string{"nope"}}, &out)
 	if !errors.Is(err, ErrBadOption) {
