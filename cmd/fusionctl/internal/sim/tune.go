@@ -213,7 +213,11 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 			if params == nil {
 				return memoKey{t: j.t, seed: seed, fgd: true}
 			}
-			return memoKey{t: j.t, seed: seed, params: params.Effective(t.frag[seed])}
+			// The rule's thresholds have acted once resolved: variants
+			// differing in them alone resolve to the same policy.
+			e := params.Effective(t.frag[seed])
+			e.CPUOnlyTailMax, e.CPUOnlyFullMax = 0, 0
+			return memoKey{t: j.t, seed: seed, params: e}
 		}
 		add := func(j job, sc tuneScore) {
 			out[j.t].alloc += sc.alloc / float64(len(seeds))
