@@ -83,8 +83,9 @@ func (t TailKey) String() string {
 
 // DefaultFragParams are the shipped values: the policy before the
 // `fusionctl simulate --tune` search plus the reserve's share limit (0.05)
-// that the search chose; docs/benchmarks.md ("Tuning") says why not all
-// of its choice.
+// that the search chose, and the CPU-only rule's thresholds a later
+// search chose; docs/benchmarks.md ("Tuning") says why not all of the
+// first search's choice.
 func DefaultFragParams() FragParams {
 	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.05, Tail: TailCapacityCPUOnly, CPUOnlyTailMax: DefaultCPUOnlyTailMax, CPUOnlyFullMax: DefaultCPUOnlyFullMax}
 }
@@ -92,10 +93,15 @@ func DefaultFragParams() FragParams {
 // The CPU-only rule's default thresholds (FragParams.CPUOnlyTailMax,
 // CPUOnlyFullMax): the CPU-only share of the typical shapes above which
 // the CPU-only capacity tail is off, and above which full nodes are
-// scored as FGD scores them.
+// scored as FGD scores them. `fusionctl simulate --tune --tune-only
+// cpu_only_tail_max,cpu_only_full_max` chose them on the train seeds
+// 42..46 of the 24 openb pod lists (docs/benchmarks.md): the tail off
+// from cpu200 up (CPU-only share 0.20–0.31; the other pod lists have
+// 0.14 or less), full nodes as FGD on cpu300 alone (0.30–0.31; cpu250
+// has 0.25–0.26).
 const (
-	DefaultCPUOnlyTailMax = 1
-	DefaultCPUOnlyFullMax = 1
+	DefaultCPUOnlyTailMax = 0.15
+	DefaultCPUOnlyFullMax = 0.275
 )
 
 // Effective resolves fp against the shape model m the policy judges
