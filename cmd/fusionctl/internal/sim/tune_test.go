@@ -6,6 +6,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // --tune runs through the command on the tiny trace: it reports the test
@@ -67,5 +69,38 @@ func TestTuneOnly(t *testing.T) {
 	err := Tune(context.Background(), TuneOptions{NodesPath: "testdata/nodes.csv", PodsPaths: []string{"testdata/pods.csv"}, TrainSeeds: []uint64{1}, TestSeeds: []uint64{2}, Only: []string{"nope"}}, &out)
 	if !errors.Is(err, ErrBadOption) {
 		t.Errorf("unknown --tune-only name: %v, want ErrBadOption", err)
+	}
+}
+
+// The shipped CPU-only rule acts on the shapes learned from each seed's
+// workload: on the openb pod lists it turns the CPU-only capacity tail off
+// from cpu200 up and scores full nodes as FGD on cpu300 alone, and leaves
+// the default pod list as it was.
+func TestCPUOnlyRuleOnOpenB(t *testing.T) {
+	for _, c := range []struct {
+		trace string
+		tail  sched.TailKey
+		full  bool
+	}{
+		{"default", sched.TailCapacityCPUOnly, false},
+		{"gpuspec05", sched.TailCapacityCPUOnly, false},
+		{"cpu200", sched.TailNone, false},
+		{"cpu250", sched.TailNone, false},
+		{"cpu300", sched.TailNone, true},
+	} {
+		o := Options{Trace: c.trace}
+		specs, pods, err := load(&o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var capMilli int64
+		for _, s := range specs {
+			capMilli += int64(s.GPUs) * sched.MilliPerGPU
+		}
+		m := ShapeModel(Workload(pods, 42, 130, capMilli), 0.95)
+		e := sched.DefaultFragParams().Effective(m)
+		if e.Tail != c.tail || e.FullNodesAsFGD != c.full {
+			t.Errorf("%s (CPU-only share %.3f): tail %v, full nodes as FGD %v; want %v, %v", c.trace, m.CPUOnlyShare(), e.Tail, e.FullNodesAsFGD, c.tail, c.full)
+		}
 	}
 }
