@@ -47,6 +47,14 @@ type FragParams struct {
 	// default; 1: never.
 	CPUOnlyTailMax float64 `json:"cpu_only_tail_max"`
 	CPUOnlyFullMax float64 `json:"cpu_only_full_max"`
+	// ReserveOffKeepsCPUKeys keeps fusiond's CPU-only keys where the
+	// reserve is off because the large shapes are common
+	// (ReserveMaxShare). By default (false) the rule makes them FGD's
+	// there as well — the CPU-only capacity tail off, full nodes scored
+	// by the keys — so that, with neither the reserve nor the CPU-only
+	// keys, fusiond places as FGD does where FGD's measure already
+	// weighs the large shapes.
+	ReserveOffKeepsCPUKeys bool `json:"reserve_off_keeps_cpu_keys"`
 }
 
 // TailKey names the measure fusiond's fragmentation dimension ranks by
@@ -106,15 +114,18 @@ const (
 
 // Effective resolves fp against the shape model m the policy judges
 // fragmentation by: the defaults for zero values, then the CPU-only rule
-// (a nil m has no CPU-only shapes). It is pure; the policy applies its
+// (CPUOnlyTailMax, CPUOnlyFullMax, ReserveOffKeepsCPUKeys; a nil m has no
+// CPU-only and no large shapes). It is pure; the policy applies its
 // result on its first decision after each SetFragModel.
 func (fp FragParams) Effective(m *FragModel) FragParams {
 	fp = fp.withDefaults()
 	share := m.CPUOnlyShare()
-	if share > fp.CPUOnlyTailMax && fp.Tail == TailCapacityCPUOnly {
+	_, common := fp.reserveOf(m)
+	fgdKeys := common && !fp.ReserveOffKeepsCPUKeys
+	if (share > fp.CPUOnlyTailMax || fgdKeys) && fp.Tail == TailCapacityCPUOnly {
 		fp.Tail = TailNone
 	}
-	if share > fp.CPUOnlyFullMax {
+	if share > fp.CPUOnlyFullMax || fgdKeys {
 		fp.FullNodesAsFGD = true
 	}
 	return fp

@@ -158,3 +158,47 @@ func TestCPUOnlyRule(t *testing.T) {
 		t.Errorf("many CPU-only: the capacity tail is still set")
 	}
 }
+
+// Where the reserve is off because the large shapes are common, the rule
+// makes the CPU-only keys FGD's too, unless ReserveOffKeepsCPUKeys.
+func TestReserveOffCPUKeys(t *testing.T) {
+	model := func(large int) *FragModel {
+		l := NewShapeLearner()
+		small := Request{ID: "s", Class: ClassBatch, CPUMilli: 4000, MemMiB: 1, GPUs: 1, GPUMilli: MilliPerGPU}
+		big := Request{ID: "b", Class: ClassBatch, CPUMilli: 64000, MemMiB: 1, GPUs: 8, GPUMilli: MilliPerGPU}
+		cpu := Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+		for range 90 - large {
+			l.Observe(&small)
+		}
+		for range large {
+			l.Observe(&big)
+		}
+		for range 10 {
+			l.Observe(&cpu)
+		}
+		return l.Model(1)
+	}
+	rare, common := model(2), model(10) // large shares 0.02 and 0.10 against a limit of 0.05
+	if large, c := DefaultFragParams().reserveOf(rare); len(large) != 1 || c {
+		t.Fatalf("rare large shapes: reserve %+v, common %v", large, c)
+	}
+	if large, c := DefaultFragParams().reserveOf(common); large != nil || !c {
+		t.Fatalf("common large shapes: reserve %+v, common %v", large, c)
+	}
+	if e := DefaultFragParams().Effective(rare); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
+		t.Errorf("reserve on: tail %v, full nodes as FGD %v; want capacity-cpu, false", e.Tail, e.FullNodesAsFGD)
+	}
+	if e := DefaultFragParams().Effective(common); e.Tail != TailNone || !e.FullNodesAsFGD {
+		t.Errorf("reserve off: tail %v, full nodes as FGD %v; want none, true", e.Tail, e.FullNodesAsFGD)
+	}
+	keep := DefaultFragParams()
+	keep.ReserveOffKeepsCPUKeys = true
+	if e := keep.Effective(common); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
+		t.Errorf("reserve off, keys kept: tail %v, full nodes as FGD %v; want capacity-cpu, false", e.Tail, e.FullNodesAsFGD)
+	}
+	p := NewWeighted(nil, common)
+	p.linkFrag()
+	if p.fs.reserve != nil || p.fs.second != nil {
+		t.Errorf("reserve off: reserve %v, capacity tail %v; want neither", p.fs.reserve != nil, p.fs.second != nil)
+	}
+}

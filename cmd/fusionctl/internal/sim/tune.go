@@ -78,6 +78,7 @@ var tuneGrid = []tuneParam{
 	// the openb pod lists' typical shapes (0 to 0.31); 1 is never.
 	{"cpu_only_tail_max", cpuOnlyGrid(setTailMax)},
 	{"cpu_only_full_max", cpuOnlyGrid(setFullMax)},
+	{"reserve_off_keeps_cpu_keys", []func(*sched.FragParams) string{setKeepCPUKeys(false), setKeepCPUKeys(true)}},
 }
 
 func setSteps(v int) func(*sched.FragParams) string {
@@ -112,6 +113,10 @@ func setFullMax(v float64) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.CPUOnlyFullMax = v; return fmt.Sprint(v) }
 }
 
+func setKeepCPUKeys(v bool) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.ReserveOffKeepsCPUKeys = v; return fmt.Sprint(v) }
+}
+
 // cpuOnlyGrid is the CPU-only rule's thresholds tried, for one of its
 // setters.
 func cpuOnlyGrid(set func(float64) func(*sched.FragParams) string) []func(*sched.FragParams) string {
@@ -123,7 +128,7 @@ func cpuOnlyGrid(set func(float64) func(*sched.FragParams) string) []func(*sched
 }
 
 func fmtParams(p sched.FragParams) string {
-	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t cpu_only_tail_max=%g cpu_only_full_max=%g", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast, p.CPUOnlyTailMax, p.CPUOnlyFullMax)
+	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t cpu_only_tail_max=%g cpu_only_full_max=%g reserve_off_keeps_cpu_keys=%t", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast, p.CPUOnlyTailMax, p.CPUOnlyFullMax, p.ReserveOffKeepsCPUKeys)
 }
 
 // Tune searches sched.FragParams by coordinate descent from the defaults
@@ -410,6 +415,8 @@ func ParseFragParams(s string) (*sched.FragParams, error) {
 			}
 		case "full_nodes_as_fgd":
 			p.FullNodesAsFGD, err = strconv.ParseBool(v)
+		case "reserve_off_keeps_cpu_keys":
+			p.ReserveOffKeepsCPUKeys, err = strconv.ParseBool(v)
 		case "exact_last":
 			p.ExactLast, err = strconv.ParseBool(v)
 		case "cpu_only_tail_max", "cpu_only_full_max":
