@@ -178,7 +178,7 @@ func TestReserveOffCPUKeys(t *testing.T) {
 		}
 		return l.Model(1)
 	}
-	rare, common := model(2), model(10) // large shares 0.02 and 0.10 against a limit of 0.05
+	rare, common := model(2), model(10) // large shares 0.02 and 0.10 against a limit of 0.03
 	if large, c := DefaultFragParams().reserveOf(rare); len(large) != 1 || c {
 		t.Fatalf("rare large shapes: reserve %+v, common %v", large, c)
 	}

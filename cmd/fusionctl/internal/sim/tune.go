@@ -66,7 +66,7 @@ var tuneGrid = []tuneParam{
 	{"reserve_frac", []func(*sched.FragParams) string{
 		setFrac(0.25), setFrac(0.5), setFrac(0.75), setFrac(1)}},
 	{"reserve_max_share", []func(*sched.FragParams) string{
-		setMaxShare(0.02), setMaxShare(0.05), setMaxShare(0.1), setMaxShare(1)}},
+		setMaxShare(0.02), setMaxShare(0.03), setMaxShare(0.04), setMaxShare(0.05), setMaxShare(0.1), setMaxShare(1)}},
 	{"reserve_uncovered", []func(*sched.FragParams) string{setUncovered(false), setUncovered(true)}},
 	{"tail", []func(*sched.FragParams) string{
 		setTail(sched.TailCapacityCPUOnly), setTail(sched.TailNone), setTail(sched.TailCapacityAll), setTail(sched.TailStrandAll), setTail(sched.TailStrandGPU)}},

@@ -75,7 +75,7 @@ func TestTuneOnly(t *testing.T) {
 // The shipped CPU-only rule acts on the shapes learned from each seed's
 // workload: on the openb pod lists it turns the CPU-only capacity tail off
 // from cpu200 up and scores full nodes as FGD on cpu300 alone, makes both
-// FGD's where the reserve is off (multigpu40), and leaves the default pod
+// FGD's where the reserve is off (multigpu30 and up), and leaves the default pod
 // list as it was.
 func TestCPUOnlyRuleOnOpenB(t *testing.T) {
 	for _, c := range []struct {
@@ -88,8 +88,9 @@ func TestCPUOnlyRuleOnOpenB(t *testing.T) {
 		{"cpu200", sched.TailNone, false},
 		{"cpu250", sched.TailNone, false},
 		{"cpu300", sched.TailNone, true},
-		{"multigpu30", sched.TailCapacityCPUOnly, false},
-		{"multigpu40", sched.TailNone, true}, // the reserve is off there
+		{"multigpu20", sched.TailCapacityCPUOnly, false},
+		{"multigpu30", sched.TailNone, true}, // the reserve is off there
+		{"multigpu40", sched.TailNone, true},
 	} {
 		o := Options{Trace: c.trace}
 		specs, pods, err := load(&o)
