@@ -63,7 +63,7 @@ func (p *Weighted) byKeys(req *Request, n *Node, idx int) bool {
 	} else {
 		free = n.GPUMilliFree()
 	}
-	return free > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)
+	return free > 0 || (len(n.GPUs) > 0 && p.fullNodesAsFGD())
 }
 
 // fragBound is at least fragmentation's score of any request on n where

@@ -16,7 +16,7 @@ type FragParams struct {
 	ReserveFrac float64 `json:"reserve_frac"`
 	// ReserveMaxShare turns the reserve off when the large shapes are
 	// more than this share of all requests: then they are common enough
-	// for FGD's measure to weigh them (0: 0.05).
+	// for FGD's measure to weigh them (0: 0.03).
 	ReserveMaxShare float64 `json:"reserve_max_share"`
 	// ReserveUncovered keeps in the reserve only the large shapes that
 	// are not among the typical shapes (FGD's measure already weighs
@@ -37,6 +37,24 @@ type FragParams struct {
 	// ExactLast adds FGD's measure unquantised as the last key, before
 	// the node ranking.
 	ExactLast bool `json:"exact_last"`
+	// CPUOnlyTailMax and CPUOnlyFullMax are the rule that switches the
+	// keys for CPU-only requests by the workload the policy has learned
+	// (Effective): when the typical shapes' CPU-only share
+	// (FragModel.CPUOnlyShare) is above CPUOnlyTailMax, the CPU-only
+	// capacity tail is off (Tail capacity-cpu becomes none); when it is
+	// above CPUOnlyFullMax, CPU-only requests on nodes with no free GPU
+	// are scored by the keys (FullNodesAsFGD). Each in (0, 1]; 0: the
+	// default; 1: never.
+	CPUOnlyTailMax float64 `json:"cpu_only_tail_max"`
+	CPUOnlyFullMax float64 `json:"cpu_only_full_max"`
+	// ReserveOffKeepsCPUKeys keeps fusiond's CPU-only keys where the
+	// reserve is off because the large shapes are common
+	// (ReserveMaxShare). By default (false) the rule makes them FGD's
+	// there as well — the CPU-only capacity tail off, full nodes scored
+	// by the keys — so that, with neither the reserve nor the CPU-only
+	// keys, fusiond places as FGD does where FGD's measure already
+	// weighs the large shapes.
+	ReserveOffKeepsCPUKeys bool `json:"reserve_off_keeps_cpu_keys"`
 }
 
 // TailKey names the measure fusiond's fragmentation dimension ranks by
@@ -72,11 +90,64 @@ func (t TailKey) String() string {
 }
 
 // DefaultFragParams are the shipped values: the policy before the
-// `fusionctl simulate --tune` search plus the reserve's share limit (0.05)
-// that the search chose; docs/benchmarks.md ("Tuning") says why not all
-// of its choice.
+// `fusionctl simulate --tune` search plus a reserve share limit, and the
+// CPU-only rule's thresholds a later search chose; docs/benchmarks.md
+// ("Tuning") says why not all of the first search's choice. The share
+// limit was 0.05 (the first search's choice, reserve off on
+// multigpu40/50); with the CPU-only keys FGD's where the reserve is off,
+// a search of it alone on the train seeds 42..46 of all 24 pod lists
+// chose 0.03, which turns the reserve off on multigpu30 too (large shapes
+// 3.75 % of requests; multigpu20 has 2.3–2.4 %).
 func DefaultFragParams() FragParams {
-	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.05, Tail: TailCapacityCPUOnly}
+	return FragParams{ReserveSteps: 10, ReserveFrac: 0.5, ReserveMaxShare: 0.03, Tail: TailCapacityCPUOnly, CPUOnlyTailMax: DefaultCPUOnlyTailMax, CPUOnlyFullMax: DefaultCPUOnlyFullMax}
+}
+
+// The CPU-only rule's default thresholds (FragParams.CPUOnlyTailMax,
+// CPUOnlyFullMax): the CPU-only share of the typical shapes above which
+// the CPU-only capacity tail is off, and above which full nodes are
+// scored as FGD scores them. `fusionctl simulate --tune --tune-only
+// cpu_only_tail_max,cpu_only_full_max` chose them on the train seeds
+// 42..46 of the 24 openb pod lists (docs/benchmarks.md): the tail off
+// from cpu200 up (CPU-only share 0.20–0.31; the other pod lists have
+// 0.14 or less), full nodes as FGD on cpu300 alone (0.30–0.31; cpu250
+// has 0.25–0.26).
+const (
+	DefaultCPUOnlyTailMax = 0.15
+	DefaultCPUOnlyFullMax = 0.275
+)
+
+// Effective resolves fp against the shape model m the policy judges
+// fragmentation by: the defaults for zero values, then the CPU-only rule
+// (CPUOnlyTailMax, CPUOnlyFullMax, ReserveOffKeepsCPUKeys; a nil m has no
+// CPU-only and no large shapes). It is pure; the policy applies its
+// result on its first decision after each SetFragModel.
+func (fp FragParams) Effective(m *FragModel) FragParams {
+	fp = fp.withDefaults()
+	share := m.CPUOnlyShare()
+	_, common := fp.reserveOf(m)
+	fgdKeys := common && !fp.ReserveOffKeepsCPUKeys
+	if (share > fp.CPUOnlyTailMax || fgdKeys) && fp.Tail == TailCapacityCPUOnly {
+		fp.Tail = TailNone
+	}
+	if share > fp.CPUOnlyFullMax || fgdKeys {
+		fp.FullNodesAsFGD = true
+	}
+	return fp
+}
+
+// CPUOnlyShare is the popularity of the typical shapes that ask for no
+// GPU (0 for a nil model).
+func (f *FragModel) CPUOnlyShare() float64 {
+	if f == nil {
+		return 0
+	}
+	var out float64
+	for _, s := range f.Shapes {
+		if s.GPUs == 0 && s.GPUMilli == 0 {
+			out += s.P
+		}
+	}
+	return out
 }
 
 func (fp FragParams) withDefaults() FragParams {
@@ -89,6 +160,12 @@ func (fp FragParams) withDefaults() FragParams {
 	}
 	if fp.ReserveMaxShare <= 0 {
 		fp.ReserveMaxShare = d.ReserveMaxShare
+	}
+	if fp.CPUOnlyTailMax <= 0 {
+		fp.CPUOnlyTailMax = d.CPUOnlyTailMax
+	}
+	if fp.CPUOnlyFullMax <= 0 {
+		fp.CPUOnlyFullMax = d.CPUOnlyFullMax
 	}
 	return fp
 }

@@ -87,3 +87,118 @@ func TestFullNodesAsFGD(t *testing.T) {
 		t.Errorf("full node: default %v (want 1), FullNodesAsFGD %v (want below 1)", a, b)
 	}
 }
+
+// The CPU-only rule turns the CPU-only capacity tail off, and scores full
+// nodes as FGD does, exactly when the learned CPU-only share is above the
+// respective threshold, and the policy follows the model it is given.
+func TestCPUOnlyRule(t *testing.T) {
+	model := func(cpuOnly int) *FragModel {
+		l := NewShapeLearner()
+		gpu := Request{ID: "g", Class: ClassBatch, CPUMilli: 4000, MemMiB: 1, GPUs: 1, GPUMilli: MilliPerGPU}
+		cpu := Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+		for range 100 - cpuOnly {
+			l.Observe(&gpu)
+		}
+		for range cpuOnly {
+			l.Observe(&cpu)
+		}
+		return l.Model(1)
+	}
+	few, some, many := model(10), model(20), model(30)
+	if a, b, c := few.CPUOnlyShare(), some.CPUOnlyShare(), many.CPUOnlyShare(); a != 0.1 || b != 0.2 || c != 0.3 {
+		t.Fatalf("CPU-only shares %v, %v, %v; want 0.1, 0.2, 0.3", a, b, c)
+	}
+	if s := (*FragModel)(nil).CPUOnlyShare(); s != 0 {
+		t.Errorf("nil model: share %v", s)
+	}
+	rule := FragParams{CPUOnlyTailMax: 0.15, CPUOnlyFullMax: 0.25}
+	for _, c := range []struct {
+		m    *FragModel
+		tail TailKey
+		full bool
+	}{{few, TailCapacityCPUOnly, false}, {some, TailNone, false}, {many, TailNone, true}} {
+		if e := rule.Effective(c.m); e.Tail != c.tail || e.FullNodesAsFGD != c.full {
+			t.Errorf("share %v: tail %v, full nodes as FGD %v; want %v, %v", c.m.CPUOnlyShare(), e.Tail, e.FullNodesAsFGD, c.tail, c.full)
+		}
+	}
+	strand := FragParams{CPUOnlyTailMax: 0.15, Tail: TailStrandGPU}
+	if e := strand.Effective(many); e.Tail != TailStrandGPU {
+		t.Errorf("the rule changed a tail other than capacity-cpu: %v", e.Tail)
+	}
+	never := FragParams{CPUOnlyTailMax: 1, CPUOnlyFullMax: 1}
+	if e := never.Effective(many); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
+		t.Errorf("thresholds 1 switched: %+v", e)
+	}
+	if e := (FragParams{}).Effective(nil); e.CPUOnlyTailMax != DefaultCPUOnlyTailMax || e.CPUOnlyFullMax != DefaultCPUOnlyFullMax {
+		t.Errorf("zero thresholds resolved to %v, %v; want the defaults", e.CPUOnlyTailMax, e.CPUOnlyFullMax)
+	}
+
+	// The policy applies it: a CPU-only request on a node whose only GPU
+	// is taken is a perfect fit under the few-CPU-only model and scored
+	// by the keys under the many-CPU-only one, and SetFragModel
+	// re-applies the rule.
+	full := NewNode("full", 96000, 1<<20, 1, "G2")
+	if err := full.Apply(&Assignment{CPUMilli: 4000, GPUs: []int{0}, GPUMilli: MilliPerGPU, FPGA: -1}); err != nil {
+		t.Fatal(err)
+	}
+	cpu := &Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+	p := NewWeighted(nil, few)
+	p.Frag = rule
+	if s, _ := p.fragmentation(cpu, full, -1); s != 1 {
+		t.Errorf("few CPU-only: full node scored %v, want 1", s)
+	}
+	if p.fs.second == nil {
+		t.Errorf("few CPU-only: no capacity tail")
+	}
+	p.SetFragModel(many)
+	if s, _ := p.fragmentation(cpu, full, -1); s >= 1 {
+		t.Errorf("many CPU-only: full node scored %v, want below 1 (by the keys)", s)
+	}
+	if p.fs.second != nil {
+		t.Errorf("many CPU-only: the capacity tail is still set")
+	}
+}
+
+// Where the reserve is off because the large shapes are common, the rule
+// makes the CPU-only keys FGD's too, unless ReserveOffKeepsCPUKeys.
+func TestReserveOffCPUKeys(t *testing.T) {
+	model := func(large int) *FragModel {
+		l := NewShapeLearner()
+		small := Request{ID: "s", Class: ClassBatch, CPUMilli: 4000, MemMiB: 1, GPUs: 1, GPUMilli: MilliPerGPU}
+		big := Request{ID: "b", Class: ClassBatch, CPUMilli: 64000, MemMiB: 1, GPUs: 8, GPUMilli: MilliPerGPU}
+		cpu := Request{ID: "c", Class: ClassBatch, CPUMilli: 1000, MemMiB: 1}
+		for range 90 - large {
+			l.Observe(&small)
+		}
+		for range large {
+			l.Observe(&big)
+		}
+		for range 10 {
+			l.Observe(&cpu)
+		}
+		return l.Model(1)
+	}
+	rare, common := model(2), model(10) // large shares 0.02 and 0.10 against a limit of 0.03
+	if large, c := DefaultFragParams().reserveOf(rare); len(large) != 1 || c {
+		t.Fatalf("rare large shapes: reserve %+v, common %v", large, c)
+	}
+	if large, c := DefaultFragParams().reserveOf(common); large != nil || !c {
+		t.Fatalf("common large shapes: reserve %+v, common %v", large, c)
+	}
+	if e := DefaultFragParams().Effective(rare); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
+		t.Errorf("reserve on: tail %v, full nodes as FGD %v; want capacity-cpu, false", e.Tail, e.FullNodesAsFGD)
+	}
+	if e := DefaultFragParams().Effective(common); e.Tail != TailNone || !e.FullNodesAsFGD {
+		t.Errorf("reserve off: tail %v, full nodes as FGD %v; want none, true", e.Tail, e.FullNodesAsFGD)
+	}
+	keep := DefaultFragParams()
+	keep.ReserveOffKeepsCPUKeys = true
+	if e := keep.Effective(common); e.Tail != TailCapacityCPUOnly || e.FullNodesAsFGD {
+		t.Errorf("reserve off, keys kept: tail %v, full nodes as FGD %v; want capacity-cpu, false", e.Tail, e.FullNodesAsFGD)
+	}
+	p := NewWeighted(nil, common)
+	p.linkFrag()
+	if p.fs.reserve != nil || p.fs.second != nil {
+		t.Errorf("reserve off: reserve %v, capacity tail %v; want neither", p.fs.reserve != nil, p.fs.second != nil)
+	}
+}

@@ -46,7 +46,7 @@ func (p *Weighted) linkFrag() {
 		return
 	}
 	p.fs.linked = true
-	fp := p.Frag.withDefaults()
+	fp := p.Frag.Effective(p.fs.model)
 	p.fs.params = fp
 	switch fp.Tail {
 	case TailCapacityCPUOnly, TailCapacityAll:
@@ -60,10 +60,25 @@ func (p *Weighted) linkFrag() {
 		p.fs.second = sm
 		p.fs.secondGPUOnly = fp.Tail == TailStrandGPU
 	}
-	large := largeOf(p.fs.model.Reserve, fp.ReserveFrac)
+	if large, _ := fp.reserveOf(p.fs.model); large != nil {
+		p.fs.reserve = NewFragModel(large)
+	}
+	if fp.SliverMass > 0 {
+		p.fs.usable = usableShares(p.fs.model.Shapes)
+	}
+}
+
+// reserveOf is the reserve's large shapes of m under fp (nil when the
+// reserve is off) and whether it is off because they are common: more
+// than fp.ReserveMaxShare of all requests. fp has its defaults.
+func (fp FragParams) reserveOf(m *FragModel) (large []Shape, common bool) {
+	if m == nil {
+		return nil, false
+	}
+	large = largeOf(m.Reserve, fp.ReserveFrac)
 	if fp.ReserveUncovered {
 		large = slices.DeleteFunc(large, func(s Shape) bool {
-			return slices.ContainsFunc(p.fs.model.Shapes, func(t Shape) bool {
+			return slices.ContainsFunc(m.Shapes, func(t Shape) bool {
 				return t.CPUMilli == s.CPUMilli && t.GPUs == s.GPUs && t.GPUMilli == s.GPUMilli && t.Models == s.Models
 			})
 		})
@@ -72,12 +87,20 @@ func (p *Weighted) linkFrag() {
 	for _, s := range large {
 		share += s.P
 	}
-	if len(large) > 0 && share <= fp.ReserveMaxShare {
-		p.fs.reserve = NewFragModel(large)
+	if len(large) == 0 {
+		return nil, false
 	}
-	if fp.SliverMass > 0 {
-		p.fs.usable = usableShares(p.fs.model.Shapes)
+	if share > fp.ReserveMaxShare {
+		return nil, true
 	}
+	return large, false
+}
+
+// fullNodesAsFGD says whether the policy scores a CPU-only request on a
+// node with no free GPU by the keys (FragParams.Effective); p.fs is set.
+func (p *Weighted) fullNodesAsFGD() bool {
+	p.linkFrag()
+	return p.fs.params.FullNodesAsFGD
 }
 
 // largeOf keeps the shapes asking for at least frac of the largest GPU

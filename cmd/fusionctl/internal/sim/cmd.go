@@ -31,6 +31,7 @@ func NewCommand() *cobra.Command {
 		passes    int
 		list      bool
 		estimate  string
+		tuneOnly  string
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -67,7 +68,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 					o.Seeds, _ = ParseSeeds("42-46")
 				}
 				to := TuneOptions{NodesPath: o.NodesPath, PodsPaths: splitList(o.PodsPath), Traces: splitList(o.Trace),
-					TrainSeeds: o.Seeds, TargetPct: o.TargetPct, Workers: o.Workers, Start: o.Frag, Passes: passes}
+					TrainSeeds: o.Seeds, TargetPct: o.TargetPct, Workers: o.Workers, Start: o.Frag, Passes: passes, Only: splitList(tuneOnly)}
 				if to.TestSeeds, err = ParseSeeds(testSeed); err != nil {
 					return err
 				}
@@ -120,6 +121,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
 	f.StringVar(&frag, "frag", "", "fusiond's fragmentation parameters over the defaults, e.g. reserve_steps=50,tail=none (names as --tune prints them); with --tune, the search's starting point")
 	f.BoolVar(&tune, "tune", false, "search fusiond's fragmentation parameters (sched.FragParams) on the train seeds (--seeds, default 42-46 with --tune) and report the test seeds (--test-seeds) only; --pods may list several traces, comma-separated")
+	f.StringVar(&tuneOnly, "tune-only", "", "with --tune: search only these parameters (comma-separated names as --frag takes them, e.g. cpu_only_tail_max,cpu_only_full_max); default all")
 	f.IntVar(&passes, "tune-passes", 2, "with --tune: coordinate-descent passes over the parameters")
 	f.StringVar(&testSeed, "test-seeds", "47-51", "with --tune: the seeds the chosen parameters are reported on")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log progress to stderr")

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -266,6 +267,51 @@ func TestOpenBTable(t *testing.T) {
 		fmt.Fprintf(&out, "\n%s: failed pods / GPUs / big pods by arrived GPU request\n\n%s", r.Trace, MarkdownFailTable(r))
 	}
 	if err := os.WriteFile(outPath, []byte(out.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOpenBDiffTable writes fusiond − FGD (allocation at 130 %, paired
+// 95 % t-intervals) and the 8-GPU pods each failed by 100 % arrived, on
+// every embedded pod list (openb.Traces) and on the seed sets 42..51 and
+// 52..61 (FUSIOND_SIM_DIFF_SEEDS: others, ";"-separated, each as --seeds
+// takes it). 24 traces × 20 seeds × 2 policies take about 4 minutes of 2
+// idle cores: it runs only when FUSIOND_SIM_DIFF names the markdown file
+// to write.
+func TestOpenBDiffTable(t *testing.T) {
+	outPath := os.Getenv("FUSIOND_SIM_DIFF")
+	if outPath == "" {
+		t.Skip("set FUSIOND_SIM_DIFF=FILE.md to write the fusiond − FGD table")
+	}
+	setsSpec := cmp.Or(os.Getenv("FUSIOND_SIM_DIFF_SEEDS"), "42-51;52-61")
+	var sets [][]uint64
+	var all []uint64
+	for spec := range strings.SplitSeq(setsSpec, ";") {
+		s, err := ParseSeeds(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets = append(sets, s)
+		for _, v := range s {
+			if !slices.Contains(all, v) {
+				all = append(all, v)
+			}
+		}
+	}
+	var reps []*Report
+	for _, tr := range openb.Traces() {
+		o := Options{Trace: tr, Policies: []string{"fusiond", "fgd"}, Seeds: all}
+		rep, err := Simulate(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps = append(reps, rep)
+	}
+	out, err := MarkdownDiffTable(reps, sets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(outPath, []byte(out), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"testing"
 )
 
 // Published maps trace → policy (lower case) → the FGD paper's mean GPU
@@ -145,4 +146,133 @@ func MarkdownFailTable(rep *Report) string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// t975 is the 0.975 quantile of Student's t with df degrees of freedom,
+// df 1..30 (the 95 % two-sided interval); above 30 the normal's 1.96 is
+// used, which is within 2 % of it.
+var t975 = [...]float64{12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+	2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+	2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042}
+
+// pairedCI is the mean of the paired differences d and the half-width of
+// its 95 % t-interval (NaN with fewer than two differences).
+func pairedCI(d []float64) (mean, half float64) {
+	n := len(d)
+	if n == 0 {
+		return math.NaN(), math.NaN()
+	}
+	for _, v := range d {
+		mean += v / float64(n)
+	}
+	if n < 2 {
+		return mean, math.NaN()
+	}
+	var ss float64
+	for _, v := range d {
+		ss += (v - mean) * (v - mean)
+	}
+	q := 1.96
+	if n-1 <= len(t975) {
+		q = t975[n-2]
+	}
+	return mean, q * math.Sqrt(ss/float64(n-1)/float64(n))
+}
+
+// runByPolicySeed indexes a report's runs.
+func runByPolicySeed(r *Report) map[string]map[uint64]RunResult {
+	out := map[string]map[uint64]RunResult{}
+	for _, run := range r.Runs {
+		if out[run.Policy] == nil {
+			out[run.Policy] = map[uint64]RunResult{}
+		}
+		out[run.Policy][run.Seed] = run
+	}
+	return out
+}
+
+// MarkdownDiffTable renders, per trace and per seed set, fusiond's
+// allocation at the last threshold minus FGD's (mean of the per-seed
+// differences, with the 95 % t-interval paired over the seeds) and the
+// 8-GPU pods each failed by 100 % arrived (means). A seed a report lacks
+// for either policy is an error.
+func MarkdownDiffTable(reps []*Report, sets [][]uint64) (string, error) {
+	var b strings.Builder
+	b.WriteString("| trace |")
+	for _, s := range sets {
+		name := seedSetName(s)
+		fmt.Fprintf(&b, " fusiond − FGD, seeds %s (95 %% CI) | 8-GPU pods failed by 100 %%, seeds %s: fusiond / FGD |", name, name)
+	}
+	b.WriteString("\n|---|")
+	for range sets {
+		b.WriteString("---|---|")
+	}
+	b.WriteString("\n")
+	for _, r := range reps {
+		by := runByPolicySeed(r)
+		fmt.Fprintf(&b, "| %s |", strings.TrimPrefix(r.Trace, "openb_pod_list_"))
+		for _, set := range sets {
+			var d []float64
+			var bigF, bigG float64
+			for _, seed := range set {
+				f, okF := by["fusiond"][seed]
+				g, okG := by["fgd"][seed]
+				if !okF || !okG || len(f.AllocPct) == 0 || len(g.AllocPct) == 0 {
+					return "", fmt.Errorf("%s: seed %d lacks a fusiond or fgd run", r.Trace, seed)
+				}
+				d = append(d, f.AllocPct[len(f.AllocPct)-1]-g.AllocPct[len(g.AllocPct)-1])
+				bigF += bigBy100(f) / float64(len(set))
+				bigG += bigBy100(g) / float64(len(set))
+			}
+			m, h := pairedCI(d)
+			fmt.Fprintf(&b, " %+.2f [%+.2f, %+.2f] | %.1f / %.1f |", m, m-h, m+h, bigF, bigG)
+		}
+		b.WriteString("\n")
+	}
+	return b.String(), nil
+}
+
+// seedSetName writes a seed set as a range when it is one ("42..51").
+func seedSetName(s []uint64) string {
+	if len(s) == 0 {
+		return "none"
+	}
+	if int(s[len(s)-1]-s[0]) == len(s)-1 {
+		return fmt.Sprintf("%d..%d", s[0], s[len(s)-1])
+	}
+	parts := make([]string, len(s))
+	for i, v := range s {
+		parts[i] = strconv.FormatUint(v, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+// The paired interval is mean ± t(n−1)·s/√n, and the diff table pairs
+// each seed's fusiond run with its FGD run.
+func TestPairedCIAndDiffTable(t *testing.T) {
+	m, h := pairedCI([]float64{1, 2, 3, 4, 5}) // s = √2.5, t(4) = 2.776
+	if math.Abs(m-3) > 1e-12 || math.Abs(h-2.776*math.Sqrt(2.5/5)) > 1e-9 {
+		t.Errorf("pairedCI = %v ± %v, want 3 ± %v", m, h, 2.776*math.Sqrt(0.5))
+	}
+	if _, h := pairedCI([]float64{1}); !math.IsNaN(h) {
+		t.Errorf("one difference: half-width %v, want NaN", h)
+	}
+	run := func(pol string, seed uint64, alloc, big float64) RunResult {
+		return RunResult{Policy: pol, Seed: seed, AllocPct: []float64{50, alloc}, FailAt: []FailPoint{{ArrivedPct: 90}, {ArrivedPct: 100, BigPods: big}}}
+	}
+	rep := &Report{Trace: "openb_pod_list_x", Runs: []RunResult{
+		run("fusiond", 1, 91, 1), run("fgd", 1, 90, 2),
+		run("fgd", 2, 92, 0), run("fusiond", 2, 95, 3),
+	}}
+	got, err := MarkdownDiffTable([]*Report{rep}, [][]uint64{{1, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// differences 1 and 3: mean 2, s = √2, t(1) = 12.706, half 12.706.
+	if want := "| x | +2.00 [-10.71, +14.71] | 2.0 / 1.0 |"; !strings.Contains(got, want) {
+		t.Errorf("table\n%s\nlacks %q", got, want)
+	}
+	if _, err := MarkdownDiffTable([]*Report{rep}, [][]uint64{{1, 3}}); err == nil {
+		t.Error("a seed without runs gave no error")
+	}
 }

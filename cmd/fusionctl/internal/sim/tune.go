@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +32,9 @@ type TuneOptions struct {
 	Passes int
 	// Start is the point the search starts from (nil: the defaults).
 	Start *sched.FragParams
+	// Only names the parameters searched (as ParseFragParams takes
+	// them; empty: all of tuneGrid).
+	Only []string
 }
 
 // tuneTrace is one trace's inputs, with each seed's workload and shapes.
@@ -47,18 +51,22 @@ type tuneScore struct {
 	alloc, big100 float64
 }
 
-// tuneGrid is what the search tries, one parameter at a time (coordinate
-// descent from the defaults, two passes).
-var tuneGrid = []struct {
+// tuneParam is one searched parameter: its name (as ParseFragParams
+// takes it) and the values tried, each a setter returning the value's text.
+type tuneParam struct {
 	name   string
 	values []func(*sched.FragParams) string
-}{
+}
+
+// tuneGrid is what the search tries, one parameter at a time (coordinate
+// descent from the defaults, two passes).
+var tuneGrid = []tuneParam{
 	{"reserve_steps", []func(*sched.FragParams) string{
 		setSteps(3), setSteps(5), setSteps(10), setSteps(20), setSteps(50)}},
 	{"reserve_frac", []func(*sched.FragParams) string{
 		setFrac(0.25), setFrac(0.5), setFrac(0.75), setFrac(1)}},
 	{"reserve_max_share", []func(*sched.FragParams) string{
-		setMaxShare(0.02), setMaxShare(0.05), setMaxShare(0.1), setMaxShare(1)}},
+		setMaxShare(0.02), setMaxShare(0.03), setMaxShare(0.04), setMaxShare(0.05), setMaxShare(0.1), setMaxShare(1)}},
 	{"reserve_uncovered", []func(*sched.FragParams) string{setUncovered(false), setUncovered(true)}},
 	{"tail", []func(*sched.FragParams) string{
 		setTail(sched.TailCapacityCPUOnly), setTail(sched.TailNone), setTail(sched.TailCapacityAll), setTail(sched.TailStrandAll), setTail(sched.TailStrandGPU)}},
@@ -66,6 +74,11 @@ var tuneGrid = []struct {
 		setSliver(0), setSliver(0.05), setSliver(0.2), setSliver(0.5)}},
 	{"full_nodes_as_fgd", []func(*sched.FragParams) string{setFullNodes(false), setFullNodes(true)}},
 	{"exact_last", []func(*sched.FragParams) string{setExact(false), setExact(true)}},
+	// The CPU-only rule's thresholds lie between the CPU-only shares of
+	// the openb pod lists' typical shapes (0 to 0.31); 1 is never.
+	{"cpu_only_tail_max", cpuOnlyGrid(setTailMax)},
+	{"cpu_only_full_max", cpuOnlyGrid(setFullMax)},
+	{"reserve_off_keeps_cpu_keys", []func(*sched.FragParams) string{setKeepCPUKeys(false), setKeepCPUKeys(true)}},
 }
 
 func setSteps(v int) func(*sched.FragParams) string {
@@ -93,8 +106,29 @@ func setExact(v bool) func(*sched.FragParams) string {
 	return func(p *sched.FragParams) string { p.ExactLast = v; return fmt.Sprint(v) }
 }
 
+func setTailMax(v float64) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.CPUOnlyTailMax = v; return fmt.Sprint(v) }
+}
+func setFullMax(v float64) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.CPUOnlyFullMax = v; return fmt.Sprint(v) }
+}
+
+func setKeepCPUKeys(v bool) func(*sched.FragParams) string {
+	return func(p *sched.FragParams) string { p.ReserveOffKeepsCPUKeys = v; return fmt.Sprint(v) }
+}
+
+// cpuOnlyGrid is the CPU-only rule's thresholds tried, for one of its
+// setters.
+func cpuOnlyGrid(set func(float64) func(*sched.FragParams) string) []func(*sched.FragParams) string {
+	var out []func(*sched.FragParams) string
+	for _, v := range []float64{0.05, 0.1, 0.15, 0.175, 0.2, 0.225, 0.25, 0.275, 0.3, 1} {
+		out = append(out, set(v))
+	}
+	return out
+}
+
 func fmtParams(p sched.FragParams) string {
-	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast)
+	return fmt.Sprintf("reserve_steps=%d reserve_frac=%g reserve_max_share=%g reserve_uncovered=%t tail=%s sliver_mass=%g full_nodes_as_fgd=%t exact_last=%t cpu_only_tail_max=%g cpu_only_full_max=%g reserve_off_keeps_cpu_keys=%t", p.ReserveSteps, p.ReserveFrac, p.ReserveMaxShare, p.ReserveUncovered, p.Tail, p.SliverMass, p.FullNodesAsFGD, p.ExactLast, p.CPUOnlyTailMax, p.CPUOnlyFullMax, p.ReserveOffKeepsCPUKeys)
 }
 
 // Tune searches sched.FragParams by coordinate descent from the defaults
@@ -122,6 +156,17 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	}
 	if len(inputs) == 0 {
 		return fmt.Errorf("%w: --tune needs one or more traces (--trace or --pods)", ErrBadOption)
+	}
+	grid := tuneGrid
+	if len(o.Only) > 0 {
+		grid = nil
+		for _, name := range o.Only {
+			i := slices.IndexFunc(tuneGrid, func(g tuneParam) bool { return g.name == name })
+			if i < 0 {
+				return fmt.Errorf("%w: --tune-only %q: not a parameter --tune searches", ErrBadOption, name)
+			}
+			grid = append(grid, tuneGrid[i])
+		}
 	}
 	if len(o.TrainSeeds) == 0 || len(o.TestSeeds) == 0 {
 		return fmt.Errorf("%w: --tune needs train and test seeds", ErrBadOption)
@@ -153,9 +198,36 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	}
 	th := []float64{o.TargetPct}
 	// eval runs fusiond with params (fgd when nil) on every trace × seed.
+	// memo holds each run's score by trace, seed and the parameters the
+	// policy resolves on that seed's shapes (FragParams.Effective; FGD
+	// has none): variants that resolve alike on a trace — thresholds of
+	// the CPU-only rule on the same side of its CPU-only share — make
+	// the same decisions, so they run once.
+	type memoKey struct {
+		t      int
+		seed   uint64
+		fgd    bool
+		params sched.FragParams
+	}
+	memo := map[memoKey]tuneScore{}
 	eval := func(params *sched.FragParams, seeds []uint64) ([]tuneScore, error) {
 		type job struct{ t, s int }
 		out := make([]tuneScore, len(traces))
+		key := func(j job) memoKey {
+			t, seed := traces[j.t], seeds[j.s]
+			if params == nil {
+				return memoKey{t: j.t, seed: seed, fgd: true}
+			}
+			// The rule's thresholds have acted once resolved: variants
+			// differing in them alone resolve to the same policy.
+			e := params.Effective(t.frag[seed])
+			e.CPUOnlyTailMax, e.CPUOnlyFullMax = 0, 0
+			return memoKey{t: j.t, seed: seed, params: e}
+		}
+		add := func(j job, sc tuneScore) {
+			out[j.t].alloc += sc.alloc / float64(len(seeds))
+			out[j.t].big100 += sc.big100 / float64(len(seeds))
+		}
 		jobs := make(chan job)
 		var mu sync.Mutex
 		var firstErr error
@@ -179,8 +251,9 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 						firstErr = err
 					}
 					if err == nil {
-						out[j.t].alloc += r.AllocPct[0] / float64(len(seeds))
-						out[j.t].big100 += bigBy100(r) / float64(len(seeds))
+						sc := tuneScore{alloc: r.AllocPct[0], big100: bigBy100(r)}
+						memo[key(j)] = sc
+						add(j, sc)
 					}
 					mu.Unlock()
 				}
@@ -188,7 +261,16 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 		}
 		for ti := range traces {
 			for si := range seeds {
-				jobs <- job{ti, si}
+				j := job{ti, si}
+				mu.Lock()
+				sc, ok := memo[key(j)]
+				if ok {
+					add(j, sc)
+				}
+				mu.Unlock()
+				if !ok {
+					jobs <- j
+				}
 			}
 		}
 		close(jobs)
@@ -232,7 +314,7 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 	}
 	for pass := 1; pass <= o.Passes; pass++ {
 		improved := false
-		for _, g := range tuneGrid {
+		for _, g := range grid {
 			for _, set := range g.values {
 				cand := best
 				v := set(&cand)
@@ -333,8 +415,21 @@ func ParseFragParams(s string) (*sched.FragParams, error) {
 			}
 		case "full_nodes_as_fgd":
 			p.FullNodesAsFGD, err = strconv.ParseBool(v)
+		case "reserve_off_keeps_cpu_keys":
+			p.ReserveOffKeepsCPUKeys, err = strconv.ParseBool(v)
 		case "exact_last":
 			p.ExactLast, err = strconv.ParseBool(v)
+		case "cpu_only_tail_max", "cpu_only_full_max":
+			var f float64
+			f, err = strconv.ParseFloat(v, 64)
+			if err == nil && (f <= 0 || f > 1) {
+				err = errors.New("not in (0, 1]")
+			}
+			if k == "cpu_only_tail_max" {
+				p.CPUOnlyTailMax = f
+			} else {
+				p.CPUOnlyFullMax = f
+			}
 		default:
 			err = errors.New("unknown parameter")
 		}
