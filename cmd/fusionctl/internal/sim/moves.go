@@ -52,11 +52,12 @@ func (m *mover) placed(req *sched.Request, a *sched.Assignment) {
 }
 
 // tryMoves plans and applies moves for req, the arrived-th arrival, which
-// fits nowhere. It returns req's assignment when it placed it; an error
+// fits nowhere. Moves are spent only on pods that ask for GPU: the
+// protocol measures GPU allocation, which a CPU-only pod does not raise. It returns req's assignment when it placed it; an error
 // only when a plan does not apply (a planner bug, not a missing plan).
 func (m *mover) tryMoves(req *sched.Request, arrived int) (sched.Assignment, bool, error) {
 	budget := m.allowed(arrived)
-	if budget <= 0 {
+	if budget <= 0 || (req.GPUs == 0 && req.MIGProfile == "") {
 		return sched.Assignment{}, false, nil
 	}
 	plan, ok := m.eng.PlanMoves(req, m.nodes, m.items, budget)
