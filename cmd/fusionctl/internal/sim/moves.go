@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/fusiond/fusiond/daemon/sched"
 )
@@ -24,10 +25,13 @@ type mover struct {
 	moved    map[string]bool
 	used     int
 	byMoves  int
+	// noPlan remembers, per pod shape (noPlanKey), the moves made and the
+	// budget when planning for it last found nothing.
+	noPlan map[string][2]int
 }
 
 func newMover(perMille int, eng *sched.Engine, nodes []*sched.Node, view *nodeView) *mover {
-	return &mover{perMille: perMille, eng: eng, nodes: nodes, view: view, at: map[string]int{}, moved: map[string]bool{}}
+	return &mover{perMille: perMille, eng: eng, nodes: nodes, view: view, at: map[string]int{}, moved: map[string]bool{}, noPlan: map[string][2]int{}}
 }
 
 // movable says whether a pod may be moved: best-effort ones only.
@@ -53,15 +57,24 @@ func (m *mover) placed(req *sched.Request, a *sched.Assignment) {
 
 // tryMoves plans and applies moves for req, the arrived-th arrival, which
 // fits nowhere. Moves are spent only on pods that ask for GPU: the
-// protocol measures GPU allocation, which a CPU-only pod does not raise. It returns req's assignment when it placed it; an error
+// protocol measures GPU allocation, which a CPU-only pod does not raise.
+// A pod of a shape for which planning found nothing is not planned again
+// until a move is made or the budget grows: in the protocol nothing else
+// frees resources, so the cluster has only filled up since (the bounded
+// search could in principle find a plan there that it missed before). It returns req's assignment when it placed it; an error
 // only when a plan does not apply (a planner bug, not a missing plan).
 func (m *mover) tryMoves(req *sched.Request, arrived int) (sched.Assignment, bool, error) {
 	budget := m.allowed(arrived)
 	if budget <= 0 || (req.GPUs == 0 && req.MIGProfile == "") {
 		return sched.Assignment{}, false, nil
 	}
+	key := noPlanKey(req)
+	if last, seen := m.noPlan[key]; seen && last[0] == m.used && budget <= last[1] {
+		return sched.Assignment{}, false, nil
+	}
 	plan, ok := m.eng.PlanMoves(req, m.nodes, m.items, budget)
 	if !ok {
+		m.noPlan[key] = [2]int{m.used, budget}
 		return sched.Assignment{}, false, nil
 	}
 	if len(plan.Moves) > budget {
@@ -103,4 +116,9 @@ func (m *mover) changed(i int) {
 // report writes the moves' figures into res.
 func (m *mover) report(res *RunResult) {
 	res.MovesUsed, res.PodsMoved, res.PlacedByMoves = m.used, len(m.moved), m.byMoves
+}
+
+// noPlanKey is what PlanMoves reads of a pod's request, as a map key.
+func noPlanKey(r *sched.Request) string {
+	return fmt.Sprintf("%d/%d/%d/%d/%d/%s/%s/%d/%d", r.CPUMilli, r.ExclusiveCores, r.MemMiB, r.GPUs, r.GPUMilli, strings.Join(r.GPUModels, "|"), r.MIGProfile, r.MIGSlices, r.GPUMemMiB)
 }
