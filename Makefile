@@ -51,7 +51,7 @@ plots:
 # CSV files, plain or .zst, from DIR instead). About 5 minutes on 2 cores;
 # .ci/run runs it.
 sim-validate:
-	FUSIOND_SIM_FULL=1 $(GO) test -count=1 -timeout 20m -v -run '^TestOpenBValidationFull$$' ./cmd/fusionctl/internal/sim/
+	FUSIOND_SIM_FULL=1 $(GO) test -count=1 -timeout 45m -v -run '^(TestOpenBValidationFull|TestBoundHoldsFull)$$' ./cmd/fusionctl/internal/sim/
 
 deps:
 	./.ci/deps.sh $(TEST_PKGS)

@@ -102,6 +102,9 @@ type Config struct {
 	// Kubernetes serves the devices to kubelet as a device plugin (see
 	// KubernetesConfig; off by default).
 	Kubernetes KubernetesConfig `json:"kubernetes"`
+	// Profiles is the task profiles learned from finished jobs (see
+	// ProfilesConfig; on by default).
+	Profiles ProfilesConfig `json:"profiles"`
 }
 
 // LimitsConfig bounds one user's jobs, specs, logs and streams, and the
@@ -298,6 +301,7 @@ func DefaultConfig() Config {
 		Telemetry:  DefaultTelemetryConfig(),
 		Elastic:    DefaultElasticConfig(),
 		Reclaim:    DefaultReclaimConfig(),
+		Profiles:   DefaultProfilesConfig(),
 		Peers:      DefaultPeersConfig(),
 		Kubernetes: DefaultKubernetesConfig(),
 	}
@@ -464,6 +468,9 @@ func (c *Config) Validate() error {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Peers.validate(); err != nil {
+		return bad(key, "%v", err)
+	}
+	if key, err := c.Profiles.validate(); err != nil {
 		return bad(key, "%v", err)
 	}
 	if key, err := c.Kubernetes.validate(); err != nil {

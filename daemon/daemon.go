@@ -78,6 +78,9 @@ type Daemon struct {
 	// plugin is the kubelet device plugin, nil when it does not run
 	// (kubernetes.device_plugin); Serve starts it.
 	plugin *deviceplugin.Plugin
+	// profiles learns task profiles from ended jobs, nil when it does not
+	// (profiles.enabled).
+	profiles *profileLearner
 
 	// parts are what New starts, in the order of their needs; Close
 	// stops them.
@@ -204,13 +207,36 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 			return err
 		},
 	}, {
+		// Task profiles, learned from the attempts the job manager sees
+		// end (with the bus's summaries of their use), kept under the
+		// state directory: loaded here, saved on a timer and when the
+		// daemon stops, after the job manager (which needs this part).
+		Name:  "profiles",
+		Needs: []string{"telemetry-bus"},
+		Start: func(context.Context) (err error) {
+			if !cfg.Profiles.Enabled {
+				return nil
+			}
+			if d.profiles, err = openProfiles(cfg.Profiles, cfg.StateDir, bus, log); err != nil {
+				return err
+			}
+			d.profiles.start()
+			return nil
+		},
+		Stop: func(context.Context) error {
+			if d.profiles == nil {
+				return nil
+			}
+			return d.profiles.close()
+		},
+	}, {
 		// Guaranteed jobs get exclusive cores where cgroups can pin them:
 		// the placer chooses them (with the engine, from the topology's
 		// cores) and rewrites the shared pool's cpusets after every change.
 		// It scores with the configured profiles and the live load the bus
 		// reads (GPU utilisation and power, CPU busy per NUMA node).
 		Name:  "placer",
-		Needs: []string{"hardware", "cgroups", "telemetry-bus"},
+		Needs: []string{"hardware", "cgroups", "telemetry-bus", "profiles"},
 		Start: func(ctx context.Context) (err error) {
 			var cores func() []cgroups.Core
 			var memNodes func(int) []int
@@ -238,6 +264,8 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 			popts.Pods = cfg.Kubernetes.podOptions(d.hw, log)
 			popts.Live = busLive{r: bus, over: liveOver}
 			engine = hostplacer.New(inventory(), popts)
+			// A restarted daemon starts with the mix of jobs it learned.
+			engine.SeedProfiles(d.profileUse().shapes())
 			if runner, err = newExecutor(cfg, cg, cgErr, engine.SharedCPUs, memNodes, log); err != nil {
 				return err
 			}
@@ -271,7 +299,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 	}, {
 		// The job manager; its loops start in Serve.
 		Name:  "jobs",
-		Needs: []string{"store", "audit", "hardware", "placer", "metrics"},
+		Needs: []string{"store", "audit", "hardware", "placer", "metrics", "profiles"},
 		Start: func(context.Context) error {
 			prep := &devicePreparer{drivers: d.hw.Drivers(), log: log}
 			d.mgr = jobs.New(jobs.Config{
@@ -294,10 +322,15 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 					ExemptRoot:   cfg.Limits.ExemptRoot,
 					PodHolds:     cfg.Kubernetes.MaxHolds,
 				},
-				Observer: d.metrics,
-				Queue:    cfg.Scheduling.queue(),
-				Audit:    d.audit,
+				Observer:  d.metrics,
+				Queue:     cfg.Scheduling.queue(),
+				Audit:     d.audit,
+				RunEnded:  d.profiles.runEndedFunc(),
+				Estimator: d.profileUse().estimator(),
 			}, d.store, runner, engine, log)
+			if d.profiles != nil {
+				d.profiles.get = d.mgr.Get
+			}
 			prep.holders = d.mgr
 			if cg != nil {
 				knobs = &beKnobs{cg: cg, jobs: mgrJobCPU{mgr: d.mgr, cg: cg}}
@@ -350,9 +383,9 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 		Stop: noErr(func() { stopElastic() }),
 	}, {
 		Name:  "reclaim",
-		Needs: []string{"jobs", "placer", "telemetry", "cgroups"},
+		Needs: []string{"jobs", "placer", "telemetry", "cgroups", "profiles"},
 		Start: func(ctx context.Context) (err error) {
-			reclaimLoop, reclaimOff, stopReclaim, err = startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), log)
+			reclaimLoop, reclaimOff, stopReclaim, err = startReclaim(ctx, cfg.Reclaim, cg, knobs, d.mgr, engine, bus, engine.Capacity, int64(cfg.QoS.MinBestEffortCPU), d.profileUse().reclaimPrior, log)
 			return err
 		},
 		Stop: noErr(func() { stopReclaim() }),
@@ -409,7 +442,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 	}, {
 		// The API's handler; Serve serves it.
 		Name:  "api",
-		Needs: []string{"jobs", "placer", "hardware", "audit", "metrics", "peers", "telemetry-bus", "qos", "reclaim", "kubernetes"},
+		Needs: []string{"jobs", "placer", "hardware", "audit", "metrics", "peers", "telemetry-bus", "qos", "reclaim", "kubernetes", "profiles"},
 		Start: func(context.Context) error {
 			var adminGID *uint32
 			if cfg.AdminGroup != "" {
@@ -434,6 +467,7 @@ func (d *Daemon) newParts(ctx context.Context) []lifecycle.Part {
 				StreamIdleTimeout: time.Duration(cfg.Limits.StreamIdleTimeout),
 				Observer:          d.metrics,
 				Peers:             peerBackend(d.peers),
+				Profiles:          d.profiles.backend(),
 			})
 			return nil
 		},

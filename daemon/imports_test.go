@@ -72,7 +72,7 @@ func TestImportRules(t *testing.T) {
 	}
 	// Public packages: what a user of the module may import. None of them
 	// may reach into the daemon's internals or its composition root.
-	public := []string{"daemon/api", "daemon/sched", "daemon/forecast", "daemon/buildinfo", "devices", "topology", "cgroups", "systemd", "ebpf"}
+	public := []string{"daemon/api", "daemon/sched", "daemon/forecast", "daemon/profile", "daemon/buildinfo", "devices", "topology", "cgroups", "systemd", "ebpf"}
 	// The pure engine's allowed standard-library imports: no I/O.
 	pureStd := []string{"cmp", "errors", "fmt", "iter", "maps", "math", "math/bits", "math/rand/v2", "slices", "sort", "strconv", "strings", "sync"}
 
@@ -115,6 +115,11 @@ func TestImportRules(t *testing.T) {
 			// The forecasters are pure too (the CLI and the daemon share them).
 			if p == "daemon/forecast" && (local || !slices.Contains(append(pureStd, "math/cmplx"), d)) {
 				t.Errorf("the pure forecasters daemon/forecast import %s: they may import only %s math/cmplx", d, strings.Join(pureStd, " "))
+			}
+			// Task profiles are pure too (the simulator and the daemon
+			// share them): no I/O but the reader and writer they are given.
+			if p == "daemon/profile" && (local || !slices.Contains(append(pureStd, "time", "io", "bufio", "encoding/json", "unicode/utf8"), d)) {
+				t.Errorf("the pure task profiles daemon/profile import %s", d)
 			}
 		}
 		// Hardware packages never depend on the daemon or the API; they

@@ -231,6 +231,9 @@ type reclaimHost struct {
 	knobs    *beKnobs
 	capacity func() api.NodeResources
 	lookback time.Duration
+	// prior is a running job's reclaim prior from its task profile
+	// (profileUse.reclaimPrior); nil: none.
+	prior func(owner api.Owner, spec api.JobSpec) reclaim.Usage
 }
 
 var _ reclaim.Host = (*reclaimHost)(nil)
@@ -250,6 +253,9 @@ func (h *reclaimHost) Running() []reclaim.Job {
 			rj.Placed = reclaim.Usage{CPU: float64(p.CPU), Memory: float64(p.Memory)}
 		}
 		rj.Started = j.StartedAt
+		if h.prior != nil {
+			rj.Prior = h.prior(j.Owner, j.Spec)
+		}
 		for _, u := range h.bus.JobWindow(j.ID, h.lookback) {
 			rj.Recent = append(rj.Recent, reclaim.Usage{CPU: u.CPUMilli, Memory: float64(u.Memory)})
 		}
@@ -278,7 +284,7 @@ func (h *reclaimHost) Publish(ev api.Event) { h.mgr.PublishReclaim(ev) }
 // startReclaim starts the reclaim loop; without cgroups or switched off
 // it does not run and the status says why.
 func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, knobs *beKnobs, mgr *jobs.Manager, placer reclaimPlacer, bus telemetry.Reader,
-	capacity func() api.NodeResources, minCPU int64, log *slog.Logger) (*reclaim.Loop, api.ReclaimStatus, func(), error) {
+	capacity func() api.NodeResources, minCPU int64, prior func(api.Owner, api.JobSpec) reclaim.Usage, log *slog.Logger) (*reclaim.Loop, api.ReclaimStatus, func(), error) {
 	switch {
 	case !cfg.Enabled:
 		return nil, api.ReclaimStatus{Reason: "off: reclaim.enabled is false"}, func() {}, nil
@@ -297,7 +303,7 @@ func startReclaim(ctx context.Context, cfg ReclaimConfig, cg *cgroups.Manager, k
 			st, err := cg.TierStats(cgroups.BestEffort)
 			return float64(st.MemoryCurrent), err
 		}},
-		&reclaimHost{mgr: mgr, placer: placer, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback)}, log)
+		&reclaimHost{mgr: mgr, placer: placer, bus: bus, knobs: knobs, capacity: capacity, lookback: time.Duration(cfg.Lookback), prior: prior}, log)
 	if err != nil {
 		return nil, api.ReclaimStatus{}, nil, err
 	}

@@ -7,8 +7,8 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 )
 
-// SchedulingConfig tunes the queue and preemption (docs/scheduling.md,
-// "Queue" and "Preemption").
+// SchedulingConfig tunes the queue, preemption and defragmentation
+// (docs/scheduling.md, "Queue", "Preemption" and "Defragmentation").
 type SchedulingConfig struct {
 	// AgingPerMinute is the priority (0..1000) a pending job gains per
 	// minute it waits, so nothing starves: a job is behind no job that
@@ -19,6 +19,20 @@ type SchedulingConfig struct {
 	// it to be submitted before they fail; 0 waits forever.
 	GangTimeout Duration         `json:"gang_timeout"`
 	Preemption  PreemptionConfig `json:"preemption"`
+	Defrag      DefragConfig     `json:"defrag"`
+}
+
+// DefragConfig lets the job first in the queue, when it does not fit,
+// have movable jobs (spec.movable, or best-effort) stopped and started
+// again elsewhere on this host to make room for it.
+type DefragConfig struct {
+	// Enabled turns defragmentation on.
+	Enabled bool `json:"enabled"`
+	// MaxMoves bounds the jobs moved per Window.
+	MaxMoves int      `json:"max_moves"`
+	Window   Duration `json:"window"`
+	// MinIntervalPerJob is how long a moved job is not moved again.
+	MinIntervalPerJob Duration `json:"min_interval_per_job"`
 }
 
 // PreemptionConfig lets a waiting job evict lower-tier jobs.
@@ -36,6 +50,7 @@ func DefaultSchedulingConfig() SchedulingConfig {
 		AgingPerMinute: 10,
 		GangTimeout:    Duration(10 * time.Minute),
 		Preemption:     PreemptionConfig{Enabled: true, MaxEvictions: 8, Window: Duration(10 * time.Minute)},
+		Defrag:         DefragConfig{Enabled: true, MaxMoves: 4, Window: Duration(10 * time.Minute), MinIntervalPerJob: Duration(30 * time.Minute)},
 	}
 }
 
@@ -50,6 +65,12 @@ func (s SchedulingConfig) validate() (string, error) {
 		return "scheduling.preemption.max_evictions", fmt.Errorf("between 1 and 10000 per window, got %d (turn preemption off with enabled: false)", s.Preemption.MaxEvictions)
 	case s.Preemption.Window < Duration(time.Second):
 		return "scheduling.preemption.window", fmt.Errorf("at least 1s, got %s", time.Duration(s.Preemption.Window))
+	case s.Defrag.MaxMoves < 1 || s.Defrag.MaxMoves > 1000:
+		return "scheduling.defrag.max_moves", fmt.Errorf("between 1 and 1000 per window, got %d (turn defragmentation off with enabled: false)", s.Defrag.MaxMoves)
+	case s.Defrag.Window < Duration(time.Second):
+		return "scheduling.defrag.window", fmt.Errorf("at least 1s, got %s", time.Duration(s.Defrag.Window))
+	case s.Defrag.MinIntervalPerJob < Duration(time.Second):
+		return "scheduling.defrag.min_interval_per_job", fmt.Errorf("at least 1s, got %s", time.Duration(s.Defrag.MinIntervalPerJob))
 	}
 	return "", nil
 }
@@ -62,5 +83,11 @@ func (s SchedulingConfig) queue() jobs.QueueConfig {
 		NoPreemption:     !s.Preemption.Enabled,
 		MaxEvictions:     s.Preemption.MaxEvictions,
 		PreemptionWindow: time.Duration(s.Preemption.Window),
+		Defrag: jobs.DefragConfig{
+			Enabled:     s.Defrag.Enabled,
+			MaxMoves:    s.Defrag.MaxMoves,
+			Window:      time.Duration(s.Defrag.Window),
+			MinInterval: time.Duration(s.Defrag.MinIntervalPerJob),
+		},
 	}
 }

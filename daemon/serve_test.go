@@ -24,6 +24,14 @@ import (
 // job cgroups and monitors left are removed when the test ends.
 func serveDaemon(t *testing.T, name string, edit func(*Config)) (context.Context, *api.Client, func()) {
 	t.Helper()
+	ctx, c, stop, _ := serveDaemonD(t, name, edit)
+	return ctx, c, stop
+}
+
+// serveDaemonD is serveDaemon that also returns the daemon, for tests
+// that drive its simulated hardware.
+func serveDaemonD(t *testing.T, name string, edit func(*Config)) (context.Context, *api.Client, func(), *Daemon) {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := DefaultConfig()
 	cfg.StateDir = filepath.Join(dir, "state")
@@ -64,5 +72,5 @@ func serveDaemon(t *testing.T, name string, edit func(*Config)) (context.Context
 		if err := <-served; err != nil {
 			t.Error(err)
 		}
-	}
+	}, d
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/fusiond/fusiond/daemon/internal/hardware"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
 	"github.com/fusiond/fusiond/daemon/internal/telemetry"
+	"github.com/fusiond/fusiond/daemon/sched"
 	"github.com/fusiond/fusiond/devices/rapl"
 	"github.com/fusiond/fusiond/topology"
 )
@@ -83,7 +84,7 @@ func (t telemetryJobs) Running() []telemetry.JobRef {
 	list := m.Running()
 	out := make([]telemetry.JobRef, len(list))
 	for i, j := range list {
-		out[i] = telemetry.JobRef{ID: j.ID}
+		out[i] = telemetry.JobRef{ID: j.ID, GPUs: gpuHolds(j)}
 	}
 	return out
 }
@@ -133,10 +134,12 @@ func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mg
 		GPUs: func() []telemetry.GPU {
 			var out []telemetry.GPU
 			for _, s := range h.Telemetry() {
-				out = append(out, telemetry.GPU{ID: s.UUID, SMUtil: float64(s.SMUtil), MemUtil: float64(s.MemUtil), PowerW: s.PowerW, LimitW: s.PowerLimitW})
+				out = append(out, telemetry.GPU{ID: s.UUID, SMUtil: float64(s.SMUtil), MemUtil: float64(s.MemUtil), PowerW: s.PowerW, LimitW: s.PowerLimitW,
+					MemUsedMiB: float64(s.MemUsedMB)})
 			}
 			return out
 		},
+		GPUModel: gpuModels(h),
 	}
 	switch m, err := rapl.Open(cfg.PowercapRoot); {
 	case err == nil:
@@ -156,6 +159,24 @@ func newTelemetry(ctx context.Context, cfg TelemetryConfig, h *hardware.Host, mg
 		tc.JobPSINote = "jobs run without cgroups"
 	}
 	return telemetry.New(tc, log)
+}
+
+// gpuModels gives each of the host's GPUs (by UUID) its figures from the
+// GPU model table, as the placer's nodes get them; a GPU the table does
+// not know, or one that appears later, has none.
+func gpuModels(h *hardware.Host) func(id string) (sched.GPUSpec, bool) {
+	specs := map[string]sched.GPUSpec{}
+	if m := h.GPUs(); m != nil {
+		for _, g := range m.Status().GPUs {
+			if s, ok := sched.LookupGPU(g.Model); ok {
+				specs[g.UUID] = s
+			}
+		}
+	}
+	return func(id string) (sched.GPUSpec, bool) {
+		s, ok := specs[id]
+		return s, ok
+	}
 }
 
 // startTelemetry starts the bus's sampler; stop ends it.
@@ -193,4 +214,19 @@ func boundWord(n int, one, more string) string {
 		return one
 	}
 	return more
+}
+
+// gpuHolds are the GPUs a running job's readings are attributed from:
+// each whole GPU's utilisation and used memory, and a share's up to its
+// compute share and memory cap. A MIG instance is not attributed (the
+// device's readings cover every instance on it).
+func gpuHolds(j jobs.RunningJob) []telemetry.GPUHold {
+	var out []telemetry.GPUHold
+	for _, id := range j.GPUs {
+		out = append(out, telemetry.GPUHold{ID: id, Milli: 1000})
+	}
+	if sh := j.Share; sh != nil {
+		out = append(out, telemetry.GPUHold{ID: sh.GPU, Milli: float64(sh.Milli), MemMiB: float64(sh.MemoryMB)})
+	}
+	return out
 }

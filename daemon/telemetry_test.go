@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/fusiond/fusiond/cgroups"
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 func TestTelemetryConfig(t *testing.T) {
@@ -178,5 +180,60 @@ func TestBoundNotes(t *testing.T) {
 	if len(n) != 2 || !strings.HasPrefix(n[0], "telemetry: 1 running job not followed: telemetry.max_jobs (512) reached; it has no usage readings") ||
 		!strings.HasSuffix(n[0], "4 refused since start") || !strings.HasPrefix(n[1], "qos: 1 running job not timed: all 1024 latency probe slots (qos.max_jobs) are taken; its run-queue") {
 		t.Errorf("notes %q", n)
+	}
+}
+
+// TestStatusShowsGPUEnergy runs a daemon over a simulated DGX H100 whose
+// first four GPUs report 50 % SM utilisation and reads the GPU energy
+// through the API: every GPU reports the simulated 140 W (a fifth of its
+// 700 W TDP), the idle floor is the table's 70 W per GPU, and the
+// delivered compute is the busy GPU-hours at the H100's 989.5 FP16
+// TFLOPS over the A100's 312; each figure must agree with the window.
+func TestStatusShowsGPUEnergy(t *testing.T) {
+	ctx, c, stop, d := serveDaemonD(t, "gpuenergy", func(cfg *Config) {
+		cfg.Simulate = "dgxh100"
+		cfg.Telemetry.PowercapRoot = filepath.Join(t.TempDir(), "no-powercap")
+	})
+	defer stop()
+	for i := range 4 {
+		if err := d.hw.SetSimulatedGPUUtilization(i, 50); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h100, _ := sched.LookupGPU("H100 SXM")
+	var st *api.TelemetryStatus
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		n, err := c.Node(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st = n.Telemetry
+		if st != nil && st.GPUEnergy != nil && st.GPUEnergy.A100EqHours > 0 && time.Duration(st.GPUEnergy.Window) >= 2*time.Second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no GPU energy after 30 s: %+v", st)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e := st.GPUEnergy
+	hours := time.Duration(e.Window).Hours()
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-6*max(1e-9, math.Abs(b)) }
+	if st.GPUs != 8 || e.UnknownGPUs != 0 {
+		t.Fatalf("%d GPUs, %d of an unknown model", st.GPUs, e.UnknownGPUs)
+	}
+	if !near(e.GPUHours, 8*hours) || !near(e.EnergyWh, 8*140*hours) || !near(e.MeasuredWh, e.EnergyWh) || !near(e.IdleFloorWh, 8*h100.IdleW*hours) {
+		t.Errorf("window %v h: %+v", hours, e)
+	}
+	// At most four GPUs at half their time busy (the first samples may
+	// precede the utilisation).
+	if !(e.BusyGPUHours > 0 && e.BusyGPUHours <= 2*hours*(1+1e-9)) || !near(e.A100EqHours*312, e.BusyGPUHours*h100.FP16) {
+		t.Errorf("busy %v GPU-hours, %v A100-eq hours in %v h", e.BusyGPUHours, e.A100EqHours, hours)
+	}
+	if !near(e.WhPerA100EqHour, e.EnergyWh/e.A100EqHours) || !near(e.FloorWhPerA100EqHour, e.IdleFloorWh/e.A100EqHours) || !near(e.WhPerBusyGPUHour, e.EnergyWh/e.BusyGPUHours) {
+		t.Errorf("ratios %+v", e)
+	}
+	if r := st.GPUEnergyRecent; r == nil || r.EnergyWh <= 0 || r.Window > e.Window {
+		t.Errorf("recent %+v of %+v", r, e)
 	}
 }

@@ -95,6 +95,22 @@ type JobSpec struct {
 	Restart *Restart `json:"restart,omitempty"`
 	// Labels are free-form key/value pairs, returned as given.
 	Labels map[string]string `json:"labels,omitempty"`
+	// MaxRuntime bounds how long one attempt may run, counted from its
+	// start (a Go duration string: "90s", "2h"; at most MaxJobRuntime).
+	// An attempt still running at its limit is stopped as a cancel stops
+	// it (SIGTERM, SIGKILL after cancel_grace) and the job ends failed,
+	// "exceeded max_runtime …", with no on-failure retry. A start after a
+	// preemption or a move is a new attempt with the whole limit again.
+	// The queue's backfill takes it as the job's run time (it wins over
+	// the task profile's estimate). Zero (or absent) is no limit. Not for
+	// a pod's device hold; a gang member's limit is its own.
+	MaxRuntime Duration `json:"max_runtime,omitempty"`
+	// Movable lets the daemon stop this job and start it again elsewhere
+	// on this host to make room for the job first in the queue
+	// (defragmentation, docs/scheduling.md): the job must tolerate a
+	// restart. A best-effort job is movable whether it says so or not. A
+	// gang member and a pod's device hold cannot be movable.
+	Movable bool `json:"movable,omitempty"`
 
 	// Rootfs runs the job in a container over this root filesystem
 	// (absolute path); the command is looked up inside it and Workdir
@@ -262,6 +278,13 @@ type Job struct {
 	// retries.
 	PreemptedBy string `json:"preempted_by,omitempty"`
 	Preemptions int    `json:"preemptions,omitempty"`
+	// Moves counts how often the daemon stopped this movable job and
+	// started it again elsewhere on this host to make room for another
+	// (defragmentation); MovingFor, while it is being stopped for a move,
+	// names the job the move makes room for. Starts after a move are not
+	// on-failure retries.
+	Moves     int    `json:"moves,omitempty"`
+	MovingFor string `json:"moving_for,omitempty"`
 	// Handover, on the origin, says which peer runs the job and why;
 	// Origin, on that peer, which daemon the job came from.
 	Handover *Handover   `json:"handover,omitempty"`
@@ -269,6 +292,14 @@ type Job struct {
 	// Pod, on a pod's device hold (Spec.Pod), is the pod container it
 	// belongs to, once kubelet's pod resources name it.
 	Pod *PodRef `json:"pod,omitempty"`
+}
+
+// CanMove reports whether the daemon may move j to make room for another
+// job (defragmentation): it said so (Spec.Movable) or its tier is
+// best-effort, and it is neither a gang member nor a pod's device hold,
+// which are never moved.
+func (j *Job) CanMove() bool {
+	return (j.Spec.Movable || j.Tier == TierBestEffort) && j.Spec.Gang == nil && j.Spec.Pod == nil
 }
 
 // Allocation is what the placement engine reserved for a job.
@@ -767,6 +798,47 @@ type TelemetryStatus struct {
 	LastError string `json:"last_error,omitempty"`
 	// Forecasts are the host series' forecasts.
 	Forecasts []SeriesForecast `json:"forecasts,omitempty"`
+	// GPUEnergy is the GPUs' energy per unit of delivered work since
+	// the bus started, GPUEnergyRecent over its last minute; nil
+	// without GPU samples.
+	GPUEnergy       *GPUEnergy `json:"gpu_energy,omitempty"`
+	GPUEnergyRecent *GPUEnergy `json:"gpu_energy_recent,omitempty"`
+}
+
+// GPUEnergy is this host's GPU energy per unit of delivered work over a
+// window of the telemetry bus's samples, each sample's readings counted
+// from the previous sample to it.
+type GPUEnergy struct {
+	// Since is the window's start, Window its length (time integrated).
+	Since  time.Time `json:"since"`
+	Window Duration  `json:"window"`
+	// EnergyWh is the GPUs' energy: the driver's measured power where
+	// read (MeasuredWh of it), else the GPU model table's idle + (TDP −
+	// idle) × SM utilisation.
+	EnergyWh   float64 `json:"energy_wh"`
+	MeasuredWh float64 `json:"measured_wh"`
+	// IdleFloorWh is what the GPUs' idle draws (the model table's
+	// estimates) alone come to over the window, busy or not; the rest of
+	// EnergyWh is above idle.
+	IdleFloorWh float64 `json:"idle_floor_wh"`
+	// GPUHours is GPUs × time; BusyGPUHours Σ SM utilisation × time.
+	GPUHours     float64 `json:"gpu_hours"`
+	BusyGPUHours float64 `json:"busy_gpu_hours"`
+	// A100EqHours is the delivered compute: Σ SM utilisation × the
+	// model's dense FP16 TFLOPS (the model table) × time, in hours of an
+	// A100 (sched.ReferenceFP16, 312 TFLOPS). SM utilisation is the share
+	// of time a kernel ran, not the share of peak throughput reached, so
+	// this is an upper bound on the work done.
+	A100EqHours float64 `json:"a100_eq_hours"`
+	// WhPerBusyGPUHour and WhPerA100EqHour are EnergyWh over
+	// BusyGPUHours and A100EqHours (0 when nothing was delivered);
+	// FloorWhPerA100EqHour is IdleFloorWh's part of the latter.
+	WhPerBusyGPUHour     float64 `json:"wh_per_busy_gpu_hour,omitempty"`
+	WhPerA100EqHour      float64 `json:"wh_per_a100_eq_hour,omitempty"`
+	FloorWhPerA100EqHour float64 `json:"floor_wh_per_a100_eq_hour,omitempty"`
+	// UnknownGPUs counts the GPUs whose model the table does not know:
+	// their measured power counts, their compute and idle floor do not.
+	UnknownGPUs int `json:"unknown_gpus,omitempty"`
 }
 
 // PressureStatus is the "some" avg10 of each resource, in percent.

@@ -26,6 +26,8 @@ const (
 	MaxGPUCount       = 64
 	MinMemory         = Bytes(1 << 20)
 	MaxCPU            = MilliCPU(1 << 30)
+	// MaxJobRuntime is the longest max_runtime a spec may give.
+	MaxJobRuntime = Duration(366 * 24 * time.Hour)
 )
 
 var (
@@ -162,6 +164,12 @@ func (s *JobSpec) Validate() error {
 			return FieldError("restart.policy", "a gang member cannot restart on its own: its gang is placed all together or not at all")
 		}
 	}
+	if s.MaxRuntime < 0 || s.MaxRuntime > MaxJobRuntime {
+		return FieldError("max_runtime", "must be positive and at most %s (366 days), got %s", MaxJobRuntime, s.MaxRuntime)
+	}
+	if s.Movable && s.Gang != nil {
+		return FieldError("movable", "a gang member cannot be moved on its own: its gang is placed all together or not at all")
+	}
 	if len(s.Labels) > MaxLabels {
 		return FieldError("labels", "at most %d labels, got %d", MaxLabels, len(s.Labels))
 	}
@@ -259,6 +267,10 @@ func (s *JobSpec) validatePod() error {
 	switch {
 	case len(s.Command) > 0 || len(s.Env) > 0 || s.Rootfs != "" || s.Workdir != "" || s.Gang != nil || s.Restart != nil || s.Replicas != nil || s.QoS != nil:
 		return FieldError("pod", "a pod's device hold runs no process: command, env, rootfs, workdir, gang, restart, replicas and qos must be empty")
+	case s.MaxRuntime != 0:
+		return FieldError("max_runtime", "a pod's device hold runs no process of fusiond's: it ends when kubelet frees its devices, so it has no max_runtime")
+	case s.Movable:
+		return FieldError("movable", "a pod's device hold is kubelet's: the daemon cannot stop and restart its pod, so it cannot be movable")
 	case s.Resources.CPU != 0 || s.Resources.Memory != 0:
 		return FieldError("pod", "a pod's CPU and memory are kubelet's: resources.cpu and resources.memory must be empty")
 	case s.Name == "" || len(s.Name) > MaxNameLen || !nameRE.MatchString(s.Name):

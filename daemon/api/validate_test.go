@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDecodeSpec(t *testing.T) {
@@ -55,6 +56,14 @@ func TestDecodeSpec(t *testing.T) {
 		{"qos too small", `{` + ok + `,"qos":{"runqueue_p99":"1us"}}`, CodeInvalid, "qos.runqueue_p99", "between 10µs and 10s"},
 		{"qos psi out of range", `{` + ok + `,"qos":{"psi_some_avg10":150}}`, CodeInvalid, "qos.psi_some_avg10", "percentage"},
 		{"qos empty", `{` + ok + `,"qos":{}}`, CodeInvalid, "qos", "set runqueue_p99"},
+		{"max runtime", `{` + ok + `,"max_runtime":"2h"}`, "", "", ""},
+		{"max runtime at the bound", `{` + ok + `,"max_runtime":"8784h"}`, "", "", ""},
+		{"max runtime zero is no limit", `{` + ok + `,"max_runtime":"0s"}`, "", "", ""},
+		{"max runtime negative", `{` + ok + `,"max_runtime":"-1s"}`, CodeInvalid, "max_runtime", "must be positive"},
+		{"max runtime too long", `{` + ok + `,"max_runtime":"8785h"}`, CodeInvalid, "max_runtime", "at most 8784h0m0s"},
+		{"max runtime not a duration", `{` + ok + `,"max_runtime":"2 fortnights"}`, CodeInvalid, "max_runtime", "duration"},
+		{"max runtime a number", `{` + ok + `,"max_runtime":90}`, CodeInvalid, "max_runtime", "duration string"},
+		{"max runtime overflows", `{` + ok + `,"max_runtime":"9999999999h"}`, CodeInvalid, "max_runtime", "duration"},
 		{"qos unknown field", `{` + ok + `,"qos":{"p99":"2ms"}}`, CodeInvalid, "qos.p99", "unknown field"},
 		{"host root as rootfs", `{` + ok + `,"rootfs":"/"}`, CodeInvalid, "rootfs", "other than /"},
 		{"gpu share and mig", `{"command":["x"],"resources":{"cpu":1,"memory":"64Mi","gpu":{"share":500,"mig":"1g.10gb"}}}`, CodeInvalid, "resources.gpu.share", "exclusive"},
@@ -76,6 +85,9 @@ func TestDecodeSpec(t *testing.T) {
 		{"bad restart policy", `{` + ok + `,"restart":{"policy":"always-and-forever"}}`, CodeInvalid, "restart.policy", "unknown policy"},
 		{"retries with never", `{` + ok + `,"restart":{"policy":"never","max_retries":2}}`, CodeInvalid, "restart.max_retries", "on-failure"},
 		{"gang member restarting alone", `{` + ok + `,"gang":{"name":"g","size":2},"restart":{"policy":"on-failure","max_retries":1}}`, CodeInvalid, "restart.policy", "gang"},
+		{"gang member with its own max runtime", `{` + ok + `,"gang":{"name":"g","size":2},"max_runtime":"90s"}`, "", "", ""},
+		{"movable gang member", `{` + ok + `,"gang":{"name":"g","size":2},"movable":true}`, CodeInvalid, "movable", "gang"},
+		{"movable ok", `{` + ok + `,"movable":true}`, "", "", ""},
 		{"bad topology", `{` + ok + `,"topology":"numa"}`, CodeInvalid, "topology", "unknown policy"},
 		{"bad label", `{` + ok + `,"labels":{"-x":"y"}}`, CodeInvalid, "labels.-x", "invalid label key"},
 	}
@@ -163,6 +175,7 @@ func FuzzDecodeSpec(f *testing.F) {
 		`{"name":"t","class":"training","tier":"guaranteed","priority":5,"command":["x"],"env":{"A":"b"},"workdir":"/tmp","resources":{"cpu":"250m","memory":"1Gi","gpu":{"count":2,"model":"H200"}},"gang":{"name":"g","size":2},"restart":{"policy":"on-failure","max_retries":3},"labels":{"team":"ml"}}`,
 		`{"command":["x"],"resources":{"cpu":1,"memory":"64Mi","gpu":{"share":250,"memory":"8Gi"},"fpga":{"bitstream":"gzip"}}}`,
 		`{"command":["x"],"resources":{"cpu":-1}}`,
+		`{"command":["x"],"resources":{"cpu":1,"memory":"64Mi"},"max_runtime":"1h30m"}`,
 		`{"command":[1]}`,
 		`{"resources":{"gpu":{"mig":"1g.10gb","x":1}}}`,
 		`[]`, `null`, `{`, `"x"`,
@@ -227,15 +240,37 @@ func TestValidatePodHold(t *testing.T) {
 	}{
 		"a command":      {hold(func(s *JobSpec) { s.Command = []string{"sh"} }), "pod"},
 		"CPU":            {hold(func(s *JobSpec) { s.Resources.CPU = 1000 }), "pod"},
+		"a max runtime":  {hold(func(s *JobSpec) { s.MaxRuntime = Duration(time.Hour) }), "max_runtime"},
 		"no resource":    {hold(func(s *JobSpec) { s.Pod.Resource = "" }), "pod.resource"},
 		"no devices":     {hold(func(s *JobSpec) { s.Pod.Devices = nil }), "pod.devices"},
 		"a device twice": {hold(func(s *JobSpec) { s.Pod.Devices = []string{"a", "a"} }), "pod.devices[1]"},
 		"a space":        {hold(func(s *JobSpec) { s.Pod.Devices = []string{"GPU a"} }), "pod.devices[0]"},
 		"no device kind": {hold(func(s *JobSpec) { s.Resources = Resources{} }), "pod.resource"},
+		"movable":        {hold(func(s *JobSpec) { s.Movable = true }), "movable"},
 	} {
 		var e *Error
 		if err := c.spec.Validate(); !errors.As(err, &e) || e.Field != c.field {
 			t.Errorf("%s: %v, want refused on %s", name, err, c.field)
+		}
+	}
+}
+
+// A job is movable when it says so or is best-effort, never when it is a
+// gang member or a pod's device hold.
+func TestJobCanMove(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		job  Job
+		want bool
+	}{
+		{"guaranteed, not movable", Job{Tier: TierGuaranteed}, false},
+		{"guaranteed, movable", Job{Tier: TierGuaranteed, Spec: JobSpec{Movable: true}}, true},
+		{"best-effort", Job{Tier: TierBestEffort}, true},
+		{"best-effort gang member", Job{Tier: TierBestEffort, Spec: JobSpec{Gang: &Gang{Name: "g", Size: 2}}}, false},
+		{"best-effort pod hold", Job{Tier: TierBestEffort, Spec: JobSpec{Pod: &PodHold{Resource: "r", Devices: []string{"d"}}}}, false},
+	} {
+		if got := c.job.CanMove(); got != c.want {
+			t.Errorf("%s: CanMove %v, want %v", c.name, got, c.want)
 		}
 	}
 }

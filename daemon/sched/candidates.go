@@ -114,13 +114,50 @@ type option struct {
 // assignments (symmetric ones once), scores each Σ w_d·s_d with the
 // class's profile and returns them best first.
 func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) []Choice {
+	out, _ = p.choices(req, n, idx, keep, math.Inf(-1), out)
+	return out
+}
+
+// boundedChooser is an AssignmentPolicy that can tell, before scoring a
+// node's assignments, that none of them can score floor or more; the
+// Engine then leaves the node out of a decision it cannot win or tie.
+type boundedChooser interface {
+	AssignmentPolicy
+	// choicesAbove is Choices keeping the best only, except that when n
+	// has assignments but none can score floor or more it returns out
+	// unchanged and true, without scoring them.
+	choicesAbove(req *Request, n *Node, idx int, floor float64, out []Choice) ([]Choice, bool)
+}
+
+var _ boundedChooser = (*Weighted)(nil)
+
+func (p *Weighted) choicesAbove(req *Request, n *Node, idx int, floor float64, out []Choice) ([]Choice, bool) {
+	return p.choices(req, n, idx, 1, floor, out)
+}
+
+// choices is Choices; with a floor above -Inf and keep ≤ 1 it scores
+// nothing when scoreBound shows that no assignment of n can score floor
+// or more, and then reports true (n has assignments: it is feasible).
+func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, out []Choice) ([]Choice, bool) {
 	if p.lastReq != req || p.lastClass != req.Class {
 		p.lastReq, p.lastClass, p.lastW = req, req.Class, p.weights(req.Class)
 	}
 	w := p.lastW
-	frag, fragGPU := p.fragmentation(req, n, idx)
 	prio := priorityScore(req, n)
+	mig := req.MIGProfile != ""
+	bounded := keep <= 1 && !math.IsInf(floor, -1)
+	if bounded {
+		// Whether n has options does not depend on the shared GPU the
+		// fragmentation measure prefers (oneGPUOptions).
+		if fb, ok := p.fragBound(req, n, idx); ok && scoreBound(&w, fb, prio, mig) < floor && (hasOptions(req, n) || len(p.options(req, n, -1, false)) > 0) {
+			return out, true
+		}
+	}
+	frag, fragGPU := p.fragmentation(req, n, idx)
 	opts := p.options(req, n, fragGPU, keep > 1)
+	if bounded && len(opts) > 0 && scoreBound(&w, frag, prio, mig) < floor {
+		return out, true
+	}
 	base := len(out)
 	for i := range opts {
 		o := &opts[i]
@@ -147,7 +184,7 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 	}
 	cs := out[base:]
 	if len(cs) == 1 {
-		return out
+		return out, false
 	}
 	order := func(a, b Choice) int {
 		return cmp.Or(cmp.Compare(b.Score, a.Score), cmp.Compare(a.seq, b.seq))
@@ -181,21 +218,64 @@ func (p *Weighted) Choices(req *Request, n *Node, idx, keep int, out []Choice) [
 	for len(cs) > k || (len(cs) > 1 && math.IsInf(cs[len(cs)-1].Score, -1)) {
 		cs = cs[:len(cs)-1]
 	}
-	return out[:base+len(cs)]
+	return out[:base+len(cs)], false
 }
 
-func (c *Choice) score(w *Weights) {
-	c.Score = 0
-	for d, v := range c.Dims {
+// hasOptions says whether options is sure to generate some assignment of
+// req on n, which passed Filter, without generating them: for a request
+// with no MIG instance, FPGA region or exclusive cores on a node of at
+// most 64 GPUs. Then no NUMA alignment applies (mustAlign), a CPU-only
+// request has its one option, and Filter counted at least req.GPUs GPUs
+// that gpuFits, of one model (fitOfOneModel, as wholeGPUOptions groups
+// them), from which oneGPUOptions and wholeGPUOptions build at least one.
+func hasOptions(req *Request, n *Node) bool {
+	return req.MIGProfile == "" && req.Bitstream == "" && req.ExclusiveCores == 0 && len(n.GPUs) <= 64
+}
+
+// scoreBound is at least the score of every assignment of a request on a
+// node whose fragmentation dimension is frag and priority dimension prio
+// (what all of the node's assignments share): the other dimensions at
+// their maximum, 1, and for a MIG request the fragmentation dimension too
+// (a MIG option averages frag with its slot's packing). An assignment's
+// fragmentation dimension is frag or, refined on another shared GPU
+// (sharedFrag), less. It is summed by weigh, as the scores are, so its
+// float arithmetic is theirs, term by term, and rounding, being
+// monotone, keeps it a bound.
+func scoreBound(w *Weights, frag, prio float64, mig bool) float64 {
+	var dims, parts [NumDims]float64
+	for d := range dims {
+		dims[d] = 1
+	}
+	if !mig {
+		dims[DimFragmentation] = frag
+	}
+	dims[DimPriority] = prio
+	return weigh(w, &dims, &parts)
+}
+
+func (c *Choice) score(w *Weights) { c.Score = weigh(w, &c.Dims, &c.Parts) }
+
+// weigh clamps each dimension's score into [0,1], sets parts to w_d·s_d
+// and returns their sum in dimension order. It is where every Choice's
+// score and scoreBound are summed; it is kept out of line so that the
+// compiler cannot fuse its multiply-adds differently at the two call
+// sites (Go allows fused multiply-add, e.g. on arm64), which would break
+// the bound by a rounding.
+//
+//go:noinline
+func weigh(w *Weights, dims, parts *[NumDims]float64) float64 {
+	var sum float64
+	for d, v := range dims {
 		if v < 0 {
 			v = 0
 		} else if v > 1 {
 			v = 1
 		}
-		c.Dims[d] = v
-		c.Parts[d] = w[d] * v
-		c.Score += c.Parts[d]
+		dims[d] = v
+		parts[d] = w[d] * v
+		sum += parts[d]
 	}
+	return sum
 }
 
 // sharedFrag is the fragmentation score of a shared request on GPU g when
@@ -450,10 +530,14 @@ func growSets(n *Node, k int, free uint64, link *[64]uint64, opts []option) []op
 }
 
 // migOptions are, on each MIG GPU, a free instance of the profile (no
-// reconfiguration) and the best spot for a new one (the one leaving the
-// longest run of free slices, as pickMIG), GPUs with the same layout and
-// key once.
+// reconfiguration) and the best spot for a new one on free slices (the one
+// leaving the longest run of free slices, as pickMIG), GPUs with the same
+// layout and key once. Only where the node offers none of these, each GPU's
+// best spot over slices that only idle instances hold (destroying them, as
+// pickMIG's last resort) is offered.
 func migOptions(req *Request, n *Node, opts []option) []option {
+	first := len(opts)
+	var destroys []option
 	for gi := range n.GPUs {
 		m := n.GPUs[gi].MIG
 		if m == nil || !req.ModelAllowed(n.ModelOf(gi)) {
@@ -470,33 +554,41 @@ func migOptions(req *Request, n *Node, opts []option) []option {
 				break
 			}
 		}
-		bestStart, bestRun := -1, -1
-		for start := 0; start+req.MIGSlices <= m.TotalSlices; start += req.MIGSlices {
-			if !m.sliceRunFree(start, req.MIGSlices) {
-				continue
+		if p, bestRun, ok := bestMIGSpot(req, m, false); ok {
+			if sig := key ^ 2; !dupSig(opts, sig) {
+				p.GPU = gi
+				opts = append(opts, option{mig: p, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: migPacking(m, free, req.MIGSlices, bestRun)})
 			}
-			var run uint64
-			for s := start; s < start+req.MIGSlices; s++ {
-				run |= 1 << uint(s)
-			}
-			if left := longestFreeRun(used|run, m.TotalSlices); left > bestRun {
-				bestStart, bestRun = start, left
-			}
-		}
-		if bestStart < 0 {
 			continue
 		}
-		if sig := key ^ 2; !dupSig(opts, sig) {
-			// Packing: fewer free slices left on the GPU is better (whole
-			// GPUs stay whole), and a contiguous rest better than a broken
-			// one.
-			t := float64(max(m.TotalSlices, 1))
-			after := free - req.MIGSlices
-			mf := 1 - 0.5*float64(after)/t - 0.5*float64(after-bestRun)/t
-			opts = append(opts, option{mig: MIGPick{GPU: gi, Start: bestStart, Slices: req.MIGSlices, Create: true}, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: mf})
+		if p, bestRun, ok := bestMIGSpot(req, m, true); ok {
+			if sig := key ^ 3; !dupSig(destroys, sig) {
+				p.GPU = gi
+				// The destroyed instances' slices are free again.
+				freed := 0
+				for _, in := range m.Instances {
+					if !in.InUse && in.overlaps(p.Start, p.Slices) {
+						freed += in.Slices
+					}
+				}
+				destroys = append(destroys, option{mig: p, hasMIG: true, fpga: -1, home: n.GPUs[gi].NUMA, loc: 1, sig: sig, migFrag: migPacking(m, free+freed, req.MIGSlices, bestRun)})
+			}
 		}
 	}
+	if len(opts) == first {
+		opts = append(opts, destroys...)
+	}
 	return opts
+}
+
+// migPacking scores a new instance of k slices on m, free slices free
+// before it and a longest free run of run after it: fewer free slices left
+// on the GPU is better (whole GPUs stay whole), and a contiguous rest
+// better than a broken one.
+func migPacking(m *MIG, free, k, run int) float64 {
+	t := float64(max(m.TotalSlices, 1))
+	after := free - k
+	return 1 - 0.5*float64(after)/t - 0.5*float64(after-run)/t
 }
 
 // withFPGA gives each option an FPGA region: every free region, regions
@@ -628,7 +720,8 @@ func regionCompute(req *Request, r *FPGARegion) float64 {
 // active power): a GPU at or below its idle draw counts half, one at twice
 // its idle draw or more full, linearly between. A GPU without a power
 // reading counts as idle when nothing holds it, it reports no load and its
-// idle draw is known. Creating a MIG instance (reconfiguration) halves it.
+// idle draw is known. Creating a MIG instance (reconfiguration) halves it,
+// and each idle instance destroyed for it divides it further (1/(2+n)).
 // CPU-only and FPGA-only work scores 1.
 func (p *Weighted) energyOf(req *Request, n *Node, o *option) float64 {
 	var sum float64
@@ -649,7 +742,8 @@ func (p *Weighted) energyOf(req *Request, n *Node, o *option) float64 {
 	}
 	e := sum / float64(cnt)
 	if o.hasMIG && o.mig.Create {
-		e /= 2
+		// Each idle instance destroyed first is one more reconfiguration.
+		e /= float64(2 + len(o.mig.Destroy))
 	}
 	return e
 }

@@ -81,9 +81,10 @@ type defragCand struct {
 //
 // Movable items whose assignment names no node of nodes (index out of
 // range, nil node, another name) or whose request is invalid are ignored.
-// Releasing MIG work leaves its instance on the GPU (Node.Release), so
-// moving MIG instances never frees slices for a larger profile; MIG nodes
-// are otherwise handled like any other. Scoring on clones may advance the
+// Releasing MIG work leaves its instance on the GPU, idle (Node.Release),
+// and a new instance may take slices that only idle instances hold
+// (destroying them, MIGPick.Destroy), so moving MIG work frees its slices
+// for a larger profile; MIG nodes are otherwise handled like any other. Scoring on clones may advance the
 // engine's tie-breaking generator (TieRandom) and invalidate policies'
 // per-node caches, never their observers (nothing is committed).
 func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMoves int) (plan MovePlan, ok bool) {

@@ -257,9 +257,9 @@ func TestPlanMovesBudget(t *testing.T) {
 	}
 }
 
-// A MIG node: moving a MIG instance's work never frees its slices (the
-// instance stays), so a larger profile gets no plan; a CPU-only pod that
-// holds the node's CPU still moves for a MIG request.
+// A MIG node: MIG work has nowhere else to go (the only MIG GPU is full),
+// so a larger profile gets no plan; a CPU-only pod that holds the node's
+// CPU still moves for a MIG request.
 func TestPlanMovesMIGNode(t *testing.T) {
 	e := NewEngine(Options{Seed: 1, TieBreak: TieRanked})
 	m := NewNode("mig", 8000, 1<<16, 1, "A100")

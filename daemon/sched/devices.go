@@ -287,11 +287,14 @@ func coresTaken(req *Request, n *Node, home int, take []int) int {
 	return spread
 }
 
-// pickMIG chooses a MIG instance for req: an existing free instance of the
-// profile first (no reconfiguration), otherwise a new instance on free
-// slices, aligned to its size as NVIDIA places them, choosing the spot that
-// leaves the longest run of free slices on that GPU (and the cheapest
-// reconfiguration on ties).
+// pickMIG chooses a MIG instance for req, in this order: an existing idle
+// instance of the profile (no reconfiguration); else a new instance on
+// free slices, at a start NVIDIA allows (MIG.starts), choosing the spot
+// that leaves the longest run of free slices on that GPU (and the cheapest
+// reconfiguration on ties); else a new instance over slices that only idle
+// instances hold, destroying them, choosing the cheapest (fewest destroyed,
+// MIGPick.Cost) and then the longest free run left. Instances in use are
+// never destroyed.
 func pickMIG(req *Request, n *Node) (MIGPick, bool) {
 	for gi := range n.GPUs {
 		m := n.GPUs[gi].MIG
@@ -304,29 +307,82 @@ func pickMIG(req *Request, n *Node) (MIGPick, bool) {
 			}
 		}
 	}
-	best, bestRun, bestCost, found := MIGPick{}, -1, 0.0, false
-	for gi := range n.GPUs {
-		m := n.GPUs[gi].MIG
-		if m == nil || !req.ModelAllowed(n.ModelOf(gi)) {
-			continue
+	for _, idle := range []bool{false, true} {
+		best, bestRun, bestCost, found := MIGPick{}, -1, 0.0, false
+		for gi := range n.GPUs {
+			m := n.GPUs[gi].MIG
+			if m == nil || !req.ModelAllowed(n.ModelOf(gi)) {
+				continue
+			}
+			p, left, ok := bestMIGSpot(req, m, idle)
+			if !ok {
+				continue
+			}
+			p.GPU = gi
+			cost := p.Cost(m)
+			better := left > bestRun || (left == bestRun && cost < bestCost)
+			if idle {
+				better = cost < bestCost || (cost == bestCost && left > bestRun)
+			}
+			if !found || better {
+				best, bestRun, bestCost, found = p, left, cost, true
+			}
 		}
-		used := m.usedMask()
-		for start := 0; start+req.MIGSlices <= m.TotalSlices; start += req.MIGSlices {
+		if found {
+			return best, true
+		}
+	}
+	return MIGPick{}, false
+}
+
+// bestMIGSpot is the best place on m for a new instance of req (its GPU
+// left 0) and the longest run of free slices it leaves. Without idle, only
+// free slices count and the spot leaving the longest run wins (the first
+// on ties). With idle, only spots over slices that idle instances hold
+// count (none in use): the fewest instances destroyed wins, then the
+// longest run left.
+func bestMIGSpot(req *Request, m *MIG, idle bool) (MIGPick, int, bool) {
+	used := m.usedMask()
+	best, bestRun := MIGPick{}, -1
+	for _, start := range m.starts(req.MIGProfile, req.MIGSlices) {
+		var run uint64
+		for s := start; s < start+req.MIGSlices; s++ {
+			run |= 1 << uint(s)
+		}
+		if !idle {
 			if !m.sliceRunFree(start, req.MIGSlices) {
 				continue
 			}
-			var run uint64
-			for s := start; s < start+req.MIGSlices; s++ {
-				run |= 1 << uint(s)
+			if left := longestFreeRun(used|run, m.TotalSlices); left > bestRun {
+				best, bestRun = MIGPick{Start: start, Slices: req.MIGSlices, Create: true}, left
 			}
-			left := longestFreeRun(used|run, m.TotalSlices)
-			if !found || left > bestRun || (left == bestRun && m.ReconfigCost < bestCost) {
-				best = MIGPick{GPU: gi, Start: start, Slices: req.MIGSlices, Create: true}
-				bestRun, bestCost, found = left, m.ReconfigCost, true
+			continue
+		}
+		if m.sliceRunFree(start, req.MIGSlices) || !m.sliceRunIdle(start, req.MIGSlices) {
+			continue
+		}
+		destroy := m.idleOn(start, req.MIGSlices)
+		after := run
+		for _, in := range m.Instances {
+			if !in.overlaps(start, req.MIGSlices) {
+				after |= instMask(in)
 			}
 		}
+		left := longestFreeRun(after, m.TotalSlices)
+		if bestRun < 0 || len(destroy) < len(best.Destroy) || (len(destroy) == len(best.Destroy) && left > bestRun) {
+			best, bestRun = MIGPick{Start: start, Slices: req.MIGSlices, Create: true, Destroy: destroy}, left
+		}
 	}
-	return best, found
+	return best, bestRun, bestRun >= 0
+}
+
+// instMask is the slices in holds.
+func instMask(in MIGInstance) uint64 {
+	var mask uint64
+	for s := in.Start; s < in.Start+in.Slices && s < 64; s++ {
+		mask |= 1 << uint(s)
+	}
+	return mask
 }
 
 func longestFreeRun(used uint64, total int) int {

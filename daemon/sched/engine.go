@@ -61,6 +61,9 @@ func (d *Decision) Explain() string {
 		}
 		if d.Assignment.MIG != nil {
 			fmt.Fprintf(&b, " mig gpu %d slices %d+%d create=%v", d.Assignment.MIG.GPU, d.Assignment.MIG.Start, d.Assignment.MIG.Slices, d.Assignment.MIG.Create)
+			if len(d.Assignment.MIG.Destroy) > 0 {
+				fmt.Fprintf(&b, " destroying idle %v", d.Assignment.MIG.Destroy)
+			}
 		}
 		if d.Assignment.FPGA >= 0 {
 			fmt.Fprintf(&b, " fpga region %d program=%v", d.Assignment.FPGA, d.Assignment.Program)
@@ -113,6 +116,9 @@ func (a *Assignment) devices() string {
 			verb = "create"
 		}
 		fmt.Fprintf(&b, " mig gpu %d slices %d+%d (%s)", m.GPU, m.Start, m.Slices, verb)
+		if len(m.Destroy) > 0 {
+			fmt.Fprintf(&b, " destroying idle %v", m.Destroy)
+		}
 	}
 	if a.FPGA >= 0 {
 		fmt.Fprintf(&b, " fpga %d", a.FPGA)
@@ -224,6 +230,12 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 	best, bestScore, ties := -1, 0.0, 0
 	var bestScored Scored
 	ap, _ := e.policy.(AssignmentPolicy)
+	// Without explanation only a node that can beat or tie the best so
+	// far matters: a bounded policy skips scoring the others.
+	var bc boundedChooser
+	if e.explain == 0 {
+		bc, _ = e.policy.(boundedChooser)
+	}
 	var bestChoice Choice
 	seq := 0
 	var counts [len(allReasons)]int
@@ -244,7 +256,15 @@ func (e *Engine) PlaceExcept(req *Request, nodes []*Node, skip map[int]bool) (De
 		}
 		var s Scored
 		if ap != nil {
-			e.choices = ap.Choices(req, n, i, e.explain, e.choices[:0])
+			if bc != nil && best >= 0 {
+				var below bool
+				if e.choices, below = bc.choicesAbove(req, n, i, bestScore, e.choices[:0]); below {
+					d.Feasible++ // scores below the best: neither wins nor ties
+					continue
+				}
+			} else {
+				e.choices = ap.Choices(req, n, i, e.explain, e.choices[:0])
+			}
 			if len(e.choices) == 0 {
 				counts[reasonIndex(ReasonTopology)]++
 				continue

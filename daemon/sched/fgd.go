@@ -3,6 +3,7 @@ package sched
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 )
 
@@ -22,17 +23,34 @@ type fragEntry struct {
 	sig2 float64
 	// res is the reserve measure's gain (before − after), when set.
 	res float64
+	// key is fusiond's fragmentation score folded from this entry
+	// (Weighted.fragmentation), valid when keyed: it depends only on the
+	// entry, the node's state and the request's shape, which is what the
+	// cache is keyed by.
+	key   float64
+	keyed bool
 }
 
 type nodeFragCache struct {
 	node    *Node
 	version uint64
 	before  float64
-	before2 float64
-	beforeR float64
-	// byShape[id] is valid when stamp[id] == version+1.
+	gpuFree int64 // n.GPUMilliFree()
+	// noneNegative: no GPU (MIG ones aside) has a negative free share.
+	noneNegative bool
+	// before2 and beforeR are the second and reserve measures before,
+	// computed when an entry first needs them (have2, haveR).
+	before2      float64
+	beforeR      float64
+	have2, haveR bool
+	// byShape[id] is valid when stamp[id] == 1 (cleared when the
+	// node's version changes).
 	byShape []fragEntry
 	stamp   []uint64
+	// keyBound bounds fusiond's fragmentation keys of any request on the
+	// node (Weighted.fragBound), valid when bounded.
+	keyBound float64
+	bounded  bool
 }
 
 // fragScorer computes, with a per-node cache, the fragmentation gain
@@ -64,6 +82,11 @@ type fragScorer struct {
 	lastReq *Request
 	lastKey fragKey
 	lastID  int
+	// scratch holds the entry of a node outside the cache (idx < 0).
+	scratch fragEntry
+	// nonNegativeP: no shape of model has a negative popularity (checked
+	// once, when shapesChecked).
+	nonNegativeP, shapesChecked bool
 }
 
 func (f *fragScorer) shapeID(req *Request) int {
@@ -87,6 +110,13 @@ func (f *fragScorer) shapeID(req *Request) int {
 }
 
 func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
+	return *f.entry(req, n, idx)
+}
+
+// entry is gain's cache entry for req on n, computed if need be; for
+// idx < 0 (no cache) the scorer's scratch entry, valid until the next
+// call.
+func (f *fragScorer) entry(req *Request, n *Node, idx int) *fragEntry {
 	if idx < 0 {
 		var b2 float64
 		if f.second != nil {
@@ -96,40 +126,54 @@ func (f *fragScorer) gain(req *Request, n *Node, idx int) fragEntry {
 		if f.reserve != nil {
 			br = f.reserve.NodeFrag(n)
 		}
-		return f.compute(req, n, f.model.NodeFrag(n), b2, br)
+		f.scratch = f.compute(req, n, f.model.NodeFrag(n), b2, br)
+		return &f.scratch
 	}
+	c := f.node(n, idx)
+	id := f.shapeID(req)
+	if id >= len(c.stamp) {
+		// Room for every shape seen so far: most nodes see most of them.
+		grow := max(id+1, 2*len(c.stamp), len(f.shapes))
+		c.stamp = append(c.stamp, make([]uint64, grow-len(c.stamp))...)
+		c.byShape = append(c.byShape, make([]fragEntry, grow-len(c.byShape))...)
+	}
+	if c.stamp[id] != 1 {
+		if f.second != nil && !c.have2 && f.usesSecond(req) {
+			c.before2, c.have2 = f.second.NodeFrag(n), true
+		}
+		if f.reserve != nil && !c.haveR {
+			c.beforeR, c.haveR = f.reserve.NodeFrag(n), true
+		}
+		c.byShape[id], c.stamp[id] = f.compute(req, n, c.before, c.before2, c.beforeR), 1
+	}
+	return &c.byShape[id]
+}
+
+// usesSecond says whether the second measure is computed for req.
+func (f *fragScorer) usesSecond(req *Request) bool {
+	return !(f.secondCPUOnly && req.GPUs > 0) && !(f.secondGPUOnly && req.GPUs == 0)
+}
+
+// node is the cache of n (index idx ≥ 0) with FGD's measure before,
+// emptied of its entries if n changed since.
+func (f *fragScorer) node(n *Node, idx int) *nodeFragCache {
 	if idx >= len(f.cache) {
 		f.cache = append(f.cache, make([]nodeFragCache, idx+1-len(f.cache))...)
 	}
 	c := &f.cache[idx]
 	if c.node != n || c.version != n.Version {
 		c.node, c.version = n, n.Version
-		c.before = f.model.NodeFrag(n)
-		if f.second != nil {
-			c.before2 = f.second.NodeFrag(n)
-		}
-		if f.reserve != nil {
-			c.beforeR = f.reserve.NodeFrag(n)
-		}
+		c.before, c.gpuFree = f.model.NodeFrag(n), n.GPUMilliFree()
+		c.noneNegative = !slices.ContainsFunc(n.GPUs, func(g GPU) bool { return g.MIG == nil && g.MilliFree < 0 })
 		clear(c.stamp)
+		c.have2, c.haveR, c.bounded = false, false, false
 	}
-	id := f.shapeID(req)
-	if id >= len(c.stamp) {
-		grow := max(id+1, 2*len(c.stamp))
-		c.stamp = append(c.stamp, make([]uint64, grow-len(c.stamp))...)
-		c.byShape = append(c.byShape, make([]fragEntry, grow-len(c.byShape))...)
-	}
-	if c.stamp[id] == 1 {
-		return c.byShape[id]
-	}
-	e := f.compute(req, n, c.before, c.before2, c.beforeR)
-	c.byShape[id], c.stamp[id] = e, 1
-	return e
+	return c
 }
 
 func (f *fragScorer) compute(req *Request, n *Node, before, before2, beforeR float64) fragEntry {
 	second := f.second
-	if (f.secondCPUOnly && req.GPUs > 0) || (f.secondGPUOnly && req.GPUs == 0) {
+	if !f.usesSecond(req) {
 		second = nil
 	}
 	if req.Shared() {

@@ -41,7 +41,10 @@ func TestFilterRules(t *testing.T) {
 		{"gpu memory", Request{GPUs: 1, GPUMilli: 100, GPUMemMiB: 50000}, nil, ReasonGPUMemory},
 		{"mig existing", Request{MIGProfile: "1g.5gb", MIGSlices: 1}, nil, Fits},
 		{"mig creatable", Request{MIGProfile: "3g.20gb", MIGSlices: 3}, nil, Fits},
-		{"mig full", Request{MIGProfile: "7g.40gb", MIGSlices: 7}, nil, ReasonMIG},
+		// The 1g instance is idle: a 7g instance destroys it; in use, it
+		// blocks the 7g.
+		{"mig over an idle instance", Request{MIGProfile: "7g.40gb", MIGSlices: 7}, nil, Fits},
+		{"mig full", Request{MIGProfile: "7g.40gb", MIGSlices: 7}, func(n *Node) { n.GPUs[7].MIG.Instances[0].InUse = true }, ReasonMIG},
 		{"fpga", Request{Bitstream: "aes"}, func(n *Node) { n.FPGAs[0].Busy, n.FPGAs[1].Busy = true, true }, ReasonFPGA},
 		{"single numa", Request{GPUs: 4, GPUMilli: 1000, Topology: TopologySingleNUMANode}, func(n *Node) { n.GPUs[0].MilliFree = 0 }, ReasonTopology},
 		{"single numa ok", Request{GPUs: 3, GPUMilli: 1000, ExclusiveCores: 4, Topology: TopologySingleNUMANode}, func(n *Node) { n.GPUs[0].MilliFree = 0 }, Fits},

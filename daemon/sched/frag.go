@@ -2,6 +2,7 @@ package sched
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strings"
 )
@@ -15,9 +16,12 @@ import (
 // for CPU-only nodes) the request leaves free.
 func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) {
 	switch {
-	case p.fs != nil && (req.GPUs > 0 || n.GPUMilliFree() > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)):
+	case p.byKeys(req, n, idx):
 		p.linkFrag()
-		e := p.fs.gain(req, n, idx)
+		e := p.fs.entry(req, n, idx)
+		if e.keyed {
+			return e.key, e.gpu
+		}
 		// Keys, most significant first (fragKeys, with the policy's
 		// FragParams): FGD's measure on its 0..100 scale; the reserve
 		// for the workload's large shapes (reserve.go) on ReserveSteps
@@ -29,16 +33,66 @@ func (p *Weighted) fragmentation(req *Request, n *Node, idx int) (float64, int) 
 		// The capacity measure is not a key for GPU requests: it prefers
 		// fresh nodes, and on the multi-GPU traces it broke the nodes the
 		// 8-GPU pods needed (docs/benchmarks.md).
+		// The keys are folded once per cache entry (node state and
+		// request shape).
 		var sl float64
 		if p.fs.params.SliverMass > 0 {
 			sl = sliverKey(req, n, e.gpu, p.fs.params.SliverMass, p.fs.usable)
 		}
-		return fragKeys(&p.fs.params, &e, sl), e.gpu
+		e.key, e.keyed = fragKeys(&p.fs.params, e, sl), true
+		return e.key, e.gpu
 	case len(n.GPUs) > 0:
 		return 1 - float64(n.GPUMilliFree()-req.GPUMilliTotal())/float64(len(n.GPUs)*MilliPerGPU), -1
 	default:
 		return 1 - float64(n.CPUFreeMilli-req.CPUMilli)/float64(max(n.CPUMilli, 1)), -1
 	}
+}
+
+// byKeys says whether fragmentation scores req on n (index idx) by the
+// keys.
+func (p *Weighted) byKeys(req *Request, n *Node, idx int) bool {
+	switch {
+	case p.fs == nil:
+		return false
+	case req.GPUs > 0:
+		return true
+	}
+	var free int64
+	if idx >= 0 {
+		free = p.fs.node(n, idx).gpuFree
+	} else {
+		free = n.GPUMilliFree()
+	}
+	return free > 0 || (p.Frag.FullNodesAsFGD && len(n.GPUs) > 0)
+}
+
+// fragBound is at least fragmentation's score of any request on n where
+// it scores by the keys (ok), found without the request's cache entry and
+// kept per node state: FGD's gain there is at most the node's measure
+// before (the measure after a placement is not negative: a sum of
+// popularities times free shares, none negative, which ok requires), and
+// fragKeys is non-decreasing in each measure, so the keys folded from
+// that gain (with a margin far above the sigmoid's rounding) and every
+// other measure at its largest bound it.
+func (p *Weighted) fragBound(req *Request, n *Node, idx int) (float64, bool) {
+	if idx < 0 || !p.byKeys(req, n, idx) {
+		return 0, false
+	}
+	p.linkFrag()
+	f := p.fs
+	if !f.shapesChecked {
+		f.nonNegativeP = !slices.ContainsFunc(f.model.Shapes, func(s Shape) bool { return !(s.P >= 0) })
+		f.shapesChecked = true
+	}
+	c := f.node(n, idx)
+	if !f.nonNegativeP || !c.noneNegative {
+		return 0, false
+	}
+	if !c.bounded {
+		e := fragEntry{sig: sigmoid(c.before/1000 + 1e-9), sig2: 1, res: math.Inf(1)}
+		c.keyBound, c.bounded = fragKeys(&p.fs.params, &e, 1), true
+	}
+	return c.keyBound, true
 }
 
 // Shape is a typical request shape and its popularity P (the shapes of a
@@ -79,10 +133,24 @@ func NewShapeLearner() *ShapeLearner { return &ShapeLearner{counts: map[Shape]fl
 
 // Observe records one request.
 func (l *ShapeLearner) Observe(r *Request) {
-	k := Shape{CPUMilli: r.CPUMilli, GPUs: r.GPUs, GPUMilli: r.GPUMilli, Models: strings.Join(r.GPUModels, "|")}
-	l.counts[k]++
-	l.total++
+	l.Add(Shape{CPUMilli: r.CPUMilli, GPUs: r.GPUs, GPUMilli: r.GPUMilli, Models: strings.Join(r.GPUModels, "|")}, 1)
 }
+
+// Add records weight requests of shape s (its P is ignored), as many
+// Observe calls would; a prior, e.g. the shapes of the daemon's task
+// profiles weighted by their decayed runs. A weight that is not a finite
+// number above zero is ignored.
+func (l *ShapeLearner) Add(s Shape, weight float64) {
+	if !(weight > 0) || math.IsInf(weight, 0) {
+		return
+	}
+	s.P = 0
+	l.counts[s] += weight
+	l.total += weight
+}
+
+// Total is the weight of the requests recorded.
+func (l *ShapeLearner) Total() float64 { return l.total }
 
 // Model returns the most popular shapes covering at least coverage (0..1]
 // of the observed requests, popularity renormalised to sum to 1, most

@@ -99,8 +99,14 @@ type MIG struct {
 	// Instances are the instances that exist now (free or in use).
 	Instances []MIGInstance `json:"instances,omitempty"`
 	// ReconfigCost is the cost of creating a new instance on idle slices,
-	// in the same unit as FPGA programming time (milliseconds).
+	// in the same unit as FPGA programming time (milliseconds). A new
+	// instance that first destroys idle instances costs one more
+	// ReconfigCost per instance destroyed (MIGPick.Cost).
 	ReconfigCost float64 `json:"reconfig_cost"`
+	// Starts maps a profile to the slices a new instance of it may start
+	// at (NVIDIA's placements, as the driver reports them); a profile not
+	// in it may start at any multiple of its slices.
+	Starts map[string][]int `json:"starts,omitempty"`
 }
 
 // GPU is one physical GPU of a node.
@@ -329,6 +335,20 @@ type MIGPick struct {
 	Start  int  `json:"start"`
 	Slices int  `json:"slices"`
 	Create bool `json:"create"` // a new instance is created (reconfiguration)
+	// Destroy lists the starts of the idle instances (InUse false) that
+	// sit on the new instance's slices and are destroyed to make room
+	// (Create only); Node.Apply removes them from the model.
+	Destroy []int `json:"destroy,omitempty"`
+}
+
+// Cost is the pick's reconfiguration cost on m: nothing for an existing
+// instance, one ReconfigCost for a new one and one more per idle instance
+// it destroys.
+func (p MIGPick) Cost(m *MIG) float64 {
+	if !p.Create || m == nil {
+		return 0
+	}
+	return m.ReconfigCost * float64(1+len(p.Destroy))
 }
 
 // Assignment is where, inside one node, a request goes.
@@ -377,6 +397,11 @@ func (n *Node) Apply(a *Assignment) error {
 	if p := a.MIG; p != nil {
 		m := n.GPUs[p.GPU].MIG
 		if p.Create {
+			// The idle instances on the new instance's slices are
+			// destroyed first (checkFits made sure none is in use).
+			m.Instances = slices.DeleteFunc(m.Instances, func(in MIGInstance) bool {
+				return in.overlaps(p.Start, p.Slices)
+			})
 			m.Instances = append(m.Instances, MIGInstance{Start: p.Start, Slices: p.Slices, InUse: true})
 		} else {
 			for i := range m.Instances {
@@ -395,7 +420,8 @@ func (n *Node) Apply(a *Assignment) error {
 }
 
 // Release gives a's resources back to n. A MIG instance created by the
-// assignment stays (free) for the next job of that profile.
+// assignment stays (idle) for the next job of that profile; a later
+// placement may destroy it to make room for another profile (MIGPick).
 func (n *Node) Release(a *Assignment) {
 	n.CPUFreeMilli = min(n.CPUMilli, n.CPUFreeMilli+a.CPUMilli)
 	n.MemFreeMiB = min(n.MemMiB, n.MemFreeMiB+a.MemMiB)
@@ -451,7 +477,7 @@ func (n *Node) checkFits(a *Assignment) error {
 		}
 		m := n.GPUs[p.GPU].MIG
 		if p.Create {
-			if !m.sliceRunFree(p.Start, p.Slices) {
+			if !m.sliceRunIdle(p.Start, p.Slices) {
 				return fmt.Errorf("%w: %s MIG slices %d+%d busy", ErrDoesNotFit, n.Name, p.Start, p.Slices)
 			}
 		} else if i := m.instanceAt(p.Start); i < 0 || m.Instances[i].InUse {
@@ -473,26 +499,74 @@ func (m *MIG) instanceAt(start int) int {
 	return -1
 }
 
+// overlaps reports whether the instance holds any of slices [start, start+k).
+func (in MIGInstance) overlaps(start, k int) bool {
+	return start < in.Start+in.Slices && in.Start < start+k
+}
+
 // sliceRunFree reports whether slices [start, start+k) belong to no instance.
 func (m *MIG) sliceRunFree(start, k int) bool {
 	if start < 0 || k <= 0 || start+k > m.TotalSlices {
 		return false
 	}
 	for _, in := range m.Instances {
-		if start < in.Start+in.Slices && in.Start < start+k {
+		if in.overlaps(start, k) {
 			return false
 		}
 	}
 	return true
 }
 
+// sliceRunIdle reports whether slices [start, start+k) belong to no
+// instance in use: free, or held only by idle instances a new instance may
+// destroy.
+func (m *MIG) sliceRunIdle(start, k int) bool {
+	if start < 0 || k <= 0 || start+k > m.TotalSlices {
+		return false
+	}
+	for _, in := range m.Instances {
+		if in.InUse && in.overlaps(start, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// idleOn lists the starts of the idle instances on slices [start, start+k).
+func (m *MIG) idleOn(start, k int) []int {
+	var out []int
+	for _, in := range m.Instances {
+		if !in.InUse && in.overlaps(start, k) {
+			out = append(out, in.Start)
+		}
+	}
+	return out
+}
+
+// starts are the slices a new instance of profile (k slices) may start
+// at: the driver's placements where Starts names the profile, else the
+// multiples of k.
+func (m *MIG) starts(profile string, k int) []int {
+	var out []int
+	if st, ok := m.Starts[profile]; ok && profile != "" {
+		for _, s := range st {
+			if s >= 0 && k > 0 && s+k <= m.TotalSlices {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	for s := 0; k > 0 && s+k <= m.TotalSlices; s += k {
+		out = append(out, s)
+	}
+	return out
+}
+
 // usedMask returns which slices belong to some instance.
 func (m *MIG) usedMask() uint64 {
 	var mask uint64
 	for _, in := range m.Instances {
-		for s := in.Start; s < in.Start+in.Slices && s < 64; s++ {
-			mask |= 1 << uint(s)
-		}
+		mask |= instMask(in)
 	}
 	return mask
 }

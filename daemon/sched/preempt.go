@@ -12,6 +12,11 @@ type Running struct {
 	Assignment Assignment
 	// Cost is what preempting it loses (e.g. work since its checkpoint).
 	Cost float64
+	// End is when it is expected to end, in the queue's logical time,
+	// when EndKnown (its run-time estimate from its start; see
+	// Queue.ScheduleRunning). Preemption does not use it.
+	End      int64
+	EndKnown bool
 }
 
 // Preemption is a plan: evict Victims (IDs) from node Node, then place.

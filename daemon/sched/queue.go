@@ -15,13 +15,21 @@ import (
 // head job does not fit it gets a reservation (EASY backfill): the node
 // that could hold it and has the most free GPU share is kept from later
 // jobs, which are placed elsewhere if they fit now (backfill), so they
-// never delay the head job.
+// never delay the head job. With run-time estimates (ScheduleRunning) the
+// head reserves the node where it is expected to fit soonest, and that
+// node is backfilled too, EASY's way: by jobs expected to end before the
+// head can start there, or that leave what the head needs then.
 type Queue struct {
 	// Aging is the priority gained per unit of logical time waited.
 	Aging float64
 	// MaxTries bounds how many jobs one Schedule call tries (0: all), to
 	// keep a call cheap when the queue is long; the rest keep their place.
 	MaxTries int
+	// Estimate is a queued job's expected run time in logical time units
+	// (false: unknown), for ScheduleRunning's backfill of the reserved
+	// node; nil: none known. The caller decides where it comes from
+	// (docs/scheduling.md, "Run-time estimates").
+	Estimate func(*Request) (int64, bool)
 	jobs     []*waitingJob
 }
 
@@ -92,12 +100,31 @@ func (q *Queue) order(now int64) {
 
 // Schedule places what it can at time now, committing each placement to
 // nodes through e, and returns the placements and the jobs still waiting
-// with their reasons.
+// with their reasons. The node reserved for the head is left alone (no
+// run times known): ScheduleRunning with nil running.
 func (q *Queue) Schedule(now int64, e *Engine, nodes []*Node) ([]Placement, []Waiting) {
+	return q.ScheduleRunning(now, e, nodes, nil)
+}
+
+// ScheduleRunning is Schedule with run times: running(i) lists the jobs
+// running on node i, each with its expected end when known (Running.End).
+// The head's shadow time on a node is when it would fit there if those
+// jobs ended as expected (Shadow); the head reserves the node where that
+// is soonest (ties, and when no node has one: Schedule's choice). A job
+// behind the head that fits nowhere else may then take the reserved node
+// if it is expected to end by the shadow time (now + q.Estimate ≤
+// shadow), or if what it takes leaves the head fitting at the shadow time
+// (the "extra" resources, no estimate of its own needed). With estimates
+// that hold, the head still starts by its shadow time; an estimate that
+// is too short can delay it (EASY's known trade). When no node has a
+// shadow time (jobs of unknown end in the way), or running is nil, the
+// reserved node is left to the head alone, as Schedule does.
+func (q *Queue) ScheduleRunning(now int64, e *Engine, nodes []*Node, running func(node int) []Running) ([]Placement, []Waiting) {
 	q.order(now)
 	var placed []Placement
 	reserved := map[int]bool{}
 	reservedFor := ""
+	var bf *shadowFill
 	keep := q.jobs[:0]
 	var waiting []Waiting
 	for n, j := range q.jobs {
@@ -114,10 +141,25 @@ func (q *Queue) Schedule(now int64, e *Engine, nodes []*Node) ([]Placement, []Wa
 			placed = append(placed, Placement{Request: j.req, Decision: d, Waited: now - j.enqueued})
 			continue
 		}
+		if bf != nil && errors.Is(err, ErrUnschedulable) {
+			if d2, ok := bf.place(q, e, &j.req, nodes, now); ok {
+				placed = append(placed, Placement{Request: j.req, Decision: d2, Waited: now - j.enqueued})
+				continue
+			}
+		}
 		keep = append(keep, j)
 		w := Waiting{ID: j.req.ID, Ahead: len(keep) - 1, Reason: reasonText(err, &d, &j.req)}
 		if reservedFor == "" && errors.Is(err, ErrUnschedulable) {
-			if r := reserveFor(&j.req, nodes); r >= 0 {
+			r := -1
+			if running != nil {
+				if bf = earliestShadow(&j.req, nodes, running, now); bf != nil {
+					r = bf.idx
+				}
+			}
+			if r < 0 {
+				r = reserveFor(&j.req, nodes)
+			}
+			if r >= 0 {
 				reserved[r] = true
 				reservedFor = j.req.ID
 				w.Reserved = nodes[r].Name
@@ -128,6 +170,102 @@ func (q *Queue) Schedule(now int64, e *Engine, nodes []*Node) ([]Placement, []Wa
 	clear(q.jobs[len(keep):])
 	q.jobs = keep
 	return placed, waiting
+}
+
+// shadowFill is the head's reservation on node idx with run times: the
+// shadow time and the node as it would be then (jobs backfilled for their
+// "extra" resources applied to it).
+type shadowFill struct {
+	head   *Request
+	idx    int
+	shadow int64
+	at     *Node
+	others map[int]bool // every node but idx, for PlaceExcept
+}
+
+// earliestShadow is the head's reservation with run times: among the
+// nodes that could ever hold it, the one where it is expected to fit
+// soonest (Shadow), ties to the one reserveFor would pick; nil when no
+// node has a shadow time.
+func earliestShadow(head *Request, nodes []*Node, running func(node int) []Running, now int64) *shadowFill {
+	var best *shadowFill
+	for i, n := range nodes {
+		if !couldHold(head, n) {
+			continue
+		}
+		shadow, at, ok := Shadow(head, n, running(i), now)
+		if !ok {
+			continue
+		}
+		if best == nil || shadow < best.shadow || shadow == best.shadow && freerThan(n, nodes[best.idx]) {
+			best = &shadowFill{head: head, idx: i, shadow: shadow, at: at}
+		}
+	}
+	if best != nil {
+		best.others = make(map[int]bool, len(nodes))
+		for i := range nodes {
+			if i != best.idx {
+				best.others[i] = true
+			}
+		}
+	}
+	return best
+}
+
+// place places req on the reserved node if EASY allows it (see
+// ScheduleRunning) and commits it.
+func (f *shadowFill) place(q *Queue, e *Engine, req *Request, nodes []*Node, now int64) (Decision, bool) {
+	d, err := e.PlaceExcept(req, nodes, f.others)
+	if err != nil || d.Assignment.NodeIdx != f.idx {
+		return d, false
+	}
+	endsFirst := false
+	if q.Estimate != nil {
+		if est, ok := q.Estimate(req); ok && est >= 0 && now <= f.shadow-est {
+			endsFirst = true
+		}
+	}
+	if !endsFirst {
+		c := f.at.Clone()
+		if c.Apply(&d.Assignment) != nil || Filter(f.head, c) != Fits {
+			return d, false
+		}
+		if e.Commit(req, &d.Assignment, nodes) != nil {
+			return d, false
+		}
+		f.at = c
+		return d, true
+	}
+	return d, e.Commit(req, &d.Assignment, nodes) == nil
+}
+
+// Shadow is EASY backfill's shadow time for head on node n: when head
+// first fits n if the jobs running there (running, each with its
+// Assignment on n) end when expected. It releases them from a copy of n
+// in order of expected end, an end already past counting as now, until
+// head fits, and returns that time (now if head fits already) and the
+// copy as it is then. ok is false when head still does not fit once every
+// job of known end has gone (a job of unknown end stands in the way, or n
+// is too small).
+func Shadow(head *Request, n *Node, running []Running, now int64) (int64, *Node, bool) {
+	c := n.Clone()
+	if Filter(head, c) == Fits {
+		return now, c, true
+	}
+	ends := make([]*Running, 0, len(running))
+	for i := range running {
+		if running[i].EndKnown {
+			ends = append(ends, &running[i])
+		}
+	}
+	slices.SortStableFunc(ends, func(a, b *Running) int { return cmp.Compare(a.End, b.End) })
+	for _, r := range ends {
+		c.Release(&r.Assignment)
+		if Filter(head, c) == Fits {
+			return max(now, r.End), c, true
+		}
+	}
+	return 0, nil, false
 }
 
 func reasonText(err error, d *Decision, req *Request) string {
@@ -164,15 +302,24 @@ func (w Waiting) String() string {
 func reserveFor(req *Request, nodes []*Node) int {
 	best := -1
 	for i, n := range nodes {
-		if n.CPUMilli < req.CPUMilli || n.MemMiB < req.MemMiB || (req.GPUs > 0 && n.gpusOfOneModel(req) < req.GPUs) {
+		if !couldHold(req, n) {
 			continue
 		}
-		if best < 0 || n.GPUMilliFree() > nodes[best].GPUMilliFree() ||
-			(n.GPUMilliFree() == nodes[best].GPUMilliFree() && n.CPUFreeMilli > nodes[best].CPUFreeMilli) {
+		if best < 0 || freerThan(n, nodes[best]) {
 			best = i
 		}
 	}
 	return best
+}
+
+// couldHold reports whether n's total capacity could hold req.
+func couldHold(req *Request, n *Node) bool {
+	return n != nil && n.CPUMilli >= req.CPUMilli && n.MemMiB >= req.MemMiB && (req.GPUs == 0 || n.gpusOfOneModel(req) >= req.GPUs)
+}
+
+// freerThan orders reservation candidates: more free GPU share, then CPU.
+func freerThan(a, b *Node) bool {
+	return a.GPUMilliFree() > b.GPUMilliFree() || a.GPUMilliFree() == b.GPUMilliFree() && a.CPUFreeMilli > b.CPUFreeMilli
 }
 
 // BackfillAllowed is the daemon's EASY-backfill rule on one node, where

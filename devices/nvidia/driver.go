@@ -183,8 +183,9 @@ func shareOf(jobID string, s devices.Share) Share {
 }
 
 // createMIG creates one instance of the profile on the allocated GPU, at
-// the slot the engine chose when the driver allows it, else wherever free
-// slots allow, never touching instances that hold work. It returns the
+// the slot the engine chose when the driver allows it (destroying the idle
+// instances on it where needed), else wherever PlanOnDemand finds room on
+// that GPU, never touching instances that hold work. It returns the
 // instance's UUID and start slot.
 func (d *Driver) createMIG(ctx context.Context, m *devices.MIGAllocation, held map[string]bool) (string, int, error) {
 	d.migMu.Lock()
@@ -193,7 +194,9 @@ func (d *Driver) createMIG(ctx context.Context, m *devices.MIGAllocation, held m
 	delete(busy, m.GPU) // the GPU is "held" by this very job until its instance exists
 	exact := []Action{{Kind: CreateInstance, GPUUUID: m.GPU, Profile: m.Profile, Start: m.Start}}
 	if err := d.m.Apply(ctx, exact, busy); err == nil {
-		if uuid := d.findInstance(ctx, m.GPU, m.Profile, m.Start); uuid != "" {
+		// An instance of the profile already at the slot makes the create
+		// a no-op: it is the job's only when no other job holds it.
+		if uuid := d.findInstance(ctx, m.GPU, m.Profile, m.Start); uuid != "" && !busy[uuid] {
 			d.log.Info("MIG instance created for job", "gpu", m.GPU, "profile", m.Profile, "start", m.Start, "instance", uuid)
 			return uuid, m.Start, nil
 		}
@@ -203,6 +206,20 @@ func (d *Driver) createMIG(ctx context.Context, m *devices.MIGAllocation, held m
 	state, err := d.m.State(ctx, busy)
 	if err != nil {
 		return "", 0, fmt.Errorf("MIG state: %w", err)
+	}
+	// The engine may have chosen slots that idle instances hold (it
+	// destroys them in its model): destroy them here too and create at
+	// its slot, so the instance is where the engine placed it.
+	if c, err := PlanOnDemandAt(state, m.GPU, m.Profile, m.Start); err == nil {
+		inst, err := d.m.ApplyOnDemand(ctx, c, busy)
+		if err == nil {
+			d.log.Info("MIG instance created after destroying idle instances", "gpu", m.GPU, "profile", m.Profile, "start", inst.Start, "instance", inst.UUID, "cost", c.Cost)
+			return inst.UUID, inst.Start, nil
+		}
+		d.log.Info("MIG slot chosen by the engine not usable after destroying idle instances; planning another", "gpu", m.GPU, "profile", m.Profile, "start", m.Start, "err", err)
+		if state, err = d.m.State(ctx, busy); err != nil {
+			return "", 0, fmt.Errorf("MIG state: %w", err)
+		}
 	}
 	cands, err := PlanOnDemand(state, m.Profile)
 	if err != nil {

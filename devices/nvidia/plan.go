@@ -3,6 +3,7 @@ package nvidia
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 )
@@ -351,40 +352,72 @@ func onDemandGPU(g GPUState, name string) (Candidate, bool) {
 	}
 	best := Candidate{GPU: g.Index, GPUUUID: g.UUID, Cost: -1}
 	for _, s := range p.Starts() {
-		if s+p.MemSlots > MemorySlots {
-			continue
-		}
-		need := slotMask(s, p.MemSlots)
-		var keep, drop []Instance
-		blocked := false
-		for _, in := range g.Instances {
-			if slotMask(in.Start, in.Size)&need == 0 {
-				keep = append(keep, in)
-				continue
-			}
-			if in.Busy {
-				blocked = true
-				break
-			}
-			drop = append(drop, in)
-		}
-		if blocked {
-			continue
-		}
-		placed, ok := placeAt(g.Profiles, keep, p, s)
+		acts, ok := onDemandAt(g, p, s)
 		if !ok {
 			continue
 		}
-		var acts []Action
-		for _, in := range drop {
-			acts = append(acts, Action{Kind: DestroyInstance, GPU: g.Index, GPUUUID: g.UUID, Profile: in.Profile, GIID: in.GIID, Start: in.Start})
-		}
-		acts = append(acts, Action{Kind: CreateInstance, GPU: g.Index, GPUUUID: g.UUID, Profile: placed.Profile, Start: placed.Start})
 		if c := PlanCost(acts); best.Cost < 0 || c < best.Cost {
 			best.Actions, best.Cost = acts, c
 		}
 	}
 	return best, best.Cost >= 0
+}
+
+// onDemandAt is how to create an instance of p at start s on g: destroy
+// the idle instances on its slots, then create it. It is false when s is
+// not one of p's starts, a busy instance sits on the slots, or p does not
+// fit there next to the instances kept.
+func onDemandAt(g GPUState, p Profile, s int) ([]Action, bool) {
+	if !slices.Contains(p.Starts(), s) || s+p.MemSlots > MemorySlots {
+		return nil, false
+	}
+	need := slotMask(s, p.MemSlots)
+	var keep, drop []Instance
+	for _, in := range g.Instances {
+		if slotMask(in.Start, in.Size)&need == 0 {
+			keep = append(keep, in)
+			continue
+		}
+		if in.Busy {
+			return nil, false
+		}
+		drop = append(drop, in)
+	}
+	placed, ok := placeAt(g.Profiles, keep, p, s)
+	if !ok {
+		return nil, false
+	}
+	var acts []Action
+	for _, in := range drop {
+		acts = append(acts, Action{Kind: DestroyInstance, GPU: g.Index, GPUUUID: g.UUID, Profile: in.Profile, GIID: in.GIID, Start: in.Start})
+	}
+	return append(acts, Action{Kind: CreateInstance, GPU: g.Index, GPUUUID: g.UUID, Profile: placed.Profile, Start: placed.Start}), true
+}
+
+// PlanOnDemandAt is the way to create an instance of profile at exactly
+// start on the GPU gpuUUID: destroy the idle instances on its slots, then
+// create it. Busy instances are never touched; a GPU that is busy,
+// unhealthy, not in MIG mode or unknown, a profile it lacks, a start
+// NVIDIA does not allow for it or a busy instance on its slots is
+// ErrNoCapacity.
+func PlanOnDemandAt(cur State, gpuUUID, profile string, start int) (Candidate, error) {
+	for _, g := range cur.GPUs {
+		if g.UUID != gpuUUID {
+			continue
+		}
+		if !g.MIGEnabled || g.Busy || g.Unhealthy {
+			break
+		}
+		p, ok := g.Profiles.ByName(profile)
+		if !ok {
+			break
+		}
+		if acts, ok := onDemandAt(g, p, start); ok {
+			return Candidate{GPU: g.Index, GPUUUID: g.UUID, Actions: acts, Cost: PlanCost(acts)}, nil
+		}
+		break
+	}
+	return Candidate{}, fmt.Errorf("%s at slot %d on %s: %w", profile, start, gpuUUID, ErrNoCapacity)
 }
 
 // placeAt checks that p fits at start s next to the kept instances.

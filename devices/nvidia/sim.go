@@ -65,6 +65,7 @@ type simGPU struct {
 	power      uint32 // the draw it reports, milliwatts
 	migDevs    map[string]*mock.Device
 	procs      []nvml.ProcessInfo // the compute processes it reports (SetProcesses)
+	smUtil     uint32             // the SM utilisation it reports, percent (SetUtilization)
 }
 
 var _ nvml.Interface = (*SimHost)(nil)
@@ -187,7 +188,12 @@ func (d *simDevice) GetClockInfo(t nvml.ClockType) (uint32, nvml.Return) {
 }
 
 func (d *simDevice) GetUtilizationRates() (nvml.Utilization, nvml.Return) {
-	return nvml.Utilization{}, d.h.lostOr(d.i)
+	if ret := d.h.lostOr(d.i); ret != nvml.SUCCESS {
+		return nvml.Utilization{}, ret
+	}
+	d.h.mu.Lock()
+	defer d.h.mu.Unlock()
+	return nvml.Utilization{Gpu: d.h.state[d.i].smUtil}, nvml.SUCCESS
 }
 
 func (d *simDevice) GetComputeRunningProcesses() ([]nvml.ProcessInfo, nvml.Return) {
@@ -439,6 +445,22 @@ func (h *SimHost) ResetGPU(index int) error {
 	defer h.mu.Unlock()
 	h.state[index].lost = false
 	h.state[index].dbe = 0
+	return nil
+}
+
+// SetUtilization sets the SM utilisation (percent, 0..100) GPU index
+// reports from GetUtilizationRates; it reports 0 until set. Its power
+// stays what the simulated host reports (simPower).
+func (h *SimHost) SetUtilization(index int, smPct uint32) error {
+	if _, err := h.device(index); err != nil {
+		return err
+	}
+	if smPct > 100 {
+		return fmt.Errorf("simulated GPU %d: SM utilisation %d%%, at most 100", index, smPct)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.state[index].smUtil = smPct
 	return nil
 }
 

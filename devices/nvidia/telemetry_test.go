@@ -32,6 +32,28 @@ func TestTelemetryAllMocks(t *testing.T) {
 	}
 }
 
+// A simulated GPU reports the SM utilisation it is given, and refuses
+// one above 100 % or a GPU it does not have.
+func TestSimUtilization(t *testing.T) {
+	m, h := openSim(t, "dgxh100")
+	if err := h.SetUtilization(3, 65); err != nil {
+		t.Fatal(err)
+	}
+	ss, err := m.SampleAll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ss[3].SMUtil != 65 || ss[2].SMUtil != 0 {
+		t.Fatalf("SM utilisation %d and %d, want 65 and 0", ss[3].SMUtil, ss[2].SMUtil)
+	}
+	if err := h.SetUtilization(3, 101); err == nil {
+		t.Error("101 % accepted")
+	}
+	if err := h.SetUtilization(8, 10); !errors.Is(err, ErrUnknownDevice) {
+		t.Errorf("GPU 8 of 8: %v", err)
+	}
+}
+
 func TestSamplerRate(t *testing.T) {
 	m, _ := openSim(t, "dgxb200")
 	s := m.NewSampler(0)

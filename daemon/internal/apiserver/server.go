@@ -4,7 +4,7 @@
 // DeviceBackend (the host's hardware), and the callers' identities read
 // from each connection's peer credentials.
 //
-// It may import daemon/api and the standard library; the backends it serves are interfaces it defines, so it
+// It may import daemon/api, daemon/profile (the profiles it lists) and the standard library; the backends it serves are interfaces it defines, so it
 // imports neither the job manager nor the hardware.
 package apiserver
 
@@ -86,6 +86,9 @@ var Routes = []Route{
 	{"DELETE", "/v1/fpga/bitstreams/{ref}", "remove a bitstream from the library (admin)"},
 	{"GET", "/v1/peers", "the peers: members, addresses, gossiped load and its age, health, gossip keyring fingerprints"},
 	{"POST", "/v1/peers/keyring", "install, use or remove a gossip encryption key (body: KeyringRequest) (admin)"},
+	{"GET", "/v1/profiles", "task profiles learned from finished jobs: run time, CPU, memory, GPU and GPU memory use, failure rate (query: owner, name, class; non-admins see their own)"},
+	{"GET", "/v1/jobs/{id}/recommendation", "the job's requests against its profile's observed use, with suggested requests"},
+	{"GET", "/v1/recommend", "a profile's latest requests against its observed use, with suggested requests (query: name, owner, class)"},
 }
 
 // Config tunes the HTTP server.
@@ -118,6 +121,9 @@ type Config struct {
 	Observer RequestObserver
 	// Peers serves the peer routes; nil: the daemon runs without peers.
 	Peers PeerBackend
+	// Profiles serves the task profile routes; nil: the daemon learns
+	// none (profiles.enabled false).
+	Profiles ProfileBackend
 }
 
 // RequestObserver records answered requests (the daemon's metrics).
@@ -183,6 +189,7 @@ func New(b Backend, cfg Config) *Server {
 	}
 	maps.Copy(handlers, s.deviceHandlers())
 	maps.Copy(handlers, s.peerHandlers())
+	maps.Copy(handlers, s.profileHandlers())
 	paths := map[string]bool{}
 	for _, r := range Routes {
 		h, ok := handlers[r.Method+" "+r.Path]

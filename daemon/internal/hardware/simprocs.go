@@ -19,3 +19,15 @@ func (h *Host) SetSimulatedGPUProcesses(index int, ps []nvidia.ProcessUsage) err
 	}
 	return nil
 }
+
+// SetSimulatedGPUUtilization sets the SM utilisation (percent) simulated
+// GPU index reports to telemetry. Live hosts refuse with ErrNotSimulated.
+func (h *Host) SetSimulatedGPUUtilization(index int, smPct uint32) error {
+	if h.gpuSim == nil {
+		return ErrNotSimulated
+	}
+	if err := h.gpuSim.SetUtilization(index, smPct); err != nil {
+		return fmt.Errorf("set GPU utilisation: %w", err)
+	}
+	return nil
+}

@@ -1,9 +1,11 @@
 package hostplacer
 
 import (
+	"math"
 	"slices"
 	"time"
 
+	"github.com/fusiond/fusiond/daemon/profile"
 	"github.com/fusiond/fusiond/daemon/sched"
 )
 
@@ -130,9 +132,59 @@ func (p *Placer) observe(r *sched.Request) {
 	p.seen[r.ID] = true
 	p.learner.Observe(r)
 	p.observed++
-	if p.observed >= learnAfter && (p.observed-learnAfter)%relearnEvery == 0 {
-		p.policy.SetFragModel(p.learner.Model(shapeCoverage))
+	if n := p.observed + p.seeded; n >= learnAfter && (n-learnAfter)%relearnEvery == 0 {
+		p.relearn()
 	}
+}
+
+// relearn judges fragmentation against the learned shapes from now on.
+// The caller holds p.mu.
+func (p *Placer) relearn() {
+	p.shapes = p.learner.Model(shapeCoverage)
+	p.policy.SetFragModel(p.shapes)
+}
+
+// SeedProfiles primes the shape learner with the request shapes of task
+// profiles (a restarted daemon's, loaded from its state directory), each
+// weighted by its decayed weight: the host starts with the mix of jobs it
+// learned rather than the prior. A profile's shape is its latest request:
+// its CPU and its GPUs (whole GPUs from 1000 milli-GPUs up, else one
+// shared GPU); MIG requests carry no GPU in a profile and count as
+// CPU-only. When the seeded weight reaches learnAfter jobs, the model is
+// rebuilt from it at once; jobs observed later add to it as usual.
+func (p *Placer) SeedProfiles(profiles []profile.Profile) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	before := p.learner.Total()
+	for _, pr := range profiles {
+		if s, ok := profileShape(pr.Requested); ok {
+			p.learner.Add(s, pr.Weight)
+		}
+	}
+	added := p.learner.Total() - before
+	if added <= 0 {
+		return
+	}
+	p.seeded += int(math.Round(added))
+	if p.observed+p.seeded >= learnAfter {
+		p.relearn()
+	}
+}
+
+// profileShape is the request shape of a profile's request; false for a
+// request of nothing or of a non-finite or negative amount.
+func profileShape(u profile.Usage) (sched.Shape, bool) {
+	if !(u.CPUMilli >= 0) || !(u.GPUMilli >= 0) || math.IsInf(u.CPUMilli, 0) || math.IsInf(u.GPUMilli, 0) || u.CPUMilli == 0 && u.GPUMilli == 0 {
+		return sched.Shape{}, false
+	}
+	s := sched.Shape{CPUMilli: int64(math.Round(u.CPUMilli))}
+	switch g := math.Round(u.GPUMilli); {
+	case g >= sched.MilliPerGPU:
+		s.GPUs, s.GPUMilli = int(math.Round(g/sched.MilliPerGPU)), sched.MilliPerGPU
+	case g > 0:
+		s.GPUs, s.GPUMilli = 1, int64(g)
+	}
+	return s, true
 }
 
 // LiveLoad is the live load the placer scores with (0..1): the host's CPU

@@ -1,12 +1,16 @@
 package hostplacer
 
 import (
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/profile"
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // fakeLive is a LiveSource whose reading a test sets.
@@ -139,5 +143,43 @@ func TestPowerHeadroom(t *testing.T) {
 	time.Sleep(LiveEvery + 10*time.Millisecond)
 	if got := p.PowerHeadroom(); got[ids[0]] != 110 {
 		t.Fatalf("after the cap: headroom %v, want 110 W on %s", got, ids[0])
+	}
+}
+
+// SeedProfiles primes the learner with the profiles' request shapes by
+// their decayed weight: enough weight replaces the prior model at once
+// (here 40 jobs' worth, 3:1 for the 2-GPU shape); a profile that asks
+// for nothing or has no finite weight adds nothing; the jobs seen later
+// count on top of the seeded weight.
+func TestSeedProfilesPrimesShapes(t *testing.T) {
+	p := New(dgx(), Options{Seed: 1})
+	p.SeedProfiles([]profile.Profile{
+		{Key: profile.Key{Name: "train"}, Requested: profile.Usage{CPUMilli: 8000, GPUMilli: 2000}, Weight: 30},
+		{Key: profile.Key{Name: "notebook"}, Requested: profile.Usage{CPUMilli: 1000, GPUMilli: 250}, Weight: 10},
+		{Key: profile.Key{Name: "empty"}, Weight: 5},
+		{Key: profile.Key{Name: "nan"}, Requested: profile.Usage{CPUMilli: 1000}, Weight: math.NaN()},
+		{Key: profile.Key{Name: "bad"}, Requested: profile.Usage{CPUMilli: -1}, Weight: 3},
+	})
+	if p.seeded != 40 || p.shapes == nil {
+		t.Fatalf("seeded %d, model %v", p.seeded, p.shapes)
+	}
+	want := []sched.Shape{
+		{CPUMilli: 8000, GPUs: 2, GPUMilli: 1000, P: 0.75},
+		{CPUMilli: 1000, GPUs: 1, GPUMilli: 250, P: 0.25},
+	}
+	if !slices.Equal(p.shapes.Shapes, want) {
+		t.Fatalf("shapes %+v, want %+v", p.shapes.Shapes, want)
+	}
+	// Few profiles: the prior stays until jobs make up the rest.
+	q := New(dgx(), Options{Seed: 1})
+	q.SeedProfiles([]profile.Profile{{Key: profile.Key{Name: "x"}, Requested: profile.Usage{CPUMilli: 2000}, Weight: 15}})
+	if q.shapes != nil {
+		t.Fatal("15 jobs' weight replaced the prior")
+	}
+	for i := range learnAfter - 15 {
+		q.Place([]*api.Job{job(string(rune('A'+i)), api.TierBurstable, share(250))})
+	}
+	if q.shapes == nil || len(q.shapes.Shapes) != 2 {
+		t.Fatalf("after %d jobs on 15 seeded: model %+v", learnAfter-15, q.shapes)
 	}
 }

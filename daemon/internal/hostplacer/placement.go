@@ -117,6 +117,10 @@ type Placer struct {
 	// how many.
 	seen     map[string]bool
 	observed int
+	// seeded is the weight SeedProfiles gave the learner, in jobs;
+	// shapes the learned model in use (nil: the prior).
+	seeded int
+	shapes *sched.FragModel
 	// liveAt is when the live load was last read (zero: read it at the
 	// next decision).
 	liveAt time.Time
@@ -138,6 +142,10 @@ type Placer struct {
 	// unreserved capacity, borrowed what each holds of it (reclaim.go).
 	reclaimable amount
 	borrowed    map[string]amount
+	// pins are the assignments a defragmentation plan gave the jobs it
+	// moves and the job it makes room for, used by their next placement
+	// (defrag.go).
+	pins map[string]sched.Assignment
 }
 
 var _ jobs.Placer = (*Placer)(nil)
@@ -187,8 +195,10 @@ const unhealthyMIG = "(unhealthy)"
 // programmed, a device found or gone, a topology refresh. What jobs hold
 // stays held: each reservation is applied again to the new inventory, by
 // device ID. A MIG instance still to be created for a job is matched to
-// the instance now at its slot, or to a new instance of its profile on its
-// GPU (the driver may create it elsewhere than the engine chose). Devices
+// the instance of its profile now at its slot, or to a new instance of its
+// profile on its GPU (the driver may create it elsewhere than the engine
+// chose); idle instances of other profiles on its slots, which the driver
+// destroys for it, stay out of the model. Devices
 // hw reports unhealthy are out of service, as with SetHealthy.
 func (p *Placer) UpdateHardware(hw Hardware) {
 	p.mu.Lock()
@@ -246,7 +256,10 @@ func (p *Placer) rebuild(old Hardware) {
 				if ni, ok := gpuAt[old.GPUs[m.GPU].ID]; ok && p.hw.GPUs[ni].MIG != nil {
 					mp.GPU = ni
 					a.MIG = &mp
-					if in, ok := instanceAt(p.hw.GPUs[ni].MIG, mp.Start); ok {
+					// An instance at the slot is the reservation's only if
+					// it is of its profile: an idle one of another (that
+					// the engine destroys for it) is not.
+					if in, ok := instanceAt(p.hw.GPUs[ni].MIG, mp.Start); ok && in.Slots == mp.Slices && in.Profile == p.held[id].req.MIGProfile {
 						mp.Create = false
 						claimed[in.ID] = true
 					} else {
@@ -470,7 +483,9 @@ func buildNode(hw Hardware, cores []cgroups.Core, keepShared int) *sched.Node {
 			sg.IdleWatts = spec.IdleW
 		}
 		if m := g.MIG; m != nil {
-			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs}
+			// The driver's placements bound where the engine starts a new
+			// instance (the same slots pods' migStarts offer).
+			sm := &sched.MIG{TotalSlices: m.Slots, ReconfigCost: g.ReconfigMs, Starts: m.Starts}
 			for _, in := range m.Instances {
 				sm.Instances = append(sm.Instances, sched.MIGInstance{Profile: in.Profile, Start: in.Start, Slices: in.Slots})
 			}
@@ -721,7 +736,19 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 	var explain []string
 	score, scored := 0.0, false
 	lent := p.lend(reqs)
-	if len(reqs) == 1 {
+	// A job a defragmentation plan moved, or made room for, goes where
+	// the plan put it while that is free; the plan kept them apart, so
+	// no guard applies to it.
+	var pin sched.Assignment
+	pinned := len(reqs) == 1
+	if pinned {
+		pin, pinned = p.placeOnPin(group[0].ID, &reqs[0], nodes)
+	}
+	switch {
+	case pinned:
+		assigns = []sched.Assignment{pin}
+		explain = []string{"placed where the defragmentation plan put it"}
+	case len(reqs) == 1:
 		d, err := p.eng.Place(&reqs[0], nodes)
 		if err != nil {
 			p.unlend(lent)
@@ -734,7 +761,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 		assigns = []sched.Assignment{d.Assignment}
 		explain = []string{p.explain(&d)}
 		score, scored = d.Score, true
-	} else {
+	default:
 		as, err := p.eng.PlaceGang(reqs, nodes)
 		if err != nil {
 			p.unlend(lent)
@@ -746,7 +773,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 		}
 	}
 	borrowed := p.borrow(assigns, lent)
-	if guard != nil {
+	if guard != nil && !pinned {
 		if why := guard(reqs); why != "" {
 			for k := range reqs {
 				p.eng.Release(&reqs[k], &assigns[k], nodes)
@@ -768,6 +795,7 @@ func (p *Placer) place(group []*api.Job, guard func(reqs []sched.Request) string
 			return nil, fmt.Sprintf("guaranteed job needs %d exclusive cores: %v", reqs[i].ExclusiveCores, err), false
 		}
 		p.held[j.ID] = held{req: reqs[i], assign: assigns[i], cpus: cpus, score: score, scored: scored}
+		delete(p.pins, j.ID)
 		out[i] = p.allocation(&reqs[i], &assigns[i], explain[i])
 		if len(cpus) > 0 {
 			out[i].CPUSet = cgroups.FormatCPUList(cpus)

@@ -323,9 +323,6 @@ func TestPodHoldMIG(t *testing.T) {
 	}
 	_, err = p.HoldPod(podJob("p2", mig1g, "GPU-h:1g.18gb:4"))
 	wantPodError(t, "an overlapping start", err, api.CodeConflict, "pod.devices", "GPU-h:1g.18gb:4", "held by pod hold p1")
-	if _, _, ok := p.Place([]*api.Job{job("j3", api.TierBurstable, migReq("3g.71gb"))}); ok {
-		t.Error("a job got a 3g instance over the pod's slots")
-	}
 	_, err = p.HoldPod(podJob("p3", gpuRes, "GPU-h"))
 	wantPodError(t, "a MIG GPU whole", err, api.CodeConflict, "pod.devices", "GPU-h", "MIG mode")
 
@@ -350,6 +347,11 @@ func TestPodHoldMIG(t *testing.T) {
 	}
 	_, err = p.HoldPod(podJob("p5", mig1g, "GPU-h:1g.18gb:1"))
 	wantPodError(t, "a job's instance", err, api.CodeConflict, "pod.devices", "held by job j1")
+	// Slots 0-2 hold instances in use (p4's, j1's) and 3-5 the pod's: no
+	// 3g for a job (idle instances alone would be destroyed for it).
+	if _, _, ok := p.Place([]*api.Job{job("j3", api.TierBurstable, migReq("3g.71gb"))}); ok {
+		t.Error("a job got a 3g instance over the pod's slots")
+	}
 
 	// The driver creates the pod's instance: the hold stays, healthy.
 	hw.GPUs[7].MIG.Instances = append(hw.GPUs[7].MIG.Instances, devices.MIGInstance{ID: "MIG-h3", Profile: "3g.71gb", Start: 3, Slots: 3})

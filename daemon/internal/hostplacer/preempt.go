@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/jobs"
@@ -125,4 +126,48 @@ func (p *Placer) PlanPreemption(j *api.Job, costs map[string]float64, budget int
 		return nil, err
 	}
 	return plan.Victims, nil
+}
+
+// ShadowTime is when head (one job) would first fit on this host if the
+// held jobs in ends released what they hold at those times and the
+// others held on (sched.Shadow over the live node; an end already past
+// counts as now). A job on a GPU out of service counts as never ending
+// (what it frees there is not usable). False for a gang head (its
+// reservation stays resources only), and when head would not fit even
+// once every job of known end has ended.
+func (p *Placer) ShadowTime(head []*api.Job, ends map[string]time.Time, now time.Time) (time.Time, bool) {
+	if len(head) != 1 {
+		return time.Time{}, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	req := p.jobRequest(head[0])
+	running := make([]sched.Running, 0, len(ends))
+	for id, h := range p.held {
+		end, ok := ends[id]
+		if !ok || p.onDownGPU(&h.assign) {
+			continue
+		}
+		running = append(running, sched.Running{Request: h.req, Assignment: h.assign, End: end.UnixMilli(), EndKnown: true})
+	}
+	s, _, ok := sched.Shadow(&req, p.node, running, now.UnixMilli())
+	if !ok {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(s), true
+}
+
+// onDownGPU reports whether a takes a GPU (or a MIG instance's GPU) out
+// of service. The caller holds p.mu.
+func (p *Placer) onDownGPU(a *sched.Assignment) bool {
+	gpus := slices.Clone(a.GPUs)
+	if a.MIG != nil {
+		gpus = append(gpus, a.MIG.GPU)
+	}
+	for _, gi := range gpus {
+		if gi >= 0 && gi < len(p.hw.GPUs) && p.down[p.hw.GPUs[gi].ID] {
+			return true
+		}
+	}
+	return false
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"syscall"
+	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/sched"
 	"github.com/fusiond/fusiond/devices"
 )
 
@@ -131,6 +133,22 @@ type Backfiller interface {
 	FitsEmpty(group []*api.Job) (ever, now bool)
 }
 
+// Shadower is a Backfiller that knows run times: EASY backfill with
+// estimates (queue.go).
+type Shadower interface {
+	// ShadowTime is when head would first fit if the jobs in ends (by ID)
+	// released what they hold at those times and the others held on;
+	// false when it would not, or head is a gang.
+	ShadowTime(head []*api.Job, ends map[string]time.Time, now time.Time) (time.Time, bool)
+}
+
+// RuntimeEstimator says how long a job is expected to run (the daemon:
+// its spec's max_runtime when given, else its task profile's estimate,
+// profile.Book.EstimateRuntime); false when nothing is known.
+type RuntimeEstimator interface {
+	EstimateJob(j *api.Job) (time.Duration, bool)
+}
+
 // Preempter is a Placer that can plan preemptions (see preempt.go).
 type Preempter interface {
 	// PlanPreemption names the jobs to evict, among those in costs (the
@@ -138,4 +156,46 @@ type Preempter interface {
 	// most budget, only of tiers below j's, fewest then cheapest. It
 	// changes nothing.
 	PlanPreemption(j *api.Job, costs map[string]float64, budget int) ([]string, error)
+}
+
+// Defragmenter is a Placer that can plan moves of movable jobs to make
+// room for a job that does not fit (defrag.go). The daemon's placer is
+// one.
+type Defragmenter interface {
+	// PlanMoves plans the fewest moves, at most budget, of the running
+	// jobs named in movable after which j fits (sched.Engine.PlanMoves
+	// over what they hold): where each goes and where j goes then. It
+	// changes nothing, and fails with ErrNoMoves when no plan within
+	// budget exists or j fits already.
+	PlanMoves(j *api.Job, movable []string, budget int) (MovePlan, error)
+	// Pin keeps plan's places: the next placement of each moved job and
+	// of the job the plan makes room for goes where the plan put it, as
+	// long as that is still free there (each pin is used once). A later
+	// Pin replaces every earlier pin.
+	Pin(plan MovePlan)
+}
+
+// ErrNoMoves is PlanMoves' answer when no moves within the budget make
+// the job fit (or it fits already).
+var ErrNoMoves = errors.New("no moves of movable jobs make the job fit")
+
+// MovePlan is a defragmentation plan as the manager carries it out.
+type MovePlan struct {
+	// For is the job the moves make room for; Head is where it goes
+	// then, in words.
+	For, Head string
+	// Moves are the jobs to stop and start again, in order.
+	Moves []JobMove
+	// Why is the planner's one line for people: what blocked the job and
+	// what the moves free.
+	Why string
+	// Pins are the planned assignments by job ID (each moved job's new
+	// one and For's), for Defragmenter.Pin.
+	Pins map[string]sched.Assignment
+}
+
+// JobMove is one job of a MovePlan: where it holds its resources now and
+// where it goes, in words.
+type JobMove struct {
+	ID, From, To string
 }

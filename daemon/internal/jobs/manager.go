@@ -43,7 +43,9 @@ type Config struct {
 	// when nil). No decision reads it: retention by age, grace periods and
 	// probes measure elapsed time on the monotonic clock, so a wall clock
 	// set forward or back (NTP step, operator) neither deletes a job that
-	// just finished nor keeps one forever.
+	// just finished nor keeps one forever. The one exception is a
+	// re-attached attempt's max_runtime: what is left of it is read once,
+	// at re-attach, from the recorded start (runtime.go).
 	Now func() time.Time
 	// Limits bound each user's jobs, specs and logs (zero: no limit).
 	Limits Limits
@@ -57,6 +59,19 @@ type Config struct {
 	Queue QueueConfig
 	// Audit records every admission, from every source (optional).
 	Audit Auditor
+	// RunEnded, when set, is told of every attempt that ran to its own
+	// end — succeeded, or failed (restarted on failure or not; stopped at
+	// its max_runtime counts as failed) — with the
+	// record as that end stored it, the attempt's start and end; not of
+	// attempts cancelled, preempted or lost (they did not end on their
+	// own), nor of jobs handed over to peers. Called without the
+	// manager's lock held; it must not block.
+	RunEnded func(j api.Job, started, ended time.Time, failed bool)
+	// Estimator, when set with a placer that is a Shadower, gives the
+	// queue's EASY backfill run times: a job behind the head may also take
+	// what the head waits for when it is expected to end before the head
+	// could start (queue.go).
+	Estimator RuntimeEstimator
 }
 
 // Manager owns every job record in memory (mirroring the store) and drives
@@ -112,6 +127,10 @@ type Manager struct {
 	// overCap names the jobs told to stop for holding more GPU memory
 	// than their share's cap, with why (overcap.go).
 	overCap map[string]string
+	// deadlines are the running attempts' run-time limits; overtime
+	// names the jobs told to stop at theirs, with why (runtime.go).
+	deadlines map[string]runtimeDeadline
+	overtime  map[string]string
 
 	// queue is the queue's and preemption's memory (queue.go).
 	queue queueState
@@ -164,6 +183,8 @@ func New(cfg Config, st *store.Store, runner Runner, placer Placer, log *slog.Lo
 		specBytes:  map[string]int64{},
 		logByUser:  map[uint32]int64{},
 		finished:   map[string]time.Time{},
+		deadlines:  map[string]runtimeDeadline{},
+		overtime:   map[string]string{},
 	}
 }
 
@@ -487,6 +508,7 @@ func (m *Manager) loop() {
 		}
 		m.retryUnrecorded()
 		m.schedule()
+		m.stopOverdue()
 	}
 }
 
@@ -909,8 +931,13 @@ func selectNewest(h []listHit, k int) {
 type RunningJob struct {
 	ID        string
 	Tier      api.Tier
+	Owner     api.Owner
 	Spec      api.JobSpec
 	StartedAt time.Time
+	// GPUs are the whole GPUs it holds and Share its share of one (nil:
+	// none), copies of its allocation's.
+	GPUs  []string
+	Share *api.GPUShare
 }
 
 // Running lists the jobs running on this host, oldest first (the QoS
@@ -923,9 +950,16 @@ func (m *Manager) Running() []RunningJob {
 	out := make([]RunningJob, 0, m.running)
 	for _, j := range m.jobs {
 		if j.State == api.StateRunning && j.Handover == nil && j.Spec.Pod == nil {
-			r := RunningJob{ID: j.ID, Tier: j.Tier, Spec: j.Spec}
+			r := RunningJob{ID: j.ID, Tier: j.Tier, Owner: j.Owner, Spec: j.Spec}
 			if j.StartedAt != nil {
 				r.StartedAt = *j.StartedAt
+			}
+			if a := j.Allocation; a != nil {
+				r.GPUs = slices.Clone(a.GPUs)
+				if a.GPUShare != nil {
+					sh := *a.GPUShare
+					r.Share = &sh
+				}
 			}
 			out = append(out, r)
 		}

@@ -28,6 +28,12 @@ type PreemptionObserver interface {
 	Preempted(tier api.Tier)
 }
 
+// MoveObserver is an Observer that is also told of every job moved (told
+// to stop to be started again elsewhere, defrag.go), by its tier.
+type MoveObserver interface {
+	Moved(tier api.Tier)
+}
+
 type noObserver struct{}
 
 func (noObserver) Submitted(api.Class, api.Tier)     {}

@@ -43,7 +43,7 @@ func (m *Manager) StopOverGPUCap(id, reason string) error {
 		return api.Errorf(api.CodeConflict, "job %s is %s, not running", id, state)
 	}
 	q := &m.queue
-	if _, preempted := q.preempting[id]; preempted || m.cancels[id] || q.reclaiming[id] != "" || m.overCap[id] != "" {
+	if _, preempted := q.preempting[id]; preempted || m.cancels[id] || q.reclaiming[id] != "" || m.overCap[id] != "" || m.overtimeStopping(id) {
 		m.mu.Unlock()
 		return nil
 	}

@@ -65,7 +65,7 @@ func (m *Manager) preempt(head *api.Job) string {
 	procs := map[string]Process{}
 	for id, j := range m.jobs {
 		p := m.procs[id]
-		if j.State != api.StateRunning || p == nil || m.cancels[id] || q.reclaiming[id] != "" || j.Tier.Rank() >= head.Tier.Rank() {
+		if j.State != api.StateRunning || p == nil || m.cancels[id] || m.overtimeStopping(id) || q.reclaiming[id] != "" || j.MovingFor != "" || j.Tier.Rank() >= head.Tier.Rank() {
 			continue
 		}
 		cost := 0.0

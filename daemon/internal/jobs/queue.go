@@ -28,6 +28,8 @@ type QueueConfig struct {
 	// 10 minutes when zero).
 	MaxEvictions     int
 	PreemptionWindow time.Duration
+	// Defrag tunes defragmentation (defrag.go).
+	Defrag DefragConfig
 }
 
 // queueState is the queue's memory between passes; guarded by m.mu.
@@ -48,6 +50,14 @@ type queueState struct {
 	reclaiming map[string]string
 	// evictions are when the jobs of the current window were preempted.
 	evictions []time.Time
+	// moving maps each job a defragmentation plan moves to the job it
+	// makes room for, from the plan until the job is placed again (or
+	// ends otherwise); madeRoom says, per job moves were made for, what
+	// was moved and why, for its placement's event; budget counts the
+	// moves (defrag.go).
+	moving   map[string]string
+	madeRoom map[string]string
+	budget   moveBudget
 }
 
 // queued is one pending job or a whole gang, in queue order.
@@ -59,6 +69,21 @@ type queued struct {
 	queuedAt time.Time
 }
 
+// endsBy reports whether every member of group has a run-time estimate
+// and, starting now, is expected to end by t.
+func (m *Manager) endsBy(group []*api.Job, now, t time.Time) bool {
+	if m.cfg.Estimator == nil {
+		return false
+	}
+	for _, j := range group {
+		est, ok := m.cfg.Estimator.EstimateJob(j)
+		if !ok || est < 0 || now.Add(est).After(t) {
+			return false
+		}
+	}
+	return true
+}
+
 // schedule runs one pass over the queue. Pending jobs are ordered by
 // sched.CompareQueued (priority plus aging, then time queued, then ID);
 // the job the last preemption made room for goes first while it waits.
@@ -67,7 +92,12 @@ type queued struct {
 // head: it holds a reservation (EASY backfill: every job behind it is
 // placed only where it leaves what the head needs, Backfiller.PlaceBehind)
 // and, if it is a single job and preemption is on, may preempt lower-tier
-// jobs (preempt.go).
+// jobs (preempt.go). With run times (Config.Estimator and a Shadower
+// placer) the head also has a shadow time, when it is expected to fit as
+// the jobs holding resources end (each at its start plus its estimate; a
+// job without one holds on); a job behind it that PlaceBehind refuses is
+// placed anyway when every member is expected to end by then. An
+// estimate that is too short can delay the head (EASY's trade).
 func (m *Manager) schedule() {
 	m.mu.Lock()
 	if m.cordoned {
@@ -78,10 +108,26 @@ func (m *Manager) schedule() {
 	q := &m.queue
 	if q.queuedAt == nil {
 		q.epoch, q.queuedAt, q.preempting = now, map[string]time.Time{}, map[string]string{}
+		q.moving, q.madeRoom, q.budget = map[string]string{}, map[string]string{}, newMoveBudget(m.cfg.Queue.Defrag)
 	}
 	var pending []*api.Job
 	active := map[uint32]int{}
+	// ends are the expected ends of the jobs holding resources, for the
+	// head's shadow time (EASY backfill with run times).
+	var ends map[string]time.Time
+	if m.cfg.Estimator != nil {
+		ends = map[string]time.Time{}
+	}
 	for _, j := range m.jobs {
+		if ends != nil && j.Spec.Pod == nil && (j.State == api.StatePlaced || j.State == api.StateStarting || j.State == api.StateRunning) {
+			if est, ok := m.cfg.Estimator.EstimateJob(j); ok {
+				start := now // placed or starting: it starts about now
+				if j.State == api.StateRunning && j.StartedAt != nil {
+					start = *j.StartedAt
+				}
+				ends[j.ID] = start.Add(est)
+			}
+		}
 		switch j.State {
 		case api.StatePending:
 			if m.releasing[j.ID] || j.Spec.Pod != nil {
@@ -112,6 +158,17 @@ func (m *Manager) schedule() {
 			delete(q.preempting, id) // ended and recorded, or forgotten
 		}
 	}
+	for id := range q.moving {
+		// Kept while it stops and waits to be placed again.
+		if j := m.jobs[id]; j == nil || j.State.Terminal() || j.State != api.StatePending && j.MovingFor == "" {
+			delete(q.moving, id)
+		}
+	}
+	for id := range q.madeRoom {
+		if j := m.jobs[id]; j == nil || j.State != api.StatePending {
+			delete(q.madeRoom, id)
+		}
+	}
 	for id := range q.reclaiming {
 		if j := m.jobs[id]; j == nil || j.State != api.StateRunning && j.State != api.StateStarting {
 			delete(q.reclaiming, id) // ended otherwise (cancelled, lost)
@@ -123,6 +180,11 @@ func (m *Manager) schedule() {
 	}
 	queuedAt := maps.Clone(q.queuedAt)
 	first := q.preemptor
+	// Jobs being moved go right after first, to their planned places.
+	moved := map[string]bool{}
+	for id := range q.moving {
+		moved[id] = true
+	}
 	var blocked string
 	for _, id := range slices.Sorted(maps.Keys(m.unreserved)) {
 		blocked = fmt.Sprintf("waiting: re-attached job %s holds resources that could not be reserved again (%s); nothing is placed until it ends", id, m.unreserved[id])
@@ -138,12 +200,17 @@ func (m *Manager) schedule() {
 	// it delays no job queued here (it is backfill, whatever priority
 	// its origin gave it).
 	slices.SortFunc(pending, func(a, b *api.Job) int {
-		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), cmp.Compare(b32(a.Origin == nil), b32(b.Origin == nil)),
+		return cmp.Or(cmp.Compare(b32(a.ID == first), b32(b.ID == first)), cmp.Compare(b32(moved[a.ID]), b32(moved[b.ID])), cmp.Compare(b32(a.Origin == nil), b32(b.Origin == nil)),
 			sched.CompareQueued(keys[a], keys[b], nowMs, rate))
 	})
 
 	backfill, _ := m.placer.(Backfiller)
+	shadower, _ := m.placer.(Shadower)
 	var head []*api.Job
+	// shadow is when the head is expected to fit (hasShadow: known).
+	var shadow time.Time
+	hasShadow := false
+	passAt := now // the FitsEmpty switch below shadows now
 	ahead := 0
 	for _, e := range groupQueue(pending, queuedAt) {
 		group, j := e.group, e.group[0]
@@ -169,6 +236,13 @@ func (m *Manager) schedule() {
 		var ok bool
 		if head != nil && backfill != nil {
 			allocs, why, ok = backfill.PlaceBehind(group, head)
+			if !ok && hasShadow && m.endsBy(group, now, shadow) {
+				// It takes what the head waits for, but is expected
+				// to give it back before the head could start.
+				if a, _, placed := m.placer.Place(group); placed {
+					allocs, ok = a, true
+				}
+			}
 		} else {
 			allocs, why, ok = m.placer.Place(group)
 		}
@@ -176,7 +250,7 @@ func (m *Manager) schedule() {
 		if !ok && m.overflow(group, why) {
 			continue // handed to peers (daemon/internal/handover)
 		}
-		if ok && j.ID != first && m.poorFit(group) {
+		if ok && j.ID != first && !moved[j.ID] && m.poorFit(group) {
 			// Fits here poorly, a peer ranks better: offered to it (not
 			// the job jobs were preempted here for).
 			continue
@@ -205,8 +279,15 @@ func (m *Manager) schedule() {
 				default:
 					head = group
 					w.Reserved = "room on this host"
+					if shadower != nil && ends != nil {
+						shadow, hasShadow = shadower.ShadowTime(group, ends, passAt)
+					}
 					if len(group) == 1 {
-						if s := m.preempt(j); s != "" {
+						s := m.preempt(j)
+						if s == "" {
+							s = m.defrag(j)
+						}
+						if s != "" {
 							w.Reason += "; " + s
 						}
 					}
@@ -220,10 +301,15 @@ func (m *Manager) schedule() {
 		if q.preemptor == j.ID {
 			q.preemptor = ""
 		}
+		roomMade := q.madeRoom[j.ID]
+		delete(q.madeRoom, j.ID)
 		m.mu.Unlock()
 		for i, member := range group {
 			alloc := allocs[i]
 			summary, _, _ := strings.Cut(cmp.Or(alloc.Explain, "resources reserved"), "\n")
+			if roomMade != "" {
+				summary += "; " + roomMade
+			}
 			place := m.transition
 			m.mu.Lock()
 			_, held := m.holds[member.ID]

@@ -38,7 +38,7 @@ func (m *Manager) EvictReclaimed(id, reason string) error {
 		return api.Errorf(api.CodeConflict, "job %s is %s, not running", id, j.State)
 	}
 	q := &m.queue
-	if _, stopping := q.preempting[id]; stopping || m.cancels[id] || q.reclaiming[id] != "" {
+	if _, stopping := q.preempting[id]; stopping || m.cancels[id] || m.overtimeStopping(id) || q.reclaiming[id] != "" || j.MovingFor != "" {
 		m.mu.Unlock()
 		return nil
 	}

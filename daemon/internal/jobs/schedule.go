@@ -154,16 +154,24 @@ func (m *Manager) release(j *api.Job) {
 // supervise records a started (or re-attached) attempt as running, waits
 // for it to end and records how it ended.
 func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
+	// Read before the deadline is set, so the recorded start is never
+	// after the moment the limit counts from.
+	started := m.now()
 	m.mu.Lock()
 	m.procs[j.ID] = proc
 	cancelled := m.cancels[j.ID]
 	state := j.State
+	// A re-attached running attempt keeps the deadline of its recorded
+	// start (runtime.go).
+	m.trackDeadline(j, proc, state == api.StateRunning)
+	// Marked for a move (a re-attached job the last daemon was moving):
+	// stopped again, and queued again when it ends (finish).
+	moving := j.MovingFor != ""
 	m.mu.Unlock()
-	if cancelled {
+	if cancelled || moving {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
-	started := m.now()
 	markRunning := func() error {
 		return m.transitionFrom(j, api.StateStarting, api.StateRunning, fmt.Sprintf("running as pid %d, uid %d", proc.PID(), j.Owner.UID), func(j *api.Job) {
 			j.PID = proc.PID()
@@ -219,6 +227,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	}
 	preemptedBy := m.preemptedBy(j.ID)
 	overCap := m.takeOverCap(j.ID)
+	overtime := m.takeOvertime(j.ID)
 	// The end is recorded now or, if the store cannot take it (a full
 	// state filesystem), by the loop once it can: the monitor's result is
 	// not turned into a lost job for want of disk space.
@@ -231,7 +240,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 				return err
 			}
 		}
-		return m.finish(j, exit, usage, werr, cancelled, preemptedBy, overCap, attempt)
+		return m.finish(j, exit, usage, werr, stopCause{cancelled: cancelled, preemptedBy: preemptedBy, overCap: overCap, overtime: overtime}, attempt)
 	}
 	if err := record(); errors.Is(err, errStore) {
 		// Its placement is kept until its end is stored: until then its
@@ -297,11 +306,46 @@ func (m *Manager) wait(proc Process) (api.ExitStatus, bool, error) {
 	}
 }
 
-// finish records how an attempt ended. overCap, when not empty, is why
-// the daemon stopped it for its GPU memory (StopOverGPUCap): the attempt
-// failed, however it exited, and its restart policy applies as to an
-// OOM kill.
-func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, cancelled bool, preemptedBy, overCap string, attempt int) error {
+// stopCause is why the daemon stopped an attempt, if it did.
+type stopCause struct {
+	// cancelled: a user cancelled the job.
+	cancelled bool
+	// preemptedBy is the job it was preempted for (or reclaimEviction).
+	preemptedBy string
+	// overCap is why it was stopped for its GPU memory (StopOverGPUCap).
+	overCap string
+	// overtime is why it was stopped at its max_runtime (runtime.go).
+	overtime string
+}
+
+// finish records how an attempt ended. stop.overCap, when not empty, is
+// why the daemon stopped it for its GPU memory (StopOverGPUCap): the
+// attempt failed, however it exited, and its restart policy applies as to
+// an OOM kill. stop.overtime, when not empty, is why it was stopped at its
+// max_runtime: the job failed, however it exited, and is not restarted; it
+// wins over a cancel that came while it was being stopped.
+func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, stop stopCause, attempt int) error {
+	cancelled, preemptedBy, overCap := stop.cancelled, stop.preemptedBy, stop.overCap
+	// ended is the record as a run that ended on its own left it, for
+	// Config.RunEnded (captured under the lock, in the transition).
+	var ended api.Job
+	var started, endedAt time.Time
+	capture := func(mutate func(*api.Job)) func(*api.Job) {
+		return func(j *api.Job) {
+			if j.StartedAt != nil {
+				started = *j.StartedAt
+			}
+			mutate(j)
+			ended = cloneJob(j)
+			endedAt = m.now()
+		}
+	}
+	runEnded := func(err error, failed bool) error {
+		if err == nil && m.cfg.RunEnded != nil && ended.Handover == nil && !started.IsZero() {
+			m.cfg.RunEnded(ended, started, endedAt, failed)
+		}
+		return err
+	}
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
@@ -310,30 +354,40 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		j.FinishedAt = &t
 	}
 	desc := describeExit(exit)
-	if overCap != "" && werr == nil && !cancelled && preemptedBy == "" {
+	m.mu.Lock()
+	movingFor := j.MovingFor
+	m.mu.Unlock()
+	if overCap != "" && werr == nil && !cancelled && preemptedBy == "" && movingFor == "" {
 		desc = fmt.Sprintf("stopped: %s (%s)", overCap, desc)
 	}
 	switch {
 	case werr != nil:
 		return m.transition(j, api.StateLost, "lost track of the process: "+werr.Error(), record)
+	case stop.overtime != "":
+		// Stopped at its limit: failed, never retried (a retry would run
+		// into the same limit).
+		return runEnded(m.transition(j, api.StateFailed, fmt.Sprintf("%s: stopped (%s); not restarted", stop.overtime, desc), capture(record)), true)
 	case cancelled:
 		return m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
+	case movingFor != "":
+		// Told to stop for a move: queued again however it exited.
+		return m.finishMoved(j, movingFor, desc, record)
 	case preemptedBy != "":
 		// Told to stop for a preemption: preempted however it exited.
 		return m.finishPreempted(j, preemptedBy, desc, record)
 	case exit.Code == 0 && exit.Signal == "" && !exit.OOMKilled && overCap == "":
-		return m.transition(j, api.StateSucceeded, desc, record)
-	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt-j.Preemptions <= j.Spec.Restart.MaxRetries:
-		// Starts after a preemption are not retries.
-		return m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt-j.Preemptions, j.Spec.Restart.MaxRetries), func(j *api.Job) {
+		return runEnded(m.transition(j, api.StateSucceeded, desc, capture(record)), false)
+	case j.Spec.Restart != nil && j.Spec.Restart.Policy == api.RestartOnFailure && attempt-j.Preemptions-j.Moves <= j.Spec.Restart.MaxRetries:
+		// Starts after a preemption or a move are not retries.
+		return runEnded(m.transition(j, api.StatePending, fmt.Sprintf("%s; restarting (retry %d of %d)", desc, attempt-j.Preemptions-j.Moves, j.Spec.Restart.MaxRetries), capture(func(j *api.Job) {
 			e := exit
 			j.Exit = &e
 			j.Usage = usage
 			j.Allocation = nil
 			j.PID = 0
-		})
+		})), true)
 	default:
-		return m.transition(j, api.StateFailed, desc, record)
+		return runEnded(m.transition(j, api.StateFailed, desc, capture(record)), true)
 	}
 }
 

@@ -135,6 +135,7 @@ type Metrics struct {
 	submissions  *prometheus.CounterVec
 	transitions  *prometheus.CounterVec
 	preemptions  *prometheus.CounterVec
+	moves        *prometheus.CounterVec
 	decisions    *prometheus.CounterVec
 	decisionTime prometheus.Histogram
 	queueWait    *prometheus.HistogramVec
@@ -150,6 +151,7 @@ type Metrics struct {
 var (
 	_ jobs.Observer           = (*Metrics)(nil)
 	_ jobs.PreemptionObserver = (*Metrics)(nil)
+	_ jobs.MoveObserver       = (*Metrics)(nil)
 )
 
 // Buckets of the latency histograms, in seconds.
@@ -183,6 +185,9 @@ func New(o Options) *Metrics {
 		preemptions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fusiond_preemptions_total", Help: "Jobs preempted (told to stop to make room for a job of a higher tier), by the preempted job's tier.",
 		}, []string{"tier"}),
+		moves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fusiond_defrag_moves_total", Help: "Jobs moved (told to stop and started again elsewhere on this host to make room for the job first in the queue), by the moved job's tier.",
+		}, []string{"tier"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fusiond_placement_decisions_total", Help: "Placement decisions (one job or one whole gang), by result: placed or unplaced (left queued).",
 		}, []string{"result"}),
@@ -212,7 +217,7 @@ func New(o Options) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		build, m.submissions, m.transitions, m.preemptions, m.decisions, m.decisionTime, m.queueWait,
+		build, m.submissions, m.transitions, m.preemptions, m.moves, m.decisions, m.decisionTime, m.queueWait,
 		m.requests, m.requestTime, m.updates, m.healthChange,
 		&scrape{m: m},
 	)
@@ -260,6 +265,11 @@ func (m *Metrics) Transitioned(from, to api.State) {
 // Preempted implements jobs.PreemptionObserver.
 func (m *Metrics) Preempted(tier api.Tier) {
 	m.preemptions.WithLabelValues(string(tier)).Inc()
+}
+
+// Moved implements jobs.MoveObserver.
+func (m *Metrics) Moved(tier api.Tier) {
+	m.moves.WithLabelValues(string(tier)).Inc()
 }
 
 // Decided implements jobs.Observer.

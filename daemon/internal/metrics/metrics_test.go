@@ -60,6 +60,7 @@ func exercise(m *Metrics) {
 	m.Submitted(api.ClassTraining, api.TierBurstable)
 	m.Transitioned(api.StatePending, api.StatePlaced)
 	m.Preempted(api.TierBestEffort)
+	m.Moved(api.TierBurstable)
 	m.Decided(true, 1, 300*time.Microsecond)
 	m.Decided(false, 2, time.Millisecond)
 	m.Waited(api.ClassTraining, 2*time.Second)
@@ -99,6 +100,7 @@ func TestValues(t *testing.T) {
 		`fusiond_job_submissions_total{class="training",tier="burstable"} 1`,
 		`fusiond_job_transitions_total{from="pending",to="placed"} 1`,
 		`fusiond_preemptions_total{tier="besteffort"} 1`,
+		`fusiond_defrag_moves_total{tier="burstable"} 1`,
 		`fusiond_placement_decisions_total{result="placed"} 1`,
 		`fusiond_placement_decisions_total{result="unplaced"} 1`,
 		`fusiond_placement_decision_duration_seconds_count 2`,

@@ -1,8 +1,9 @@
 // Package reclaim lets best-effort jobs use the CPU and memory that
 // guaranteed and burstable jobs reserved but do not use, and takes it back
 // when they need it. It owns the accounting — a job's reclaimable share is
-// its request less its predicted peak (the larger of its recent peak and a
-// short Holt forecast) less a safety margin — and the order of taking it
+// its request less its predicted peak (the largest of its recent peak, a
+// short Holt forecast and the p95 peak of its task profile) less a safety
+// margin — and the order of taking it
 // back: the best-effort tier is throttled first (its CPU quota and memory
 // high set to the budget left to it) and a best-effort job is evicted only
 // when the tier stays over its memory budget for EvictAfter. Guaranteed
@@ -40,6 +41,11 @@ type Job struct {
 	// reclaimed capacity (zero for a job placed on unreserved capacity
 	// only); such jobs are evicted first.
 	Placed Usage
+	// Prior is the p95 peak of the past runs of jobs of its kind (its
+	// task profile, when one holds enough runs; zero otherwise): its
+	// predicted peak is never below it, so what a job has used before is
+	// not lent out while it has not yet reached it this run.
+	Prior Usage
 }
 
 // Params tune the accounting.
@@ -90,6 +96,7 @@ func Compute(capacity Usage, jobs []Job, p Params) Account {
 			continue
 		}
 		peak := predictPeak(j.Recent, p.Lead)
+		peak.CPU, peak.Memory = max(peak.CPU, j.Prior.CPU), max(peak.Memory, j.Prior.Memory)
 		need := Usage{
 			CPU:    max(min(j.Request.CPU, peak.CPU+p.Margin*j.Request.CPU), now.CPU),
 			Memory: max(min(j.Request.Memory, peak.Memory+p.Margin*j.Request.Memory), now.Memory),

@@ -281,3 +281,31 @@ func TestTierMemoryReadFails(t *testing.T) {
 		t.Errorf("status %+v, evicted %v", st, h.evicted)
 	}
 }
+
+// A job's task profile floors its predicted peak: a job that used 3 GiB
+// and 1500m at its p95 in past runs, now at 1 GiB and 500m early in a run,
+// lends only what lies above its profile's peak (plus the margin); a
+// prior below the current use changes nothing, and a job not measured yet
+// still lends nothing.
+func TestProfilePriorFloorsPeak(t *testing.T) {
+	capacity := Usage{CPU: 4000, Memory: 8 * gib}
+	job := Job{ID: "g", Tier: api.TierGuaranteed, Request: Usage{CPU: 2000, Memory: 4 * gib}, Recent: flat(Usage{CPU: 500, Memory: gib}, 10)}
+	p := Params{Margin: 0.1, Lead: 5}
+	without := Compute(capacity, []Job{job}, p)
+	job.Prior = Usage{CPU: 1500, Memory: 3 * gib}
+	with := Compute(capacity, []Job{job}, p)
+	if math.Abs(without.Reclaimable.Memory-2.6*gib) > 1 || math.Abs(with.Reclaimable.Memory-0.6*gib) > 1 {
+		t.Fatalf("reclaimable memory %v without a prior, %v with, want 2.6 and 0.6 GiB", without.Reclaimable.Memory/gib, with.Reclaimable.Memory/gib)
+	}
+	if math.Abs(with.Reclaimable.CPU-300) > 1e-6 {
+		t.Fatalf("reclaimable CPU with a prior %v, want 2000 − (1500 + 200) = 300", with.Reclaimable.CPU)
+	}
+	job.Prior = Usage{CPU: 100, Memory: 0.5 * gib}
+	if low := Compute(capacity, []Job{job}, p); low.Reclaimable != without.Reclaimable {
+		t.Fatalf("a prior below use changed the account: %+v, want %+v", low.Reclaimable, without.Reclaimable)
+	}
+	job.Recent = nil
+	if a := Compute(capacity, []Job{job}, p); a.Reclaimable != (Usage{}) {
+		t.Fatalf("unmeasured job with a prior lends %+v", a.Reclaimable)
+	}
+}

@@ -41,6 +41,10 @@ type Record struct {
 	// before lack them (zero: never preempted).
 	PreemptedBy string `json:"preempted_by,omitempty"`
 	Preemptions int    `json:"preemptions,omitempty"`
+	// Moves and MovingFor came with defragmentation; optional
+	// (omitempty), so records without them needed no migration.
+	Moves     int    `json:"moves,omitempty"`
+	MovingFor string `json:"moving_for,omitempty"`
 	// Handover and Origin are optional (omitempty): records without them
 	// are the schema-1 bytes above, so adding them needed no migration.
 	Handover *api.Handover   `json:"handover,omitempty"`
@@ -58,6 +62,7 @@ func recordOf(j api.Job) Record {
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Version: j.Version,
 		Usage: j.Usage, Degraded: j.Degraded, Handover: j.Handover, Origin: j.Origin,
 		PreemptedBy: j.PreemptedBy, Preemptions: j.Preemptions, Pod: j.Pod,
+		Moves: j.Moves, MovingFor: j.MovingFor,
 	}
 }
 
@@ -69,5 +74,6 @@ func (r Record) Job() api.Job {
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Version: r.Version,
 		Usage: r.Usage, Degraded: r.Degraded, Handover: r.Handover, Origin: r.Origin,
 		PreemptedBy: r.PreemptedBy, Preemptions: r.Preemptions, Pod: r.Pod,
+		Moves: r.Moves, MovingFor: r.MovingFor,
 	}
 }

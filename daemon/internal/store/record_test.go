@@ -156,3 +156,19 @@ func TestRecordKeepsPreemption(t *testing.T) {
 		t.Fatalf("stored preempted job read back as state %s, preempted_by %q, preemptions %d (%v)", got.State, got.PreemptedBy, got.Preemptions, err)
 	}
 }
+
+// A job being moved keeps its marker and count across a restart: the
+// next daemon queues a victim it finds marked again rather than recording
+// its end as a failure (docs/scheduling.md, "Defragmentation").
+func TestRecordKeepsMoves(t *testing.T) {
+	j := goldenJob()
+	j.Moves, j.MovingFor = 3, "12"
+	s := open(t, filepath.Join(t.TempDir(), "db"), Options{})
+	if err := s.PutJob(j); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetJob(j.ID)
+	if err != nil || got.Moves != 3 || got.MovingFor != "12" {
+		t.Fatalf("stored moving job read back with moves %d, moving_for %q (%v)", got.Moves, got.MovingFor, err)
+	}
+}

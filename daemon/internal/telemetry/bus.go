@@ -7,7 +7,9 @@
 // fixed size. It owns the one reader API the rest of the daemon uses for
 // live load (Reader): the latest sample, a window, busy fractions per
 // NUMA node, per-GPU utilisation, per-job usage, and the per-minute
-// history the forecasters run on.
+// history the forecasters run on. It also keeps, for each followed job, a
+// bounded summary of its current attempt's use (runs.go), which the
+// daemon takes when the attempt ends for the job's task profile.
 package telemetry
 
 import (
@@ -21,6 +23,7 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/cgroups"
+	"github.com/fusiond/fusiond/daemon/sched"
 	"github.com/fusiond/fusiond/devices/rapl"
 )
 
@@ -35,6 +38,8 @@ type GPU struct {
 	// LimitW is the power limit the GPU enforces (its cap), 0 when not
 	// read.
 	LimitW float64 `json:"limit_w,omitempty"`
+	// MemUsedMiB is the GPU's memory in use, 0 when not read.
+	MemUsedMiB float64 `json:"mem_used_mib,omitempty"`
 }
 
 // Sample is one reading of the host.
@@ -68,6 +73,8 @@ type PSI struct {
 // JobRef is a running job the bus reads the cgroup of.
 type JobRef struct {
 	ID string
+	// GPUs are the GPUs the job holds, for its run summary (TakeRun).
+	GPUs []GPUHold
 }
 
 // JobUsage is one reading of a job's cgroup.
@@ -121,6 +128,11 @@ type Config struct {
 	CPUNode map[int]int
 	// GPUs returns the driver's latest GPU telemetry; nil without GPUs.
 	GPUs func() []GPU
+	// GPUModel gives a GPU's figures from the GPU model table
+	// (sched.LookupGPU of its model) by its ID, for the status's GPU
+	// energy: its idle floor, its power where none is measured, and its
+	// throughput. Nil: no GPU's model is known.
+	GPUModel func(id string) (sched.GPUSpec, bool)
 	// Jobs, when set, is read every JobInterval.
 	Jobs Jobs
 	// Power, when set, is read every sample; PowerNote says why it is
@@ -228,6 +240,12 @@ type Bus struct {
 	fc      forecasts
 	// follows is the bus's following of jobs, for the status and metrics.
 	follows FollowStats
+	// energy integrates the GPUs' energy since the first sample.
+	energy gpuEnergy
+	// runs are the followed jobs' summaries of their current attempt;
+	// ended those of jobs seen ending, until taken (TakeRun) or old.
+	runs  map[string]*RunSummary
+	ended map[string]endedRun
 }
 
 // FollowStats is how the bus follows the running jobs against its bound.
@@ -258,7 +276,7 @@ func New(cfg Config, log *slog.Logger) (*Bus, error) {
 	}
 	b := &Bus{cfg: cfg, log: log, proc: procReader{root: cfg.Proc},
 		ring: make([]Sample, cfg.Ring), history: make([]Point, cfg.History),
-		jobs: map[string]*jobRing{}, prevJob: map[string]jobPrev{},
+		jobs: map[string]*jobRing{}, prevJob: map[string]jobPrev{}, runs: map[string]*RunSummary{}, ended: map[string]endedRun{},
 		follow: map[string]bool{}, refused: map[string]bool{}, follows: FollowStats{Max: cfg.MaxJobs}}
 	for cpu, n := range cfg.CPUNode {
 		for len(b.nodeOf) <= cpu {
@@ -346,7 +364,7 @@ func (b *Bus) Sample() error {
 	}
 	if b.cfg.Jobs != nil && now.Sub(b.lastJobs) >= b.cfg.JobInterval {
 		b.lastJobs = now
-		if err := b.readJobs(now); err != nil {
+		if err := b.readJobs(now, s.GPUs); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -359,6 +377,9 @@ func (b *Bus) Sample() error {
 		*slot = s
 		b.next = (b.next + 1) % len(b.ring)
 		b.count++
+		if len(s.GPUs) > 0 {
+			b.energy.add(&s, b.cfg.GPUModel)
+		}
 	}
 	b.total++
 	b.cost += time.Since(start)
@@ -439,7 +460,7 @@ func (b *Bus) readPSI() (PSI, bool) {
 	return p, true
 }
 
-func (b *Bus) readJobs(now time.Time) error {
+func (b *Bus) readJobs(now time.Time, gpus []GPU) error {
 	var errs []error
 	running := b.cfg.Jobs.Running()
 	seen := b.followJobs(running)
@@ -472,6 +493,7 @@ func (b *Bus) readJobs(now time.Time) error {
 			b.jobs[j.ID] = r
 		}
 		r.push(u)
+		b.addRun(j, u, gpus)
 		b.mu.Unlock()
 	}
 	b.mu.Lock()
@@ -480,6 +502,7 @@ func (b *Bus) readJobs(now time.Time) error {
 			delete(b.jobs, id)
 		}
 	}
+	b.endRuns(seen, now)
 	b.mu.Unlock()
 	for id := range b.prevJob {
 		if !seen[id] {

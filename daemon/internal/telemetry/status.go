@@ -74,6 +74,8 @@ func (b *Bus) Status() api.TelemetryStatus {
 	}
 	st.MemoryBound = api.Bytes(b.cfg.MemoryBound(len(latest.CPUs), b.nNodes, packages, st.GPUs))
 	st.Forecasts = b.fc.status()
+	st.GPUEnergy = b.energy.status()
+	st.GPUEnergyRecent = b.recentEnergyLocked(recentEnergy)
 	return st
 }
 

@@ -94,7 +94,7 @@ and run jobs, watch them, read their logs, cancel them, and inspect the node.`,
 	root.AddCommand(
 		newSubmitCmd(o), newRunCmd(o), newListCmd(o), newShowCmd(o), newCancelCmd(o),
 		newLogsCmd(o), newStatusCmd(o), newVersionCmd(o), newEventsCmd(o), newNodeCmd(o),
-		newTopologyCmd(o), newGPUCmd(o), newMIGCmd(o), newFPGACmd(o), newTopCmd(o), newForecastCmd(o), newPeersCmd(o), newPodsCmd(o),
+		newTopologyCmd(o), newGPUCmd(o), newMIGCmd(o), newFPGACmd(o), newTopCmd(o), newForecastCmd(o), newPeersCmd(o), newPodsCmd(o), newProfileCmd(o), newRecommendCmd(o),
 		simulateCmd(),
 	)
 	root.AddCommand(newDocsCmd(root))

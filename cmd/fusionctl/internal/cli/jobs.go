@@ -156,6 +156,7 @@ func newRunCmd(o *options) *cobra.Command {
 		env        []string
 		gang       string
 		retries    int
+		maxRuntime time.Duration
 		wait       bool
 		follow     bool
 		class, tie string
@@ -209,6 +210,7 @@ func newRunCmd(o *options) *cobra.Command {
 			if retries > 0 {
 				spec.Restart = &api.Restart{Policy: api.RestartOnFailure, MaxRetries: retries}
 			}
+			spec.MaxRuntime = api.Duration(maxRuntime)
 			if spec.Workdir == "" {
 				if wd, err := os.Getwd(); err == nil {
 					spec.Workdir = wd
@@ -265,9 +267,43 @@ func newRunCmd(o *options) *cobra.Command {
 	f.StringVar(&spec.Workdir, "workdir", "", "working directory (default: the current directory)")
 	f.StringVar(&gang, "gang", "", "gang NAME:SIZE — placed only together with its other members")
 	f.IntVar(&retries, "retries", 0, "restart on failure up to this many times")
+	f.DurationVar(&maxRuntime, "max-runtime", 0, "stop each attempt after this long (90s, 2h) and fail the job, not retried (default: no limit)")
+	f.BoolVar(&spec.Movable, "movable", false, "the daemon may stop the job and start it again elsewhere on this host to make room (it must tolerate a restart)")
 	f.BoolVarP(&wait, "wait", "w", false, "wait for the job to finish and exit with its exit code")
 	f.BoolVarP(&follow, "follow", "f", false, "stream the job's output until it finishes, then exit with its exit code")
 	return cmd
+}
+
+// describeMoves says whether the daemon may move j, how often it did and
+// for which job it is moving it now.
+func describeMoves(j api.Job) string {
+	s := "no"
+	if j.CanMove() {
+		s = "yes"
+	}
+	if j.Moves > 0 {
+		s += fmt.Sprintf("; moved %d times", j.Moves)
+	}
+	if j.MovingFor != "" {
+		s += "; being moved to make room for job " + j.MovingFor
+	}
+	return s
+}
+
+// describeLimit is j's max_runtime and, while it runs, how much of it is
+// left at now (counted from the attempt's recorded start, as the daemon
+// counts it).
+func describeLimit(j api.Job, now time.Time) string {
+	limit := time.Duration(j.Spec.MaxRuntime)
+	s := limit.String() + " per attempt"
+	if j.State != api.StateRunning || j.StartedAt == nil {
+		return s
+	}
+	left := limit - max(now.Sub(*j.StartedAt), 0)
+	if left <= 0 {
+		return s + "; reached, being stopped"
+	}
+	return s + "; " + max(left.Truncate(time.Second), time.Second).String() + " left"
 }
 
 // jobExit turns a finished job into fusionctl's exit status.
@@ -467,8 +503,14 @@ func showJob(w io.Writer, j api.Job) error {
 	if j.PreemptedBy != "" {
 		p("Preempted", "%d times, last by job %s", j.Preemptions, j.PreemptedBy)
 	}
+	if j.CanMove() || j.Moves > 0 || j.MovingFor != "" {
+		p("Movable", "%s", describeMoves(j))
+	}
 	if j.Attempt > 1 {
 		p("Attempt", "%d", j.Attempt)
+	}
+	if j.Spec.MaxRuntime > 0 {
+		p("Max runtime", "%s", describeLimit(j, time.Now()))
 	}
 	if e := j.Exit; e != nil {
 		p("Exit", "code %d%s%s", e.Code, map[bool]string{true: ", signal " + e.Signal}[e.Signal != ""], map[bool]string{true: ", oom-killed"}[e.OOMKilled])

@@ -39,6 +39,9 @@ func telemetryLines(w io.Writer, t api.TelemetryStatus) {
 		}
 	}
 	fmt.Fprintf(w, "Power:\t%s\n", power)
+	if e := t.GPUEnergy; e != nil {
+		fmt.Fprintf(w, "GPU energy:\t%s\n", gpuEnergyLine(*e, t.GPUEnergyRecent))
+	}
 	jobs := fmt.Sprintf("%d jobs read", t.Jobs)
 	if t.MaxJobs > 0 {
 		jobs = fmt.Sprintf("%d jobs read (at most %d)", t.Jobs, t.MaxJobs)
@@ -82,6 +85,33 @@ func reclaimLine(r api.ReclaimStatus) string {
 		r.BestEffortCPU, r.BestEffortMemory.Human(), r.PlacedCPU, r.PlacedMemory.Human(), budget, r.Evictions)
 	if r.LastAction != "" && r.LastActionAt != nil {
 		s += fmt.Sprintf("; last: %s (%s)", r.LastAction, r.LastActionAt.Local().Format("15:04:05"))
+	}
+	return s
+}
+
+// gpuEnergyLine is the GPUs' energy per unit of delivered work since the
+// telemetry bus started, and over its last minute (recent, when there is
+// one): energy, the idle floor apart, and Wh per A100-equivalent
+// GPU-hour of compute delivered (SM utilisation × the model's dense FP16
+// TFLOPS, over an A100's 312).
+func gpuEnergyLine(e api.GPUEnergy, recent *api.GPUEnergy) string {
+	s := fmt.Sprintf("%.1f Wh over %v (%.1f Wh measured, the rest from the model table), idle floor %.1f Wh", e.EnergyWh,
+		time.Duration(e.Window).Round(time.Second), e.MeasuredWh, e.IdleFloorWh)
+	if e.A100EqHours > 0 {
+		s += fmt.Sprintf("; delivered %.3f A100-eq GPU-hours (SM utilisation × FP16 TFLOPS): %.1f Wh per A100-eq GPU-hour (idle floor %.1f of it), %.1f Wh per busy GPU-hour",
+			e.A100EqHours, e.WhPerA100EqHour, e.FloorWhPerA100EqHour, e.WhPerBusyGPUHour)
+	} else {
+		s += "; no compute delivered (SM utilisation 0)"
+	}
+	if recent != nil {
+		if recent.A100EqHours > 0 {
+			s += fmt.Sprintf("; last %v: %.1f Wh per A100-eq GPU-hour", time.Duration(recent.Window).Round(time.Second), recent.WhPerA100EqHour)
+		} else {
+			s += fmt.Sprintf("; last %v: no compute delivered", time.Duration(recent.Window).Round(time.Second))
+		}
+	}
+	if e.UnknownGPUs > 0 {
+		s += fmt.Sprintf("; %d GPUs of a model the table lacks (their measured power only)", e.UnknownGPUs)
 	}
 	return s
 }

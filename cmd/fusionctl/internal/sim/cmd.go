@@ -19,16 +19,18 @@ import (
 // no daemon.
 func NewCommand() *cobra.Command {
 	var (
-		o        Options
-		policies string
-		seeds    string
-		verbose  bool
-		gpuPower string
-		tune     bool
-		testSeed string
-		frag     string
-		passes   int
-		list     bool
+		o         Options
+		policies  string
+		seeds     string
+		verbose   bool
+		gpuPower  string
+		gpuTFLOPS string
+		tune      bool
+		testSeed  string
+		frag      string
+		passes    int
+		list      bool
+		estimate  string
 	)
 	cmd := &cobra.Command{
 		Use:   "simulate",
@@ -78,7 +80,18 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 				return Tune(cmd.Context(), to, cmd.OutOrStdout())
 			}
 			o.Policies = splitList(policies)
+			if estimate != "" {
+				if !o.Timed {
+					return fmt.Errorf("%w: --estimates needs --timed", ErrBadOption)
+				}
+				if o.Estimates, err = ParseEstimates(estimate); err != nil {
+					return err
+				}
+			}
 			if o.GPUPower, err = ParsePowerOverrides(gpuPower); err != nil {
+				return err
+			}
+			if o.GPUTFLOPS, err = ParseTFLOPS(gpuTFLOPS); err != nil {
 				return err
 			}
 			if verbose {
@@ -100,7 +113,9 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringArrayVar(&o.PlotPaths, "plot", nil, "write a picture (FILE.svg or FILE.png; repeatable): allocation and failed-request curves, or with --timed utilisation over time (FILE) and the wait CDF (FILE-wait)")
 	f.BoolVar(&o.Timed, "timed", false, "time-ordered mode: honour creation/deletion times")
 	f.Float64Var(&o.LoadPct, "load", 0, "timed mode: scale every lifetime by one factor so the offered GPU load between the first and last arrival is this % of capacity (0: as traced); arrival times stay as traced")
+	f.StringVar(&estimate, "estimates", "", "timed mode: the run-time estimates the queue's EASY backfill is given, comma-separated to compare: none (the head's reserved node left to it), profile (task profiles learned from the pods that ended, keyed by request shape and QoS; else longest), longest (the longest lifetime ended so far), exact (each pod's real lifetime); adds an estimates table")
 	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
+	f.StringVar(&gpuTFLOPS, "gpu-tflops", "", "timed mode: dense FP16 TFLOPS per GPU model, e.g. G2=312, replacing the model table's figure for delivered compute (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
 	f.IntVar(&o.Moves, "moves", 0, "protocol variant: when a pod fits nowhere, move best-effort (qos BE) pods to make room, at most N moves per 1,000 arrivals; each run is also made without moves and reported beside it")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")

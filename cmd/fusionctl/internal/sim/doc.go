@@ -6,7 +6,9 @@
 // move best-effort pods for a pod that fits nowhere (Options.Moves, at
 // most N moves per 1,000 arrivals, through sched.Engine.PlanMoves) — and a time-ordered mode
 // (RunTimed) that honours creation and deletion times and reports the
-// GPUs' energy under a stated power model (PowerModel), and an upper bound
+// GPUs' energy under a stated power model (PowerModel), per GPU-hour and
+// per unit of delivered compute (A100-equivalent GPU-hours from the GPU
+// model table's FP16 throughput), and an upper bound
 // on what any policy could allocate (AllocBound). NewCommand exposes them
 // as `fusionctl simulate`.
 //

@@ -25,6 +25,14 @@ import (
 // idle GPU-hours 1 + 2 = 3, of which 2 on a node with nothing allocated
 // (b); the idle GPUs drew 20 + 30 = 50 Wh, 40 of them on b, so with idle
 // nodes powered off (230 − 40) / 2.5 = 76 Wh per GPU-hour; mean draw 115 W.
+//
+// The idle floor is every GPU's idle draw over the window, (10 + 10 + 20)
+// W × 2 h = 80 Wh, so the work added 150 Wh (32 + 60 Wh per GPU-hour).
+// Delivered compute (X given 100 TFLOPS, but p2 arrives at the window's
+// end): a0 65 TFLOPS × 2 h + a1 0.5 × 65 × 1 h = 162.5 TFLOP-hours,
+// 162.5 / 312 A100-eq GPU-hours, so 230 × 312 / 162.5 = 441.6 Wh per
+// A100-eq GPU-hour (80 × 312 / 162.5 = 153.6 of it the floor) and
+// 230 / 0.1625 Wh per FP16 PFLOP-hour.
 func TestEnergyHandTrace(t *testing.T) {
 	// b first, so a's GPUs are found by the assignment's node index.
 	specs := []NodeSpec{
@@ -37,8 +45,9 @@ func TestEnergyHandTrace(t *testing.T) {
 		{Name: "p2", CPUMilli: 500, MemMiB: 1024, GPUs: 1, GPUMilli: 1000, GPUSpec: "X", Creation: 8200, Deletion: 20000},
 	}
 	power := map[string][2]float64{"X": {20, 120}}
+	tflops := map[string]float64{"X": 100}
 	for _, pol := range []string{"fusiond", "spread", "fgd"} {
-		r, err := RunTimed(context.Background(), specs, pods, pol, 1, 0.95, TimedOptions{Power: power})
+		r, err := RunTimed(context.Background(), specs, pods, pol, 1, 0.95, TimedOptions{Power: power, TFLOPS: tflops})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,12 +68,25 @@ func TestEnergyHandTrace(t *testing.T) {
 			{"idle-node kWh", e.IdleNodeKWh, 0.040},
 			{"Wh/GPU-hour, idle nodes off", e.WhPerGPUHourOff, 76},
 			{"mean kW", e.MeanKW, 0.115},
+			{"idle floor kWh", e.IdleFloorKWh, 0.080},
+			{"dynamic kWh", e.DynamicKWh, 0.150},
+			{"floor Wh/GPU-hour", e.FloorWhPerGPUHour, 32},
+			{"dynamic Wh/GPU-hour", e.DynamicWhPerGPUHour, 60},
+			{"FP16 PFLOP-hours", e.PFLOPHours, 0.1625},
+			{"A100-eq GPU-hours", e.A100EqHours, 162.5 / 312},
+			{"Wh/A100-eq-hour", e.WhPerA100EqHour, 441.6},
+			{"floor Wh/A100-eq-hour", e.FloorWhPerA100EqHour, 153.6},
+			{"Wh/PFLOP-hour", e.WhPerPFLOPHour, 230 / 0.1625},
+			{"T4 GPU-hours", e.Models[0].GPUHours, 2.5},
+			{"T4 dynamic kWh", e.Models[0].DynamicKWh, 0.150},
+			{"X GPU-hours", e.Models[1].GPUHours, 0},
 		} {
 			if math.Abs(c.got-c.want) > 1e-9 {
 				t.Errorf("%s: %s = %v, want %v", pol, c.name, c.got, c.want)
 			}
 		}
-		if len(e.Power) != 2 || e.Power[0].Model != "T4" || e.Power[0].IdleW != 10 || e.Power[0].TDPW != 70 || e.Power[1].Source != "--gpu-power" {
+		if len(e.Power) != 2 || e.Power[0].Model != "T4" || e.Power[0].IdleW != 10 || e.Power[0].TDPW != 70 || e.Power[1].Source != "--gpu-power" ||
+			e.Power[0].TFLOPS != 65 || e.Power[1].TFLOPS != 100 || e.Power[1].TFLOPSSource != "--gpu-tflops" {
 			t.Errorf("%s: power model %+v", pol, e.Power)
 		}
 	}
@@ -80,8 +102,22 @@ func TestPowerModelInputs(t *testing.T) {
 	if err != nil || m["G2"] != [2]float64{35, 300} || m["G3"] != [2]float64{50, 400} {
 		t.Fatalf("ParsePowerOverrides = %v, %v", m, err)
 	}
-	if _, err := PowerModel([]NodeSpec{{Name: "n", GPUs: 1, Model: "Mystery9"}}, nil); !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), "--gpu-power Mystery9=") {
+	mystery := []NodeSpec{{Name: "n", GPUs: 1, Model: "Mystery9"}}
+	if _, err := PowerModel(mystery, nil, nil); !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), "--gpu-power Mystery9=") {
 		t.Fatalf("unknown model: %v", err)
+	}
+	// Watts alone do not say what work the model does.
+	if _, err := PowerModel(mystery, map[string][2]float64{"Mystery9": {5, 50}}, nil); !errors.Is(err, ErrBadOption) || !strings.Contains(err.Error(), "--gpu-tflops Mystery9=") {
+		t.Fatalf("unknown model's throughput: %v", err)
+	}
+	for _, s := range []string{"G2", "G2=", "G2=x", "G2=0", "G2=-5", "=312", "G2=1e9"} {
+		if _, err := ParseTFLOPS(s); !errors.Is(err, ErrBadOption) {
+			t.Errorf("ParseTFLOPS(%q) = %v, want ErrBadOption", s, err)
+		}
+	}
+	f, err := ParseTFLOPS("G2=312, G3=125.5")
+	if err != nil || f["G2"] != 312 || f["G3"] != 125.5 {
+		t.Fatalf("ParseTFLOPS = %v, %v", f, err)
 	}
 }
 
@@ -90,7 +126,7 @@ func TestPowerModelInputs(t *testing.T) {
 // "Energy").
 func TestPowerModelCoversOpenB(t *testing.T) {
 	specs, _ := loadTrace(t, "openb_pod_list_default")
-	power, err := PowerModel(specs, nil)
+	power, err := PowerModel(specs, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +134,18 @@ func TestPowerModelCoversOpenB(t *testing.T) {
 	gpus := 0
 	for _, p := range power {
 		gpus += p.GPUs
-		if w, ok := want[p.Model]; !ok || !strings.HasPrefix(p.Source, "table: "+w) || p.IdleW <= 0 || p.TDPW <= p.IdleW {
+		if w, ok := want[p.Model]; !ok || !strings.HasPrefix(p.Source, "table: "+w) || p.IdleW <= 0 || p.TDPW <= p.IdleW || p.TFLOPSSource != p.Source || p.TFLOPS <= 0 {
 			t.Errorf("%s: %+v, want table %q", p.Model, p, w)
+		}
+	}
+	if tf := map[string]float64{}; true {
+		for _, p := range power {
+			tf[p.Model] = p.TFLOPS
+		}
+		// The datasheets' dense FP16 figures; G2/G3 as the A100 they are
+		// counted as.
+		if tf["T4"] != 65 || tf["G2"] != 312 || tf["V100M32"] != 125 || tf["P100"] != 18.7 || tf["A10"] != 125 {
+			t.Errorf("throughput %v", tf)
 		}
 	}
 	if len(power) != len(want) || gpus != 6212 {
@@ -113,7 +159,7 @@ func TestTimedReportsEnergy(t *testing.T) {
 	o := tinyOptions()
 	o.Policies = []string{"fusiond", "spread"}
 	o.Timed, o.LoadPct = true, 80
-	for format, want := range map[string]string{"table": "Wh/GPU-hour", "csv": "gpu_power_kw,idle_gpus"} {
+	for format, want := range map[string]string{"table": "Wh/A100-eq-hour", "csv": "gpu_power_kw,idle_gpus,a100_eq"} {
 		o.Format = format
 		var b bytes.Buffer
 		if err := Run(context.Background(), o, &b); err != nil {
@@ -143,5 +189,49 @@ func TestTimedReportsEnergy(t *testing.T) {
 				t.Fatalf("%s: sample %+v", r.Policy, u)
 			}
 		}
+	}
+}
+
+// TestEnergyGapSplit checks on a replay that the per-model accounting
+// adds up to the whole, and that the gap to spread in Wh per GPU-hour is
+// the floor part plus a model-mix part equal to Σ over models of the
+// difference in each model's share of the GPU-hours × (TDP − idle).
+func TestEnergyGapSplit(t *testing.T) {
+	o := tinyOptions()
+	o.Policies = []string{"fusiond", "spread"}
+	o.Timed, o.LoadPct = true, 80
+	rep, err := Simulate(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-6*max(1, math.Abs(a), math.Abs(b)) }
+	for _, r := range rep.Timed {
+		e := r.Energy
+		var h, a100 float64
+		for _, m := range e.Models {
+			h += m.GPUHours
+			a100 += m.A100EqHours
+		}
+		if !near(h, r.GPUHours) || !near(a100, e.A100EqHours) || !near(e.A100EqHours*312, e.PFLOPHours*1000) {
+			t.Errorf("%s: models' GPU-hours %v of %v, A100-eq %v of %v, PFLOP-hours %v", r.Policy, h, r.GPUHours, a100, e.A100EqHours, e.PFLOPHours)
+		}
+		if e.A100EqHours <= 0 || !near(e.WhPerA100EqHour, e.KWh*1000/e.A100EqHours) || !near(e.FloorWhPerGPUHour+e.DynamicWhPerGPUHour, e.WhPerGPUHour) {
+			t.Errorf("%s: inconsistent %+v", r.Policy, e)
+		}
+	}
+	a, b := rep.Timed[0], rep.Timed[1]
+	g := SplitGap(a, b)
+	if a.Energy.VsSpread == nil || *a.Energy.VsSpread != g || b.Energy.VsSpread != nil {
+		t.Errorf("vs spread in the report: %+v, %+v; want %+v on fusiond only", a.Energy.VsSpread, b.Energy.VsSpread, g)
+	}
+	var mix float64
+	for i, p := range a.Energy.Power {
+		mix += (a.Energy.Models[i].GPUHours/a.GPUHours - b.Energy.Models[i].GPUHours/b.GPUHours) * (p.TDPW - p.IdleW)
+	}
+	if !near(g.Total, g.Floor+g.Mix) || !near(g.Mix, mix) || !near(g.BAtAMix, b.Energy.WhPerGPUHour+g.Mix) {
+		t.Errorf("split %+v, model mix by hand %v", g, mix)
+	}
+	if a.GPUHours != b.GPUHours && g.Floor == 0 {
+		t.Errorf("different GPU-hours (%v, %v) but no floor part: %+v", a.GPUHours, b.GPUHours, g)
 	}
 }

@@ -55,7 +55,7 @@ func TestMixedNodeList(t *testing.T) {
 	if !specs[0].canHold(&Pod{CPUMilli: 1000, GPUs: 2, GPUMilli: sched.MilliPerGPU, GPUSpec: "L4"}) {
 		t.Fatal("the mixed node cannot hold its two L4s")
 	}
-	power, err := PowerModel(specs, nil)
+	power, err := PowerModel(specs, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

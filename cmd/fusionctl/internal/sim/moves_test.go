@@ -201,8 +201,8 @@ func TestMovesOptions(t *testing.T) {
 }
 
 // The mover regroups every node a plan touches: after each arrival every
-// node's group key is its state's and each group shows exactly one
-// member. Twenty alike one-GPU nodes: 400-milli best-effort shares alone
+// node's group key and summary are its state's and each group has exactly
+// one representative. Twenty alike one-GPU nodes: 400-milli best-effort shares alone
 // on nodes 0..9 and 800-milli guaranteed ones on 10..19 (committed as
 // given), then whole-GPU pods, each placed by moving a share beside
 // another.
@@ -223,7 +223,10 @@ func TestMoverKeepsViewGroups(t *testing.T) {
 			if k := view.stateKey(n); view.key[j] != k {
 				t.Fatalf("%s: node %d grouped as %q, its state is %q", when, j, view.key[j], k)
 			}
-			if view.view[j] != nil {
+			if view.sum[j] != fitSummaryOf(n) {
+				t.Fatalf("%s: node %d summarised as %+v, its state is %+v", when, j, view.sum[j], fitSummaryOf(n))
+			}
+			if view.repAt[j] >= 0 {
 				shown[view.key[j]]++
 			}
 		}
@@ -250,7 +253,7 @@ func TestMoverKeepsViewGroups(t *testing.T) {
 	placed := 0
 	for i := range 8 {
 		req := (&Pod{Name: fmt.Sprintf("w%d", i), CPUMilli: 1000, MemMiB: 1024, GPUs: 1, GPUMilli: 1000, QoS: "LS"}).Request()
-		if _, err := eng.Place(&req, view.view); err == nil {
+		if _, err := eng.Place(&req, view.forRequest(&req)); err == nil {
 			t.Fatalf("whole pod %d fits without moves", i)
 		}
 		_, ok, err := mv.tryMoves(&req, 1000+i)

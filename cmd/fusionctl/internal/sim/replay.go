@@ -95,6 +95,9 @@ type RunResult struct {
 	// GPU count of the largest node, which defines a big pod.
 	FailAt  []FailPoint `json:"fail_at"`
 	BigGPUs int         `json:"big_gpus"`
+	// BoundPct is the seed's AllocBound at the last threshold (set by
+	// Simulate; 0 where nothing computed it).
+	BoundPct float64 `json:"bound_pct"`
 	// Moves is the --moves budget (at most that many moves per 1,000
 	// arrivals; 0: the plain protocol). MovesUsed is the moves made,
 	// PodsMoved the distinct pods moved, PlacedByMoves the arrivals placed
@@ -179,11 +182,9 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 	}
 	nodes := BuildNodes(specs)
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
-	scored := nodes
 	var view *nodeView
 	if ro.dedupe {
 		view = newNodeView(nodes, seed)
-		scored = view.view
 	}
 	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds, Moves: ro.moves}
 	meter := newProtocolMeter(&res, nodes, frag)
@@ -198,6 +199,10 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 			return res, ctx.Err()
 		}
 		req := workload[i].Request()
+		scored := nodes
+		if view != nil {
+			scored = view.forRequest(&req)
+		}
 		d, err := eng.Place(&req, scored)
 		if err == nil {
 			err = eng.Commit(&req, &d.Assignment, nodes)

@@ -59,9 +59,15 @@ type Options struct {
 	// to that offered GPU load (see TimedOptions).
 	Timed   bool
 	LoadPct float64
+	// Estimates are the timed mode's backfill run-time estimate modes
+	// (TimedOptions.Estimates), each policy run once per mode; none: one
+	// run without, and no estimates table.
+	Estimates []string
 	// GPUPower overrides the timed mode's power model (idle and TDP watts
 	// per GPU model; see PowerModel).
 	GPUPower map[string][2]float64
+	// GPUTFLOPS overrides its dense FP16 TFLOPS per GPU model.
+	GPUTFLOPS map[string]float64
 	// Workers bounds parallel runs (GOMAXPROCS by default).
 	Workers int
 	// RandomTies breaks score ties at random per decision (the stock
@@ -149,6 +155,9 @@ type Summary struct {
 	FailAt          []FailPoint `json:"fail_at"`
 	Seconds         float64     `json:"seconds"`
 	DecisionsPerSec float64     `json:"decisions_per_sec"`
+	// ToBoundPct is the distance to the bound at the last threshold:
+	// the runs' BoundPct minus their allocation there, mean over seeds.
+	ToBoundPct float64 `json:"to_bound_pct"`
 	// Moves is the --moves budget (per 1,000 arrivals); the rest are means
 	// over seeds of the runs' figures: moves made, the same per 1,000
 	// arrivals, pods moved, arrivals placed thanks to moves, and the
@@ -175,11 +184,16 @@ type Report struct {
 	// BigGPUs is the largest node's GPU count (a big pod asks for that many).
 	BigGPUs int `json:"big_gpus"`
 	// BoundPct is AllocBound at the last threshold, mean over seeds: no
-	// policy can allocate more.
-	BoundPct  float64       `json:"bound_pct"`
-	Summaries []Summary     `json:"summaries"`
-	Runs      []RunResult   `json:"runs"`
-	Timed     []TimedResult `json:"timed,omitempty"`
+	// policy can allocate more. LooseBoundPct is the same without forced
+	// pods (Bound's LoosePct); ForcedPods and ArrivedGPUPods are Bound's
+	// Forced and Arrived, mean over seeds.
+	BoundPct       float64       `json:"bound_pct"`
+	LooseBoundPct  float64       `json:"loose_bound_pct"`
+	ForcedPods     float64       `json:"forced_pods"`
+	ArrivedGPUPods float64       `json:"arrived_gpu_pods"`
+	Summaries      []Summary     `json:"summaries"`
+	Runs           []RunResult   `json:"runs"`
+	Timed          []TimedResult `json:"timed,omitempty"`
 }
 
 func load(o *Options) ([]NodeSpec, []Pod, error) {
@@ -296,21 +310,47 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 		capMilli += int64(s.GPUs) * sched.MilliPerGPU
 	}
 	if o.Timed {
-		for _, pol := range o.Policies {
-			r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower})
-			if err != nil {
-				return nil, err
-			}
-			rep.Timed = append(rep.Timed, r)
+		modes := o.Estimates
+		if len(modes) == 0 {
+			modes = []string{""}
 		}
+		for _, pol := range o.Policies {
+			for _, m := range modes {
+				r, err := RunTimed(ctx, specs, pods, pol, o.Seeds[0], o.Coverage, TimedOptions{LoadPct: o.LoadPct, Power: o.GPUPower, TFLOPS: o.GPUTFLOPS, Estimates: m})
+				if err != nil {
+					return nil, err
+				}
+				rep.Timed = append(rep.Timed, r)
+			}
+		}
+		splitAgainstSpread(rep.Timed)
 		return rep, nil
 	}
-	for _, seed := range o.Seeds {
-		b, err := AllocBound(specs, Workload(pods, seed, o.TargetPct, capMilli), o.Thresholds[len(o.Thresholds)-1])
-		if err != nil {
-			return nil, err
-		}
-		rep.BoundPct += b / float64(len(o.Seeds))
+	// The bound of each seed, o.Workers at a time.
+	perSeed := make([]BoundResult, len(o.Seeds))
+	errs := make([]error, len(o.Seeds))
+	sem := make(chan struct{}, o.Workers)
+	var bwg sync.WaitGroup
+	for i, seed := range o.Seeds {
+		bwg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			perSeed[i], errs[i] = Bound(specs, Workload(pods, seed, o.TargetPct, capMilli), o.Thresholds[len(o.Thresholds)-1])
+		})
+	}
+	bwg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	bounds := map[uint64]float64{}
+	for i, seed := range o.Seeds {
+		b := perSeed[i]
+		bounds[seed] = b.Pct
+		k := float64(len(o.Seeds))
+		rep.BoundPct += b.Pct / k
+		rep.LooseBoundPct += b.LoosePct / k
+		rep.ForcedPods += float64(b.Forced) / k
+		rep.ArrivedGPUPods += float64(b.Arrived) / k
 	}
 	type job struct {
 		pol  string
@@ -341,6 +381,7 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 					}
 				}
 				r.Trace = trace
+				r.BoundPct = bounds[j.seed]
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
@@ -404,6 +445,9 @@ func summarise(trace, pol string, th []float64, runs []RunResult) Summary {
 				s.FailAt[i].GPUs += f.GPUs / float64(len(runs))
 				s.FailAt[i].BigPods += f.BigPods / float64(len(runs))
 			}
+		}
+		if len(r.AllocPct) > 0 {
+			s.ToBoundPct += (r.BoundPct - r.AllocPct[len(r.AllocPct)-1]) / float64(len(runs))
 		}
 		s.Seconds += r.Seconds / float64(len(runs))
 		s.DecisionsPerSec += r.DecisionsPerSec / float64(len(runs))
@@ -488,19 +532,27 @@ func writeTable(w io.Writer, rep *Report) error {
 			e := t.Energy
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\t%.0f\t%.0f\t%.1f\t\n", t.Policy, t.Pods, t.Placed, t.NeverPlaced, t.MeanUtilPct, t.PeakUtilPct, t.GPUHours, t.WaitP50, t.WaitP95, t.WaitP99, t.WaitMean, e.KWh/1000, e.WhPerGPUHour, e.IdleGPUHours, e.IdleNodeGPUHours, e.WhPerGPUHourOff)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if err := writeComputeEnergy(w, rep.Timed); err != nil {
+			return err
+		}
+		return writeEstimates(w, rep.Timed)
 	}
 	fmt.Fprintf(w, "trace %s: %d nodes, %d GPUs; typical shapes %s\n", rep.Trace, rep.Nodes, rep.GPUs, rep.Shapes)
 	if len(rep.Summaries) > 0 {
 		th := rep.Summaries[0].Thresholds
-		fmt.Fprintf(w, "upper bound on allocation at %g%% arrived (any policy, LP relaxation): %.2f%%\n", th[len(th)-1], rep.BoundPct)
+		fmt.Fprintf(w, "upper bound on allocation at %g%% arrived (any policy, LP relaxation with the forced pods placed): %.2f%% (%.2f%% if any pod could be dropped; %.0f of %.0f arrived GPU pods forced), mean over seeds\n", th[len(th)-1], rep.BoundPct, rep.LooseBoundPct, rep.ForcedPods, rep.ArrivedGPUPods)
 	}
 	hdr := "policy\tseeds"
 	if len(rep.Summaries) > 0 {
-		for _, t := range rep.Summaries[0].Thresholds {
+		th := rep.Summaries[0].Thresholds
+		for _, t := range th {
 			hdr += fmt.Sprintf("\talloc@%g%%", t)
 		}
-		for _, t := range rep.Summaries[0].Thresholds {
+		hdr += fmt.Sprintf("\tto bound@%g%%", th[len(th)-1])
+		for _, t := range th {
 			hdr += fmt.Sprintf("\tfrag@%g%%", t)
 		}
 	}
@@ -510,6 +562,7 @@ func writeTable(w io.Writer, rep *Report) error {
 		for _, v := range s.AllocPct {
 			line += "\t" + fmtPct(v)
 		}
+		line += "\t" + fmtPct(s.ToBoundPct)
 		for _, v := range s.FragPct {
 			line += "\t" + fmtPct(v)
 		}
@@ -618,6 +671,11 @@ func runRecord(r *RunResult) []string {
 	for _, f := range r.FailAt {
 		rec = append(rec, strconv.FormatFloat(f.Pods, 'f', 0, 64), fmtPct(f.GPUs), strconv.FormatFloat(f.BigPods, 'f', 0, 64))
 	}
+	toBound := nan()
+	if len(r.AllocPct) > 0 {
+		toBound = r.BoundPct - r.AllocPct[len(r.AllocPct)-1]
+	}
+	rec = append(rec, fmtPct(r.BoundPct), fmtPct(toBound))
 	if r.Moves > 0 {
 		rec = append(rec, strconv.Itoa(r.Moves), strconv.Itoa(r.MovesUsed), strconv.Itoa(r.PodsMoved), strconv.Itoa(r.PlacedByMoves))
 		for i := range r.Thresholds {
@@ -641,10 +699,10 @@ func runRecord(r *RunResult) []string {
 func writeCSV(w io.Writer, rep *Report) error {
 	cw := csv.NewWriter(w)
 	if len(rep.Timed) > 0 {
-		_ = cw.Write([]string{"policy", "time_s", "gpu_util_pct", "queued", "gpu_power_kw", "idle_gpus"})
+		_ = cw.Write([]string{"policy", "time_s", "gpu_util_pct", "queued", "gpu_power_kw", "idle_gpus", "a100_eq"})
 		for _, t := range rep.Timed {
 			for _, p := range t.Util {
-				_ = cw.Write([]string{t.Policy, strconv.FormatInt(p.Time, 10), fmtPct(p.UtilPct), strconv.Itoa(p.Queued), strconv.FormatFloat(p.PowerKW, 'f', 3, 64), strconv.Itoa(p.IdleGPUs)})
+				_ = cw.Write([]string{t.Policy, strconv.FormatInt(p.Time, 10), fmtPct(p.UtilPct), strconv.Itoa(p.Queued), strconv.FormatFloat(p.PowerKW, 'f', 3, 64), strconv.Itoa(p.IdleGPUs), strconv.FormatFloat(p.A100Eq, 'f', 2, 64)})
 			}
 		}
 		cw.Flush()
@@ -664,13 +722,14 @@ func writeCSV(w io.Writer, rep *Report) error {
 		for _, f := range rep.Runs[0].FailAt {
 			hdr = append(hdr, fmt.Sprintf("failed_pods_%g", f.ArrivedPct), fmt.Sprintf("failed_gpus_%g", f.ArrivedPct), fmt.Sprintf("failed_big_pods_%g", f.ArrivedPct))
 		}
-		if rep.Runs[0].Moves > 0 {
-			hdr = append(hdr, "moves_per_1000", "moves_used", "pods_moved", "placed_by_moves")
-			for _, t := range rep.Runs[0].Thresholds {
-				hdr = append(hdr, fmt.Sprintf("no_move_alloc_%g", t))
-			}
-			hdr = append(hdr, "idle_whole", "idle_partial", "idle_sliver", "no_move_idle_whole", "no_move_idle_partial", "no_move_idle_sliver")
+	}
+	hdr = append(hdr, "bound_pct", "to_bound_pct")
+	if len(rep.Runs) > 0 && rep.Runs[0].Moves > 0 {
+		hdr = append(hdr, "moves_per_1000", "moves_used", "pods_moved", "placed_by_moves")
+		for _, t := range rep.Runs[0].Thresholds {
+			hdr = append(hdr, fmt.Sprintf("no_move_alloc_%g", t))
 		}
+		hdr = append(hdr, "idle_whole", "idle_partial", "idle_sliver", "no_move_idle_whole", "no_move_idle_partial", "no_move_idle_sliver")
 	}
 	_ = cw.Write(hdr)
 	for i := range rep.Runs {

@@ -202,7 +202,7 @@ func TestCommand(t *testing.T) {
 	}
 	for args, want := range map[string]string{
 		"--trace default --pods testdata/pods.csv": "--trace names an embedded pod list and --pods a file",
-		"--trace cpu0": `no such embedded openb trace "cpu0"`,
+		"--trace cpu999": `no such embedded openb trace "cpu999"`,
 		"--tune --trace nope --seeds 1 --test-seeds 2": `no such embedded openb trace "nope"`,
 		"--nodes testdata/missing.csv":                 "testdata/missing.csv: no such file",
 		"--pods testdata/nodes.csv":                    "testdata/nodes.csv",

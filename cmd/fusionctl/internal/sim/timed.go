@@ -20,6 +20,9 @@ type UtilPoint struct {
 	// allocated (see Energy).
 	PowerKW  float64 `json:"power_kw"`
 	IdleGPUs int     `json:"idle_gpus"`
+	// A100Eq is the compute the allocated shares hold, in A100s (see
+	// Energy.A100EqHours).
+	A100Eq float64 `json:"a100_eq"`
 }
 
 // TimedResult is one run of the time-ordered mode. Every utilisation
@@ -58,6 +61,9 @@ type TimedResult struct {
 	WaitCDF []CDFPoint `json:"wait_cdf,omitempty"`
 	// Energy is the GPUs' energy and idle time inside the window.
 	Energy Energy `json:"energy"`
+	// Estimates is the backfill's run-time estimates and their error
+	// (TimedOptions.Estimates); nil without.
+	Estimates *EstimateStats `json:"estimates,omitempty"`
 }
 
 // CDFPoint says that Frac (0..1) of the placed pods waited at most WaitS
@@ -98,6 +104,13 @@ type TimedOptions struct {
 	// Power overrides the power model's idle and TDP watts per GPU model
 	// (see PowerModel).
 	Power map[string][2]float64
+	// TFLOPS overrides the dense FP16 TFLOPS per GPU model (see
+	// PowerModel).
+	TFLOPS map[string]float64
+	// Estimates is the run-time estimates the queue's backfill is given
+	// (EstimatesProfile, EstimatesLongest, EstimatesExact; "" or
+	// EstimatesNone: none, the head's reserved node left to it).
+	Estimates string
 }
 
 // offeredPct is the in-window offered GPU load of pods whose lifetimes are
@@ -252,7 +265,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	order := slices.Clone(scaled)
 	slices.SortStableFunc(order, func(a, b Pod) int { return cmp.Or(cmp.Compare(a.Creation, b.Creation), cmp.Compare(a.Name, b.Name)) })
 	lo, hi := window(order)
-	power, err := PowerModel(specs, o.Power)
+	power, err := PowerModel(specs, o.Power, o.TFLOPS)
 	if err != nil {
 		return TimedResult{}, err
 	}
@@ -272,6 +285,17 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	}
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed})
 	q := &sched.Queue{Aging: o.Aging, MaxTries: o.MaxTries}
+	var est *estimator
+	runningOn := map[int][]sched.Running{} // with estimates: each node's pods and their expected ends
+	if o.Estimates != "" && o.Estimates != EstimatesNone {
+		if _, err := ParseEstimates(o.Estimates); err != nil {
+			return TimedResult{}, err
+		}
+		if est, err = newEstimator(o.Estimates, order, life); err != nil {
+			return TimedResult{}, err
+		}
+		q.Estimate = est.queueEstimate
+	}
 	var running finishHeap
 	res := TimedResult{Policy: policy, Pods: len(order), Scale: k, Copies: copies, WindowS: hi - lo, WindowEnd: hi, OfferedPct: offeredPct(order, capMilli, lo, hi, 1)}
 	var waits []float64
@@ -306,13 +330,31 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 			eng.Release(&f.req, &f.a, nodes)
 			meter.change(&f.a, -1)
 			alloc -= f.req.GPUMilliTotal()
+			if est != nil {
+				est.clock = t
+				runningOn[f.a.NodeIdx] = slices.DeleteFunc(runningOn[f.a.NodeIdx], func(r sched.Running) bool { return r.Request.ID == f.req.ID })
+				if err := est.ended(&f.req); err != nil {
+					return res, err
+				}
+			}
 		}
 		for next < len(order) && order[next].Creation == t {
 			q.Push(order[next].Request(), t)
 			next++
 		}
-		placed, _ := q.Schedule(t, eng, nodes)
+		var placed []sched.Placement
+		if est != nil {
+			est.clock = t
+			placed, _ = q.ScheduleRunning(t, eng, nodes, func(i int) []sched.Running { return runningOn[i] })
+		} else {
+			placed, _ = q.Schedule(t, eng, nodes)
+		}
 		for _, pl := range placed {
+			if est != nil {
+				r := est.started(&pl.Request, t)
+				r.Request, r.Assignment = pl.Request, pl.Decision.Assignment
+				runningOn[r.Assignment.NodeIdx] = append(runningOn[r.Assignment.NodeIdx], r)
+			}
 			alloc += pl.Request.GPUMilliTotal()
 			meter.change(&pl.Decision.Assignment, +1)
 			waits = append(waits, float64(t-created[pl.Request.ID]))
@@ -322,7 +364,7 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 		u := 100 * float64(alloc) / float64(capMilli)
 		if t <= hi {
 			res.PeakUtilPct = max(res.PeakUtilPct, u)
-			samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len(), PowerKW: meter.watts / 1000, IdleGPUs: meter.idle})
+			samples = append(samples, UtilPoint{Time: t, UtilPct: u, Queued: q.Len(), PowerKW: meter.watts / 1000, IdleGPUs: meter.idle, A100Eq: meter.a100Eq()})
 		}
 	}
 	res.Placed = len(waits)
@@ -343,6 +385,13 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	res.WaitP50, res.WaitP95, res.WaitP99, res.WaitMean = percentile(waits, 0.5), percentile(waits, 0.95), percentile(waits, 0.99), mean(waits)
 	res.Util = downsample(samples, o.MaxPoints)
 	res.WaitCDF = cdf(waits)
+	switch {
+	case est != nil:
+		s := est.result()
+		res.Estimates = &s
+	case o.Estimates != "":
+		res.Estimates = &EstimateStats{Mode: EstimatesNone}
+	}
 	return res, nil
 }
 

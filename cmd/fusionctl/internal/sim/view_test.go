@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -63,4 +64,45 @@ func firstDiff(a, b []int) int {
 		}
 	}
 	return min(len(a), len(b))
+}
+
+// A node that sched.Filter lets through always passes the view's
+// summary check (mayFit), and the check does reject: on random nodes
+// (up to 12 GPUs, some in MIG mode, more than a summary keeps) and
+// requests.
+func TestFitSummaryNeverHidesAFit(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	rejected := 0
+	for range 20000 {
+		n := sched.NewNode("n", int64(r.IntN(8))*1000, int64(r.IntN(8))*1024, r.IntN(13), "G2")
+		n.CPUFreeMilli, n.MemFreeMiB = int64(r.IntN(9))*1000, int64(r.IntN(9))*1024
+		idle := r.IntN(2) == 0 // every GPU whole and free
+		for i := range n.GPUs {
+			if idle {
+				continue
+			}
+			n.GPUs[i].MilliFree = int64(r.IntN(11)) * 100
+			if r.IntN(8) == 0 {
+				n.GPUs[i].MIG = &sched.MIG{TotalSlices: 7}
+			}
+		}
+		req := sched.Request{CPUMilli: int64(r.IntN(5)) * 1000, MemMiB: int64(r.IntN(5)) * 1024}
+		switch r.IntN(3) {
+		case 1:
+			req.GPUs, req.GPUMilli = 1, int64(1+r.IntN(10))*100
+		case 2:
+			req.GPUs, req.GPUMilli = 1+r.IntN(12), 1000
+		}
+		s := fitSummaryOf(n)
+		fits := sched.Filter(&req, n) == sched.Fits
+		if fits && !s.mayFit(&req) {
+			t.Fatalf("Filter fits %+v on %+v, the summary %+v says not", req, n, s)
+		}
+		if !s.mayFit(&req) {
+			rejected++
+		}
+	}
+	if rejected == 0 {
+		t.Error("the summary rejected nothing")
+	}
 }

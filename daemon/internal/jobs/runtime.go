@@ -1,0 +1,128 @@
+package jobs
+
+import (
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/fusiond/fusiond/daemon/api"
+)
+
+// A job's own run-time limit (api.JobSpec.MaxRuntime): each attempt may
+// run that long from its start. One that is still running at its limit is
+// stopped through the cancel path (SIGTERM, SIGKILL after CancelGrace) and
+// ends failed, "exceeded max_runtime …", however it exited, with no
+// on-failure retry (Kubernetes' activeDeadlineSeconds and Slurm's TIMEOUT
+// do the same: a retry would run into the same limit). A start after a
+// preemption or a move is a new attempt with the whole limit again.
+//
+// Deadlines are kept on the monotonic clock, like every other decision of
+// the manager (Config.Now): a wall clock stepped forward or back neither
+// kills a job early nor lets it run longer. The wall clock is read once
+// per attempt, when a daemon re-attaches to an attempt an earlier daemon
+// started: what is left of its limit is its limit less the time since its
+// recorded start (StartedAt), so a restart neither extends an attempt nor
+// cuts it short, and one found past its limit is stopped on the loop's
+// first pass. The loop checks the deadlines on every pass (at least once
+// a second); no goroutine or timer is kept per job.
+
+// runtimeDeadline is when a running attempt reaches its limit.
+type runtimeDeadline struct {
+	// at is a monotonic reading.
+	at    time.Time
+	limit time.Duration
+	proc  Process
+}
+
+// attemptDeadline is when the attempt of j now starting (fresh) or
+// re-attached (state running, with a recorded start) reaches its limit,
+// and whether it has one. monoNow and wallNow are readings of the same
+// moment.
+func attemptDeadline(j *api.Job, reattached bool, monoNow, wallNow time.Time) (time.Time, bool) {
+	limit := time.Duration(j.Spec.MaxRuntime)
+	if limit <= 0 || j.Spec.Pod != nil {
+		return time.Time{}, false
+	}
+	if reattached && j.StartedAt != nil {
+		// A recorded start "in the future" (the wall clock went back since)
+		// counts as a start now.
+		ran := max(wallNow.Sub(*j.StartedAt), 0)
+		return monoNow.Add(limit - ran), true
+	}
+	return monoNow.Add(limit), true
+}
+
+// trackDeadline records the deadline of attempt proc of j, if it has a
+// limit. The caller holds m.mu.
+func (m *Manager) trackDeadline(j *api.Job, proc Process, reattached bool) {
+	at, ok := attemptDeadline(j, reattached, time.Now(), m.cfg.Now())
+	if !ok {
+		return
+	}
+	m.deadlines[j.ID] = runtimeDeadline{at: at, limit: time.Duration(j.Spec.MaxRuntime), proc: proc}
+}
+
+// exceededReason is why a job stopped at its limit ended failed.
+func exceededReason(limit time.Duration) string {
+	return "exceeded max_runtime " + limit.String()
+}
+
+// stopOverdue stops every running attempt past its limit that is not
+// being stopped already (cancelled, preempted, evicted, moved or stopped
+// over its GPU memory cap: its end is recorded as that; one whose stop is
+// for a move or a preemption starts again with a new deadline).
+func (m *Manager) stopOverdue() {
+	now := time.Now()
+	type due struct {
+		j     *api.Job
+		proc  Process
+		limit time.Duration
+	}
+	var stop []due
+	m.mu.Lock()
+	q := &m.queue
+	for id, d := range m.deadlines {
+		if now.Before(d.at) {
+			continue
+		}
+		j := m.jobs[id]
+		if j == nil || m.procs[id] != d.proc {
+			delete(m.deadlines, id) // its attempt is over
+			continue
+		}
+		if j.State != api.StateRunning {
+			continue // marked running in a moment
+		}
+		_, preempted := q.preempting[id]
+		if preempted || m.cancels[id] || q.reclaiming[id] != "" || j.MovingFor != "" || m.overCap[id] != "" {
+			continue
+		}
+		delete(m.deadlines, id)
+		reason := exceededReason(d.limit)
+		m.overtime[id] = reason
+		stop = append(stop, due{j, d.proc, d.limit})
+	}
+	m.mu.Unlock()
+	for _, s := range stop {
+		why := fmt.Sprintf("%s; stopping: SIGTERM, SIGKILL after %s", exceededReason(s.limit), m.cfg.CancelGrace)
+		m.log.Warn("stopping a job at its max_runtime", "job", s.j.ID, "max_runtime", s.limit, "pid", s.proc.PID())
+		_ = m.annotate(s.j, why, func(j *api.Job) { j.Reason = why })
+		_ = s.proc.Signal(syscall.SIGTERM)
+		go m.killAfterGrace(s.j.ID, s.proc)
+	}
+}
+
+// takeOvertime takes the record that id was stopped at its limit: why, or
+// "" if it was not; and forgets its deadline.
+func (m *Manager) takeOvertime(id string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	why := m.overtime[id]
+	delete(m.overtime, id)
+	delete(m.deadlines, id)
+	return why
+}
+
+// overtimeStopping reports whether id is being stopped at its limit. The
+// caller holds m.mu.
+func (m *Manager) overtimeStopping(id string) bool { return m.overtime[id] != "" }
