@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/fusiond/fusiond/daemon/sched"
@@ -21,7 +22,7 @@ type mover struct {
 	nodes    []*sched.Node
 	view     *nodeView // nil without deduplication
 	items    []sched.Movable
-	at       map[string]int // pod name → index in items
+	at       map[string]int // Movable.ID ("#" and the arrival's index) → index in items
 	moved    map[string]bool
 	used     int
 	byMoves  int
@@ -42,17 +43,15 @@ func (m *mover) allowed(arrived int) int {
 	return m.perMille*arrived/1000 - m.used
 }
 
-// placed records where a pod went (if it is movable).
-func (m *mover) placed(req *sched.Request, a *sched.Assignment) {
+// placed records where the arrival-th pod went (if it is movable). Items
+// are named by arrival, so pods of one name stay apart.
+func (m *mover) placed(req *sched.Request, a *sched.Assignment, arrival int) {
 	if !movable(req) {
 		return
 	}
-	if i, ok := m.at[req.ID]; ok {
-		m.items[i].Asg = *a
-		return
-	}
-	m.at[req.ID] = len(m.items)
-	m.items = append(m.items, sched.Movable{ID: req.ID, Req: *req, Asg: *a})
+	id := "#" + strconv.Itoa(arrival)
+	m.at[id] = len(m.items)
+	m.items = append(m.items, sched.Movable{ID: id, Req: *req, Asg: *a})
 }
 
 // tryMoves plans and applies moves for req, the arrived-th arrival, which
@@ -103,7 +102,7 @@ func (m *mover) tryMoves(req *sched.Request, arrived int) (sched.Assignment, boo
 	m.changed(plan.Head.NodeIdx)
 	m.used += len(plan.Moves)
 	m.byMoves++
-	m.placed(req, &plan.Head)
+	m.placed(req, &plan.Head, arrived)
 	return plan.Head, true, nil
 }
 

@@ -247,7 +247,7 @@ func TestMoverKeepsViewGroups(t *testing.T) {
 			t.Fatal(err)
 		}
 		view.changed(i)
-		mv.placed(&req, &a)
+		mv.placed(&req, &a, i+1)
 	}
 	check("setup")
 	placed := 0
@@ -268,5 +268,29 @@ func TestMoverKeepsViewGroups(t *testing.T) {
 	// Ten lone 400s pair up into five GPUs: five whole GPUs, one move each.
 	if placed != 5 || mv.used != 5 {
 		t.Fatalf("%d whole pods placed with %d moves, want 5 and 5", placed, mv.used)
+	}
+}
+
+// Pods of one name (a user's file may repeat names) are moved apart: the
+// scattered trace with every pod named alike makes the same moves.
+func TestMovesPodsOfOneName(t *testing.T) {
+	specs, pods := scatterTrace()
+	run := func(pods []Pod) RunResult {
+		t.Helper()
+		p, _ := sched.PolicyByName("random", nil, nil)
+		r, err := runProtocol(context.Background(), specs, pods, p, "random", 7, ShapeModel(pods, 0.95), []float64{100}, sched.TieRanked, replayOpts{moves: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	named := run(pods)
+	same := slices.Clone(pods)
+	for i := range same {
+		same[i].Name = "pod"
+	}
+	alike := run(same)
+	if named.MovesUsed == 0 || alike.MovesUsed != named.MovesUsed || alike.AllocPct[0] != named.AllocPct[0] {
+		t.Fatalf("distinct names: %d moves, %.2f%%; one name: %d moves, %.2f%%", named.MovesUsed, named.AllocPct[0], alike.MovesUsed, alike.AllocPct[0])
 	}
 }

@@ -212,7 +212,7 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 		}
 		if mv != nil {
 			if err == nil {
-				mv.placed(&req, &d.Assignment)
+				mv.placed(&req, &d.Assignment, i+1)
 			} else if a, ok, merr := mv.tryMoves(&req, i+1); merr != nil {
 				return res, merr
 			} else if ok {
