@@ -36,9 +36,14 @@ type MovePlan struct {
 const defragExactMoves = 2
 
 // defragExactCandidates bounds the movable items of one node that the
-// exhaustive search considers (the largest for the head's shortfall);
-// the greedy pass considers them all.
-const defragExactCandidates = 24
+// exhaustive search considers (the most relevant to the head's shortfall):
+// all of them for one victim, this many for two; the greedy pass
+// considers them all.
+const defragExactCandidates = 12
+
+// defragScored bounds the candidates PlanMoves scores for one number of
+// moves (nodes in index order); the rest are not considered.
+const defragScored = 64
 
 // defragTries bounds, per number of moves, the (node, victims) candidates
 // whose victims PlanMoves tries to re-place, best head score first.
@@ -63,10 +68,16 @@ type defragCand struct {
 // policy over all nodes (the target included), each on the state the
 // previous left; a plan is valid only if every item is re-placed. Of the
 // valid plans with the fewest moves it returns the one whose head scores
-// best (then the lowest node index). Victims are searched exhaustively up
-// to two per node and greedily (largest for the head's shortfall first,
-// then pruned to a minimal set) above that. Targets are pruned first: the
-// node with all its movable items removed must pass Filter.
+// best (then the lowest node index), within these bounds: targets are
+// pruned first (the node with all its movable items removed must pass
+// Filter) and only items that give back something the head lacks there
+// are considered; victims are searched exhaustively for one (every item)
+// and two (the 12 most relevant items of a node), then greedily (most
+// relevant first, pruned to a minimal set); a set holding an item that
+// alone suffices is skipped; each victim must fit on another node as the
+// nodes are, or beside the head on the target, before the head is scored;
+// at most 64 candidates are scored per number of moves and the 8 best
+// tried.
 //
 // Movable items whose assignment names no node of nodes (index out of
 // range, nil node, another name) or whose request is invalid are ignored.
@@ -95,9 +106,10 @@ func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMo
 		}
 		byNode[ni] = append(byNode[ni], i)
 	}
+	pl := &planner{e: e, req: req, nodes: nodes, movable: movable, fits: map[moveShape][2]int{}, alone: map[int]bool{}}
 	targets := make([]int, 0, len(byNode))
 	for ni, items := range byNode {
-		if e.targetPossible(req, nodes[ni], movable, items) {
+		if pl.targetPossible(nodes[ni], items) {
 			targets = append(targets, ni)
 		}
 	}
@@ -106,18 +118,20 @@ func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMo
 	}
 	slices.Sort(targets)
 	for _, ni := range targets {
-		items := byNode[ni]
+		short := pl.shortfallOn(nodes[ni])
+		items := slices.DeleteFunc(byNode[ni], func(i int) bool { return !short.useful(&movable[i]) })
 		slices.SortStableFunc(items, func(a, b int) int {
 			return cmp.Compare(relevance(req, nodes[ni], &movable[b]), relevance(req, nodes[ni], &movable[a]))
 		})
+		byNode[ni] = items
 	}
 	// Exhaustive search for one and two victims, node by node.
 	for k := 1; k <= min(defragExactMoves, maxMoves); k++ {
 		var cands []defragCand
 		for _, ni := range targets {
-			cands = e.exactCands(req, nodes, ni, movable, byNode[ni], k, cands)
+			cands = pl.exactCands(ni, byNode[ni], k, cands)
 		}
-		if p, found := e.tryCands(req, nodes, movable, cands); found {
+		if p, found := pl.tryCands(cands); found {
 			return p, true
 		}
 	}
@@ -127,7 +141,7 @@ func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMo
 	// Greedy for more: one minimal set per node, fewest victims first.
 	var cands []defragCand
 	for _, ni := range targets {
-		if c, found := e.greedyCand(req, nodes, ni, movable, byNode[ni]); found && len(c.victims) > defragExactMoves && len(c.victims) <= maxMoves {
+		if c, found := pl.greedyCand(ni, byNode[ni]); found && len(c.victims) > defragExactMoves && len(c.victims) <= maxMoves {
 			cands = append(cands, c)
 		}
 	}
@@ -138,7 +152,7 @@ func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMo
 		for j < len(cands) && len(cands[j].victims) == k {
 			j++
 		}
-		if p, found := e.tryCands(req, nodes, movable, cands[:j]); found {
+		if p, found := pl.tryCands(cands[:j]); found {
 			return p, true
 		}
 		cands = cands[j:]
@@ -146,22 +160,116 @@ func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMo
 	return MovePlan{}, false
 }
 
+// planner is one PlanMoves call's state: its input, a scratch node for
+// filter checks and, per shape of movable request, where it fits now.
+type planner struct {
+	e       *Engine
+	req     *Request
+	nodes   []*Node
+	movable []Movable
+	scratch Node
+	// fits holds, per request shape, the first two node indices it fits
+	// on as the nodes are (-1: none), for fitsElsewhere.
+	fits map[moveShape][2]int
+	// alone marks the items whose removal alone lets the head pass
+	// Filter on their node: a larger set holding one is not minimal.
+	alone map[int]bool
+}
+
+// shortfall is what the head lacks on one node: CPU, memory, or the rest
+// (GPUs, MIG, cores, FPGA: it fails Filter even with all CPU and memory
+// free).
+type shortfall struct{ cpu, mem, devices bool }
+
+func (p *planner) shortfallOn(n *Node) shortfall {
+	req := p.req
+	c := p.released(n, nil)
+	c.CPUFreeMilli, c.MemFreeMiB = c.CPUMilli, c.MemMiB
+	return shortfall{cpu: n.CPUFreeMilli < req.CPUMilli+int64(req.ExclusiveCores)*1000, mem: n.MemFreeMiB < req.MemMiB, devices: Filter(req, c) != Fits}
+}
+
+// useful reports whether taking m off its node could help the head: it
+// gives back something the head lacks there.
+func (s shortfall) useful(m *Movable) bool {
+	a := &m.Asg
+	return (s.cpu && a.CPUMilli > 0) || (s.mem && a.MemMiB > 0) ||
+		(s.devices && (len(a.GPUs) > 0 || a.MIG != nil || len(a.Cores) > 0 || a.FPGA >= 0))
+}
+
+// moveShape is what Filter reads of a request.
+type moveShape struct {
+	cpu, mem, gpuMilli, gpuMem int64
+	gpus, cores, migSlices     int
+	models, owner, mig, bits   string
+	topo                       TopologyPolicy
+}
+
+func moveShapeOf(r *Request) moveShape {
+	return moveShape{cpu: r.CPUMilli, mem: r.MemMiB, gpuMilli: r.GPUMilli, gpuMem: r.GPUMemMiB, gpus: r.GPUs, cores: r.ExclusiveCores,
+		migSlices: r.MIGSlices, models: strings.Join(r.GPUModels, "|"), owner: r.Owner, mig: r.MIGProfile, bits: r.Bitstream, topo: r.Topology}
+}
+
+// fitsElsewhere reports whether movable item v fits, as the nodes are,
+// on a node other than ni (the one it is taken off).
+func (p *planner) fitsElsewhere(v, ni int) bool {
+	r := &p.movable[v].Req
+	k := moveShapeOf(r)
+	f, ok := p.fits[k]
+	if !ok {
+		f = [2]int{-1, -1}
+		for i, n := range p.nodes {
+			if n != nil && Filter(r, n) == Fits {
+				if f[0] < 0 {
+					f[0] = i
+				} else {
+					f[1] = i
+					break
+				}
+			}
+		}
+		p.fits[k] = f
+	}
+	return (f[0] >= 0 && f[0] != ni) || f[1] >= 0
+}
+
+// released is the scratch node set to n with the items' assignments
+// released, for filter checks only (it is reused: never score it, never
+// keep it). Nodes with MIG GPUs get a fresh clone.
+func (p *planner) released(n *Node, items []int) *Node {
+	var c *Node
+	if slices.ContainsFunc(n.GPUs, func(g GPU) bool { return g.MIG != nil }) {
+		c = n.Clone()
+	} else {
+		c = &p.scratch
+		gpus, cores, fpgas := c.GPUs, c.FreeCores, c.FPGAs
+		*c = *n // NVLink and NUMALoad are shared: Release reads neither
+		c.GPUs = append(gpus[:0], n.GPUs...)
+		c.FreeCores = append(cores[:0], n.FreeCores...)
+		c.FPGAs = append(fpgas[:0], n.FPGAs...)
+	}
+	for _, i := range items {
+		c.Release(&p.movable[i].Asg)
+	}
+	return c
+}
+
 // targetPossible is the cheap pruning of a target node: with every movable
-// item on it removed (a clone), req must pass Filter; before cloning, the
-// node's free CPU and memory plus the items' must cover req's.
-func (e *Engine) targetPossible(req *Request, n *Node, movable []Movable, items []int) bool {
+// item on it removed, req must pass Filter; before that, the node's free
+// CPU and memory plus the items' must cover req's.
+func (p *planner) targetPossible(n *Node, items []int) bool {
+	req := p.req
 	if (req.GPUs > 0 || req.MIGProfile != "") && !n.anyModelAllowed(req) {
 		return false
 	}
 	cpu, mem := n.CPUFreeMilli, n.MemFreeMiB
 	for _, i := range items {
-		cpu += movable[i].Asg.CPUMilli
-		mem += movable[i].Asg.MemMiB
+		cpu += p.movable[i].Asg.CPUMilli
+		mem += p.movable[i].Asg.MemMiB
 	}
 	if cpu < req.CPUMilli+int64(req.ExclusiveCores)*1000 || mem < req.MemMiB {
 		return false
 	}
-	return Filter(req, releasedClone(n, movable, items)) == Fits
+	return Filter(req, p.released(n, items)) == Fits
 }
 
 // releasedClone is a clone of n with the items' assignments released.
@@ -193,11 +301,68 @@ func relevance(req *Request, n *Node, m *Movable) float64 {
 	return 4*s + size
 }
 
-// exactCands appends every set of k of the node's items (at most
-// defragExactCandidates, most relevant first) whose removal lets req fit
-// on node ni, with the head's assignment and score there.
-func (e *Engine) exactCands(req *Request, nodes []*Node, ni int, movable []Movable, items []int, k int, out []defragCand) []defragCand {
-	items = items[:min(len(items), defragExactCandidates)]
+// candidate checks one set of victims on node ni: req must pass Filter
+// with them removed; the head's assignment and score come from the
+// engine's policy on a clone; each victim must fit on another node as the
+// nodes are (fitsElsewhere), or else all such victims together beside the
+// head (default assignments). replace makes the final check.
+func (p *planner) candidate(ni int, victims []int) (defragCand, bool) {
+	if len(victims) > 1 && slices.ContainsFunc(victims, func(v int) bool { return p.alone[v] }) {
+		return defragCand{}, false
+	}
+	free := p.released(p.nodes[ni], victims)
+	if Filter(p.req, free) != Fits {
+		return defragCand{}, false
+	}
+	if len(victims) == 1 {
+		p.alone[victims[0]] = true
+	}
+	// Cheap first: each victim fits on another node as the nodes are, or
+	// on the freed node beside the head's default (best-fit) assignment.
+	var stay []int
+	for _, v := range victims {
+		if !p.fitsElsewhere(v, ni) {
+			stay = append(stay, v)
+		}
+	}
+	if len(stay) > 0 {
+		a, _ := assign(p.req, free, ni, -1)
+		if free.Apply(&a) != nil {
+			return defragCand{}, false
+		}
+		for _, v := range stay {
+			if Filter(&p.movable[v].Req, free) != Fits {
+				return defragCand{}, false
+			}
+		}
+	}
+	c := releasedClone(p.nodes[ni], p.movable, victims)
+	a, s, fits := p.e.placeOn(p.req, c, ni)
+	if !fits || c.Apply(&a) != nil {
+		return defragCand{}, false
+	}
+	// The victims with nowhere else to go must fit beside the head all
+	// together (default assignments, largest first, as replace orders them).
+	slices.SortStableFunc(stay, func(a, b int) int { return cmp.Compare(size(&p.movable[b].Req), size(&p.movable[a].Req)) })
+	for _, v := range stay {
+		r := &p.movable[v].Req
+		if Filter(r, c) != Fits {
+			return defragCand{}, false
+		}
+		if va, _ := assign(r, c, ni, -1); c.Apply(&va) != nil {
+			return defragCand{}, false
+		}
+	}
+	return defragCand{node: ni, victims: slices.Clone(victims), head: a, score: s}, true
+}
+
+// exactCands appends every set of k of the node's items (for k > 1 of
+// the defragExactCandidates most relevant) that is a candidate and holds
+// no item that is one alone, until out holds defragScored.
+func (p *planner) exactCands(ni int, items []int, k int, out []defragCand) []defragCand {
+	if k > 1 {
+		items = items[:min(len(items), defragExactCandidates)]
+	}
 	if k > len(items) {
 		return out
 	}
@@ -205,9 +370,11 @@ func (e *Engine) exactCands(req *Request, nodes []*Node, ni int, movable []Movab
 	var rec func(start, depth int)
 	rec = func(start, depth int) {
 		if depth == k {
-			c := releasedClone(nodes[ni], movable, pick)
-			if a, s, fits := e.placeOn(req, c, ni); fits {
-				out = append(out, defragCand{node: ni, victims: slices.Clone(pick), head: a, score: s})
+			if len(out) >= defragScored {
+				return
+			}
+			if c, ok := p.candidate(ni, pick); ok {
+				out = append(out, c)
 			}
 			return
 		}
@@ -223,42 +390,36 @@ func (e *Engine) exactCands(req *Request, nodes []*Node, ni int, movable []Movab
 // greedyCand removes the node's items, most relevant first, until req
 // fits, then puts back each it can spare (last removed first), so that no
 // victim of the set is unnecessary.
-func (e *Engine) greedyCand(req *Request, nodes []*Node, ni int, movable []Movable, items []int) (defragCand, bool) {
-	c := nodes[ni].Clone()
+func (p *planner) greedyCand(ni int, items []int) (defragCand, bool) {
 	var chosen []int
 	for _, i := range items {
-		if Filter(req, c) == Fits {
+		if Filter(p.req, p.released(p.nodes[ni], chosen)) == Fits {
 			break
 		}
-		c.Release(&movable[i].Asg)
 		chosen = append(chosen, i)
 	}
-	if Filter(req, c) != Fits {
+	if Filter(p.req, p.released(p.nodes[ni], chosen)) != Fits {
 		return defragCand{}, false
 	}
 	for j := len(chosen) - 1; j >= 0; j-- {
 		rest := slices.Delete(slices.Clone(chosen), j, j+1)
-		if Filter(req, releasedClone(nodes[ni], movable, rest)) == Fits {
+		if Filter(p.req, p.released(p.nodes[ni], rest)) == Fits {
 			chosen = rest
 		}
 	}
-	a, s, fits := e.placeOn(req, releasedClone(nodes[ni], movable, chosen), ni)
-	if !fits {
-		return defragCand{}, false
-	}
-	return defragCand{node: ni, victims: chosen, head: a, score: s}, true
+	return p.candidate(ni, chosen)
 }
 
 // tryCands tries candidates best head score first (lowest node index on
 // ties), at most defragTries of them, and returns the first whose victims
 // can all be re-placed.
-func (e *Engine) tryCands(req *Request, nodes []*Node, movable []Movable, cands []defragCand) (MovePlan, bool) {
+func (p *planner) tryCands(cands []defragCand) (MovePlan, bool) {
 	slices.SortStableFunc(cands, func(a, b defragCand) int {
 		return cmp.Or(cmp.Compare(b.score, a.score), cmp.Compare(a.node, b.node))
 	})
 	for i := range cands[:min(len(cands), defragTries)] {
-		if p, ok := e.replace(req, nodes, movable, &cands[i]); ok {
-			return p, true
+		if plan, ok := p.e.replace(p.req, p.nodes, p.movable, &cands[i]); ok {
+			return plan, true
 		}
 	}
 	return MovePlan{}, false

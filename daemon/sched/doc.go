@@ -25,7 +25,9 @@
 // Gangs (all-or-nothing, PlaceGang), the queue's one ordering rule
 // (CompareQueued: priority with aging) with EASY backfill (Queue.Schedule
 // over many nodes, BackfillAllowed on one), and preemption planning with a
-// victim budget (PlanPreemption) build on Engine.Place. Where a placement
+// victim budget (PlanPreemption) and defragmentation (Engine.PlanMoves:
+// the fewest moves of movable work after which a request fits, each
+// victim re-placed by the policy) build on Engine.Place. Where a placement
 // is decided on a stale, shared view (peers offering jobs to each other),
 // SpreadChoice orders the ranked candidates so that origins deciding at
 // once do not all pick the same best one.

@@ -299,7 +299,7 @@ func checkBoundHolds(t *testing.T, trace string, policies []string, seeds []uint
 				t.Fatalf("policy %q", pol)
 			}
 			var placed []int
-			res, err := runProtocol(context.Background(), specs, wl, p, pol, seed, frag, []float64{130}, sched.TieRanked, dedupable(p, sched.TieRanked), &placed)
+			res, err := runProtocol(context.Background(), specs, wl, p, pol, seed, frag, []float64{130}, sched.TieRanked, replayOpts{dedupe: dedupable(p, sched.TieRanked), placed: &placed})
 			if err != nil {
 				t.Fatal(err)
 			}

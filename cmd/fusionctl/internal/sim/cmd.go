@@ -118,6 +118,7 @@ times instead and reports GPU utilisation over time and queueing delay.`,
 	f.StringVar(&gpuPower, "gpu-power", "", "timed mode: idle and TDP watts per GPU model, e.g. G2=35:300,G3=50:400, replacing the power model's figures (docs/load.md \"Energy\")")
 	f.StringVar(&gpuTFLOPS, "gpu-tflops", "", "timed mode: dense FP16 TFLOPS per GPU model, e.g. G2=312, replacing the model table's figure for delivered compute (docs/load.md \"Energy\")")
 	f.IntVar(&o.Workers, "workers", 0, "parallel runs (default GOMAXPROCS)")
+	f.IntVar(&o.Moves, "moves", 0, "protocol variant: when a pod fits nowhere, move best-effort (qos BE) pods to make room, at most N moves per 1,000 arrivals; each run is also made without moves and reported beside it")
 	f.BoolVar(&o.RandomTies, "random-ties", false, "break score ties at random per decision instead of by a seeded node ranking")
 	f.StringVar(&frag, "frag", "", "fusiond's fragmentation parameters over the defaults, e.g. reserve_steps=50,tail=none (names as --tune prints them); with --tune, the search's starting point")
 	f.BoolVar(&tune, "tune", false, "search fusiond's fragmentation parameters (sched.FragParams) on the train seeds (--seeds, default 42-46 with --tune) and report the test seeds (--test-seeds) only; --pods may list several traces, comma-separated")

@@ -14,6 +14,8 @@ type protocolMeter struct {
 	arrived, alloc, failed    int64
 	failedBig, next, nextFail int
 	nextCurve                 float64
+	// idle records RunResult.Idle at the last threshold.
+	idle bool
 }
 
 // newProtocolMeter readies res (figures NaN until their threshold is
@@ -61,6 +63,9 @@ func (m *protocolMeter) pod(req *sched.Request, placed bool) {
 		res.AllocPct[m.next] = allocPct
 		res.FragPct[m.next] = clusterFragPct(m.nodes, m.frag)
 		m.next++
+		if m.idle && m.next == len(res.Thresholds) {
+			res.Idle = idleOf(m.nodes)
+		}
 	}
 	for m.nextFail < len(FailThresholds) && arrivedPct >= FailThresholds[m.nextFail] {
 		res.FailAt[m.nextFail] = FailPoint{ArrivedPct: FailThresholds[m.nextFail], Pods: float64(res.Failed), GPUs: float64(m.failed) / sched.MilliPerGPU, BigPods: float64(m.failedBig)}

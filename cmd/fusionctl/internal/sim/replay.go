@@ -98,6 +98,54 @@ type RunResult struct {
 	// BoundPct is the seed's AllocBound at the last threshold (set by
 	// Simulate; 0 where nothing computed it).
 	BoundPct float64 `json:"bound_pct"`
+	// Moves is the --moves budget (at most that many moves per 1,000
+	// arrivals; 0: the plain protocol). MovesUsed is the moves made,
+	// PodsMoved the distinct pods moved, PlacedByMoves the arrivals placed
+	// only thanks to moves; NoMoveAllocPct is the same policy and seed
+	// without moves (Simulate fills it when Moves > 0).
+	Moves          int       `json:"moves,omitempty"`
+	MovesUsed      int       `json:"moves_used,omitempty"`
+	PodsMoved      int       `json:"pods_moved,omitempty"`
+	PlacedByMoves  int       `json:"placed_by_moves,omitempty"`
+	NoMoveAllocPct []float64 `json:"no_move_alloc_pct,omitempty"`
+	// Idle and NoMoveIdle are where the idle GPU was when the arrived
+	// request reached the last threshold, with and without moves
+	// (Simulate fills them when Moves > 0).
+	Idle       *IdleGPUs `json:"idle,omitempty"`
+	NoMoveIdle *IdleGPUs `json:"no_move_idle,omitempty"`
+}
+
+// IdleGPUs splits the idle GPU of a cluster, in GPUs (milli summed):
+// whole idle GPUs, slivers (under SliverMilli free on a GPU that holds
+// work) and the rest of partly used GPUs.
+type IdleGPUs struct {
+	Whole   float64 `json:"whole"`
+	Partial float64 `json:"partial"`
+	Sliver  float64 `json:"sliver"`
+}
+
+// SliverMilli is the free share below which a partly used GPU's rest
+// counts as a sliver (IdleGPUs): only the few pods asking less can use it.
+const SliverMilli = 200
+
+// idleOf is nodes' IdleGPUs (MIG GPUs left out).
+func idleOf(nodes []*sched.Node) *IdleGPUs {
+	var w, p, s int64
+	for _, n := range nodes {
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			switch {
+			case g.MIG != nil || g.MilliFree <= 0:
+			case g.MilliFree >= sched.MilliPerGPU:
+				w += g.MilliFree
+			case g.MilliFree < SliverMilli:
+				s += g.MilliFree
+			default:
+				p += g.MilliFree
+			}
+		}
+	}
+	return &IdleGPUs{Whole: float64(w) / sched.MilliPerGPU, Partial: float64(p) / sched.MilliPerGPU, Sliver: float64(s) / sched.MilliPerGPU}
 }
 
 // RunProtocol places workload pods one by one with the named policy on
@@ -107,21 +155,44 @@ func RunProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, policy s
 	if !ok {
 		return RunResult{}, fmt.Errorf("%w: unknown policy %q", ErrBadOption, policy)
 	}
-	return runProtocol(ctx, specs, workload, p, policy, seed, frag, thresholds, tie, dedupable(p, tie), nil)
+	return runProtocol(ctx, specs, workload, p, policy, seed, frag, thresholds, tie, replayOpts{dedupe: dedupable(p, tie)})
 }
 
-// runProtocol is RunProtocol with the policy built; dedupe scores one node
-// per state group (nodeView); placed, when non-nil, receives each pod's
-// node index (-1: failed).
-func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.Policy, policy string, seed uint64, frag *sched.FragModel, thresholds []float64, tie sched.TieBreak, dedupe bool, placed *[]int) (RunResult, error) {
+// replayOpts are runProtocol's options beyond the policy and the trace.
+type replayOpts struct {
+	// dedupe scores one node per state group (nodeView).
+	dedupe bool
+	// placed, when non-nil, receives each pod's node index (-1: failed).
+	placed *[]int
+	// moves is the --moves variant's budget: at most that many moves of
+	// best-effort pods per 1,000 arrivals (0: the plain protocol).
+	moves int
+	// movesAt, when non-nil, receives the moves made so far after each
+	// arrival (with moves > 0).
+	movesAt *[]int
+	// idle fills RunResult.Idle at the last threshold.
+	idle bool
+}
+
+// runProtocol is RunProtocol with the policy built and the options of
+// replayOpts.
+func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.Policy, policy string, seed uint64, frag *sched.FragModel, thresholds []float64, tie sched.TieBreak, ro replayOpts) (RunResult, error) {
+	if ro.moves < 0 {
+		return RunResult{}, fmt.Errorf("%w: --moves %d: want 0 or more moves per 1,000 arrivals", ErrBadOption, ro.moves)
+	}
 	nodes := BuildNodes(specs)
 	eng := sched.NewEngine(sched.Options{Policy: p, Seed: seed, TieBreak: tie})
 	var view *nodeView
-	if dedupe {
+	if ro.dedupe {
 		view = newNodeView(nodes, seed, memoryBlind(p))
 	}
-	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds}
+	res := RunResult{Policy: policy, Seed: seed, Pods: len(workload), Thresholds: thresholds, Moves: ro.moves}
 	meter := newProtocolMeter(&res, nodes, frag)
+	meter.idle = ro.idle
+	var mv *mover
+	if ro.moves > 0 {
+		mv = newMover(ro.moves, eng, nodes, view)
+	}
 	start := time.Now()
 	for i := range workload {
 		if i%256 == 0 && ctx.Err() != nil {
@@ -139,14 +210,29 @@ func runProtocol(ctx context.Context, specs []NodeSpec, workload []Pod, p sched.
 				view.changed(d.Assignment.NodeIdx)
 			}
 		}
-		if placed != nil {
+		if mv != nil {
+			if err == nil {
+				mv.placed(&req, &d.Assignment, i+1)
+			} else if a, ok, merr := mv.tryMoves(&req, i+1); merr != nil {
+				return res, merr
+			} else if ok {
+				d.Assignment, err = a, nil
+			}
+		}
+		if ro.placed != nil {
 			if err != nil {
-				*placed = append(*placed, -1)
+				*ro.placed = append(*ro.placed, -1)
 			} else {
-				*placed = append(*placed, d.Assignment.NodeIdx)
+				*ro.placed = append(*ro.placed, d.Assignment.NodeIdx)
 			}
 		}
 		meter.pod(&req, err == nil)
+		if mv != nil && ro.movesAt != nil {
+			*ro.movesAt = append(*ro.movesAt, mv.used)
+		}
+	}
+	if mv != nil {
+		mv.report(&res)
 	}
 	res.Seconds = time.Since(start).Seconds()
 	if res.Seconds > 0 {

@@ -76,7 +76,12 @@ type Options struct {
 	RandomTies bool
 	// Frag, when set, replaces fusiond's fragmentation parameters
 	// (--frag, ParseFragParams).
-	Frag   *sched.FragParams
+	Frag *sched.FragParams
+	// Moves, when above 0, is the protocol's --moves variant: a pod that
+	// fits nowhere may have best-effort pods moved for it, at most Moves
+	// per 1,000 arrivals; every run is then also made without moves
+	// (RunResult.NoMoveAllocPct).
+	Moves  int
 	Logger *slog.Logger
 }
 
@@ -104,6 +109,14 @@ func (o *Options) defaults() error {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case o.Moves < 0:
+		return fmt.Errorf("%w: --moves %d: want 0 or more moves per 1,000 arrivals", ErrBadOption, o.Moves)
+	case o.Moves > 1000:
+		return fmt.Errorf("%w: --moves %d: at most 1000 moves per 1,000 arrivals", ErrBadOption, o.Moves)
+	case o.Moves > 0 && o.Timed:
+		return fmt.Errorf("%w: --moves applies to the protocol replay, not to --timed", ErrBadOption)
 	}
 	switch o.Format {
 	case "table", "json", "csv":
@@ -145,6 +158,19 @@ type Summary struct {
 	// ToBoundPct is the distance to the bound at the last threshold:
 	// the runs' BoundPct minus their allocation there, mean over seeds.
 	ToBoundPct float64 `json:"to_bound_pct"`
+	// Moves is the --moves budget (per 1,000 arrivals); the rest are means
+	// over seeds of the runs' figures: moves made, the same per 1,000
+	// arrivals, pods moved, arrivals placed thanks to moves, and the
+	// allocation without moves.
+	Moves          int       `json:"moves,omitempty"`
+	MovesUsed      float64   `json:"moves_used,omitempty"`
+	MovesPer1000   float64   `json:"moves_per_1000,omitempty"`
+	PodsMoved      float64   `json:"pods_moved,omitempty"`
+	PlacedByMoves  float64   `json:"placed_by_moves,omitempty"`
+	NoMoveAllocPct []float64 `json:"no_move_alloc_pct,omitempty"`
+	// Idle and NoMoveIdle are the runs' (RunResult), mean over seeds.
+	Idle       *IdleGPUs `json:"idle,omitempty"`
+	NoMoveIdle *IdleGPUs `json:"no_move_idle,omitempty"`
 }
 
 // Report is what Run writes.
@@ -347,14 +373,12 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 				if o.RandomTies {
 					tie = sched.TieRandom
 				}
-				var r RunResult
-				var err error
-				if o.Frag != nil && j.pol == "fusiond" {
-					wp := sched.NewWeighted(nil, frag)
-					wp.Frag = *o.Frag
-					r, err = runProtocol(ctx, specs, wl, wp, j.pol, j.seed, frag, o.Thresholds, tie, dedupable(wp, tie), nil)
-				} else {
-					r, err = RunProtocol(ctx, specs, wl, j.pol, j.seed, frag, o.Thresholds, tie)
+				r, err := runOne(ctx, &o, specs, wl, j.pol, j.seed, frag, tie, o.Moves)
+				if err == nil && o.Moves > 0 {
+					var plain RunResult
+					if plain, err = runOne(ctx, &o, specs, wl, j.pol, j.seed, frag, tie, 0); err == nil {
+						r.NoMoveAllocPct, r.NoMoveIdle = plain.AllocPct, plain.Idle
+					}
 				}
 				r.Trace = trace
 				r.BoundPct = bounds[j.seed]
@@ -386,6 +410,21 @@ func Simulate(ctx context.Context, o Options) (*Report, error) {
 	return rep, nil
 }
 
+// runOne is one policy × seed run of the protocol with moves per 1,000
+// arrivals (0: none).
+func runOne(ctx context.Context, o *Options, specs []NodeSpec, wl []Pod, pol string, seed uint64, frag *sched.FragModel, tie sched.TieBreak, moves int) (RunResult, error) {
+	p, ok := sched.PolicyByName(pol, frag, nil)
+	if !ok {
+		return RunResult{}, fmt.Errorf("%w: unknown policy %q", ErrBadOption, pol)
+	}
+	if o.Frag != nil && pol == "fusiond" {
+		wp := sched.NewWeighted(nil, frag)
+		wp.Frag = *o.Frag
+		p = wp
+	}
+	return runProtocol(ctx, specs, wl, p, pol, seed, frag, o.Thresholds, tie, replayOpts{dedupe: dedupable(p, tie), moves: moves, idle: o.Moves > 0})
+}
+
 func summarise(trace, pol string, th []float64, runs []RunResult) Summary {
 	s := Summary{Trace: trace, Policy: pol, Seeds: len(runs), Thresholds: th, AllocPct: make([]float64, len(th)), FragPct: make([]float64, len(th))}
 	for _, r := range runs {
@@ -412,6 +451,26 @@ func summarise(trace, pol string, th []float64, runs []RunResult) Summary {
 		}
 		s.Seconds += r.Seconds / float64(len(runs))
 		s.DecisionsPerSec += r.DecisionsPerSec / float64(len(runs))
+		if r.Moves > 0 {
+			s.Moves = r.Moves
+			n := float64(len(runs))
+			s.MovesUsed += float64(r.MovesUsed) / n
+			if r.Pods > 0 {
+				s.MovesPer1000 += 1000 * float64(r.MovesUsed) / float64(r.Pods) / n
+			}
+			s.PodsMoved += float64(r.PodsMoved) / n
+			s.PlacedByMoves += float64(r.PlacedByMoves) / n
+			if s.NoMoveAllocPct == nil {
+				s.NoMoveAllocPct = make([]float64, len(th))
+			}
+			for i := range th {
+				if i < len(r.NoMoveAllocPct) {
+					s.NoMoveAllocPct[i] += r.NoMoveAllocPct[i] / n
+				}
+			}
+			s.Idle = addIdle(s.Idle, r.Idle, n)
+			s.NoMoveIdle = addIdle(s.NoMoveIdle, r.NoMoveIdle, n)
+		}
 	}
 	return s
 }
@@ -512,7 +571,61 @@ func writeTable(w io.Writer, rep *Report) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := writeMovesTable(w, rep); err != nil {
+		return err
+	}
 	return writeFailTable(w, rep)
+}
+
+// addIdle adds x/n to sum (nil x: nothing).
+func addIdle(sum, x *IdleGPUs, n float64) *IdleGPUs {
+	if x == nil {
+		return sum
+	}
+	if sum == nil {
+		sum = &IdleGPUs{}
+	}
+	sum.Whole += x.Whole / n
+	sum.Partial += x.Partial / n
+	sum.Sliver += x.Sliver / n
+	return sum
+}
+
+// fmtIdle renders IdleGPUs as whole/partial/sliver GPUs.
+func fmtIdle(x *IdleGPUs) string {
+	if x == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f/%.1f/%.1f", x.Whole, x.Partial, x.Sliver)
+}
+
+// writeMovesTable is the --moves figures beside the same runs without
+// moves, mean over seeds (nothing without --moves).
+func writeMovesTable(w io.Writer, rep *Report) error {
+	if len(rep.Summaries) == 0 || rep.Summaries[0].Moves == 0 {
+		return nil
+	}
+	s0 := rep.Summaries[0]
+	fmt.Fprintf(w, "\nmoves: at most %d per 1,000 arrivals (best-effort pods are movable), beside the same runs without moves, mean over seeds; idle GPUs: whole, partial, sliver (under %d milli free beside work)\n", s0.Moves, SliverMilli)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	hdr := "policy"
+	for _, t := range s0.Thresholds {
+		hdr += fmt.Sprintf("\talloc@%g%%\tno moves", t)
+	}
+	last := s0.Thresholds[len(s0.Thresholds)-1]
+	fmt.Fprintf(tw, "%s\tmoves\tper 1,000 arrivals\tpods moved\tplaced by moves\tidle@%g%% whole/partial/sliver\tno moves\t\n", hdr, last)
+	for _, s := range rep.Summaries {
+		line := s.Policy
+		for i, v := range s.AllocPct {
+			nm := math.NaN()
+			if i < len(s.NoMoveAllocPct) {
+				nm = s.NoMoveAllocPct[i]
+			}
+			line += "\t" + fmtPct(v) + "\t" + fmtPct(nm)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.2f\t%.1f\t%.1f\t%s\t%s\t\n", line, s.MovesUsed, s.MovesPer1000, s.PodsMoved, s.PlacedByMoves, fmtIdle(s.Idle), fmtIdle(s.NoMoveIdle))
+	}
+	return tw.Flush()
 }
 
 // writeFailTable is what failed by each FailThresholds point: pods, GPUs
@@ -562,7 +675,25 @@ func runRecord(r *RunResult) []string {
 	if len(r.AllocPct) > 0 {
 		toBound = r.BoundPct - r.AllocPct[len(r.AllocPct)-1]
 	}
-	return append(rec, fmtPct(r.BoundPct), fmtPct(toBound))
+	rec = append(rec, fmtPct(r.BoundPct), fmtPct(toBound))
+	if r.Moves > 0 {
+		rec = append(rec, strconv.Itoa(r.Moves), strconv.Itoa(r.MovesUsed), strconv.Itoa(r.PodsMoved), strconv.Itoa(r.PlacedByMoves))
+		for i := range r.Thresholds {
+			v := math.NaN()
+			if i < len(r.NoMoveAllocPct) {
+				v = r.NoMoveAllocPct[i]
+			}
+			rec = append(rec, fmtPct(v))
+		}
+		for _, x := range []*IdleGPUs{r.Idle, r.NoMoveIdle} {
+			if x == nil {
+				rec = append(rec, "-", "-", "-")
+				continue
+			}
+			rec = append(rec, strconv.FormatFloat(x.Whole, 'f', 3, 64), strconv.FormatFloat(x.Partial, 'f', 3, 64), strconv.FormatFloat(x.Sliver, 'f', 3, 64))
+		}
+	}
+	return rec
 }
 
 func writeCSV(w io.Writer, rep *Report) error {
@@ -593,6 +724,13 @@ func writeCSV(w io.Writer, rep *Report) error {
 		}
 	}
 	hdr = append(hdr, "bound_pct", "to_bound_pct")
+	if len(rep.Runs) > 0 && rep.Runs[0].Moves > 0 {
+		hdr = append(hdr, "moves_per_1000", "moves_used", "pods_moved", "placed_by_moves")
+		for _, t := range rep.Runs[0].Thresholds {
+			hdr = append(hdr, fmt.Sprintf("no_move_alloc_%g", t))
+		}
+		hdr = append(hdr, "idle_whole", "idle_partial", "idle_sliver", "no_move_idle_whole", "no_move_idle_partial", "no_move_idle_sliver")
+	}
 	_ = cw.Write(hdr)
 	for i := range rep.Runs {
 		_ = cw.Write(runRecord(&rep.Runs[i]))

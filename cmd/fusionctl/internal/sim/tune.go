@@ -245,7 +245,7 @@ func Tune(ctx context.Context, o TuneOptions, w io.Writer) error {
 						wp.Frag = *params
 						p, name = wp, "fusiond"
 					}
-					r, err := runProtocol(ctx, t.specs, t.wl[seed], p, name, seed, t.frag[seed], th, sched.TieRanked, dedupable(p, sched.TieRanked), nil)
+					r, err := runProtocol(ctx, t.specs, t.wl[seed], p, name, seed, t.frag[seed], th, sched.TieRanked, replayOpts{dedupe: dedupable(p, sched.TieRanked)})
 					mu.Lock()
 					if err != nil && firstErr == nil {
 						firstErr = err

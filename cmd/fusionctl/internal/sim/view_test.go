@@ -31,11 +31,11 @@ func TestNodeViewMatchesEngine(t *testing.T) {
 				t.Fatalf("%s: not dedupable", pol)
 			}
 			var plain, deduped []int
-			if _, err := runProtocol(context.Background(), specs, wl, p, pol, seed, frag, []float64{10}, sched.TieRanked, false, &plain); err != nil {
+			if _, err := runProtocol(context.Background(), specs, wl, p, pol, seed, frag, []float64{10}, sched.TieRanked, replayOpts{placed: &plain}); err != nil {
 				t.Fatal(err)
 			}
 			p, _ = sched.PolicyByName(pol, frag, nil)
-			if _, err := runProtocol(context.Background(), specs, wl, p, pol, seed, frag, []float64{10}, sched.TieRanked, true, &deduped); err != nil {
+			if _, err := runProtocol(context.Background(), specs, wl, p, pol, seed, frag, []float64{10}, sched.TieRanked, replayOpts{dedupe: true, placed: &deduped}); err != nil {
 				t.Fatal(err)
 			}
 			if i := firstDiff(plain, deduped); i >= 0 {
