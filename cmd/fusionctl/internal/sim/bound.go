@@ -10,15 +10,6 @@ import (
 	"gonum.org/v1/gonum/optimize/convex/lp"
 )
 
-// AllocBound is an upper bound on the GPU allocation (in % of GPU
-// capacity) that any policy following the protocol could reach with the
-// pods that have arrived when the arrived GPU request first reaches
-// arrivedPct of capacity: Bound's Pct.
-func AllocBound(specs []NodeSpec, workload []Pod, arrivedPct float64) (float64, error) {
-	r, err := Bound(specs, workload, arrivedPct)
-	return r.Pct, err
-}
-
 // BoundResult is Bound's answer.
 type BoundResult struct {
 	// Pct is the bound, LoosePct the same LP without forced pods (any

@@ -9,7 +9,7 @@
 // GPUs' energy under a stated power model (PowerModel), per GPU-hour and
 // per unit of delivered compute (A100-equivalent GPU-hours from the GPU
 // model table's FP16 throughput), and an upper bound
-// on what any policy could allocate (AllocBound). NewCommand exposes them
+// on what any policy could allocate (Bound). NewCommand exposes them
 // as `fusionctl simulate`.
 //
 // It runs only offline, in fusionctl; the daemon never links it. It may

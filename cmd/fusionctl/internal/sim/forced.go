@@ -16,7 +16,7 @@ import (
 // placed. Pod i is forced when it fits on some node whatever happened to
 // pods 0..i-1: no placement of any subset of them blocks every node for
 // it. Such a pod is placed in every run of every policy, so the bound's LP
-// may require it (AllocBound: x_s ≥ forced pods of request s).
+// may require it (Bound: x_s ≥ forced pods of request s).
 //
 // Blocking node n for pod p (c cores, m memory, g GPUs of s milli each,
 // allowed models) needs one of

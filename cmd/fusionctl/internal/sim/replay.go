@@ -95,7 +95,7 @@ type RunResult struct {
 	// GPU count of the largest node, which defines a big pod.
 	FailAt  []FailPoint `json:"fail_at"`
 	BigGPUs int         `json:"big_gpus"`
-	// BoundPct is the seed's AllocBound at the last threshold (set by
+	// BoundPct is the seed's Bound (Pct) at the last threshold (set by
 	// Simulate; 0 where nothing computed it).
 	BoundPct float64 `json:"bound_pct"`
 	// Moves is the --moves budget (at most that many moves per 1,000

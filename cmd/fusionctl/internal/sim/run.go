@@ -183,7 +183,7 @@ type Report struct {
 	Shapes string `json:"shapes"`
 	// BigGPUs is the largest node's GPU count (a big pod asks for that many).
 	BigGPUs int `json:"big_gpus"`
-	// BoundPct is AllocBound at the last threshold, mean over seeds: no
+	// BoundPct is Bound's Pct at the last threshold, mean over seeds: no
 	// policy can allocate more. LooseBoundPct is the same without forced
 	// pods (Bound's LoosePct); ForcedPods and ArrivedGPUPods are Bound's
 	// Forced and Arrived, mean over seeds.

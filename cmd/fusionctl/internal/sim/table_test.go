@@ -42,7 +42,7 @@ func ReadPublished(r io.Reader) (Published, error) {
 }
 
 // MarkdownTable renders allocation at 130 % per trace and policy, ours
-// next to the paper's where published, the upper bound (AllocBound), and
+// next to the paper's where published, the upper bound (Bound), and
 // fusiond against FGD (ours and the paper's), with the big pods fusiond
 // and FGD failed by 100 % arrived.
 func MarkdownTable(reps []*Report, pub Published) string {
