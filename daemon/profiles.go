@@ -14,6 +14,7 @@ import (
 
 	"github.com/fusiond/fusiond/daemon/api"
 	"github.com/fusiond/fusiond/daemon/internal/apiserver"
+	"github.com/fusiond/fusiond/daemon/internal/atomicfile"
 	"github.com/fusiond/fusiond/daemon/internal/telemetry"
 	"github.com/fusiond/fusiond/daemon/profile"
 )
@@ -257,7 +258,7 @@ func (l *profileLearner) save() error {
 	if !dirty {
 		return nil
 	}
-	err := writeAtomic(l.path, func(f *os.File) error { return l.book.Save(f) })
+	err := atomicfile.Write(l.path, 0o600, func(f *os.File) error { return l.book.Save(f) })
 	if err != nil {
 		l.mu.Lock()
 		l.dirty = true // try again next time
@@ -265,37 +266,6 @@ func (l *profileLearner) save() error {
 		return fmt.Errorf("profiles: %w", err)
 	}
 	return nil
-}
-
-// writeAtomic writes path through write: a temporary file beside it,
-// fsynced, renamed over it, and the directory fsynced.
-func writeAtomic(path string, write func(*os.File) error) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // after the rename, nothing to remove
-	if err := write(tmp); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // visibleOwner is the owner a caller may see profiles of: any for an

@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/fusiond/fusiond/daemon/internal/atomicfile"
 )
 
 // The features file is node-feature-discovery's local-source format: one
@@ -88,41 +90,18 @@ func (f *featuresFile) update(features map[string]string) (skipped []string, err
 	return skipped, nil
 }
 
-// writeAtomic replaces path by content: a hidden temporary file in the same
-// directory, synced, then renamed over path. It makes the directory.
-func writeAtomic(path string, content []byte) (err error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+// writeAtomic replaces path by content (atomicfile.Write), readable by
+// all as node-feature-discovery expects. It makes the directory.
+func writeAtomic(path string, content []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("features file: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	err := atomicfile.Write(path, 0o644, func(f *os.File) error {
+		_, err := f.Write(content)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("features file: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if _, err := tmp.Write(content); err != nil {
-		return fmt.Errorf("features file: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		return fmt.Errorf("features file: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return fmt.Errorf("features file: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("features file: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("features file: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // the rename survives a crash; best effort
-		_ = d.Close()
 	}
 	return nil
 }
