@@ -102,6 +102,17 @@ func TestBoundChangesNoDecision(t *testing.T) {
 				p := NewWeighted(nil, model())
 				p.ModelTable = seed%2 == 0
 				p.Frag = params[seed%uint64(len(params))]
+				if seed == 9 {
+					// A negative weight (the daemon's config refuses them,
+					// the public field does not): no bound holds, none may
+					// skip a node.
+					prof := map[Class]Weights{}
+					for c, w := range p.Profiles {
+						w[DimEnergy] = -0.3
+						prof[c] = w
+					}
+					p.Profiles = prof
+				}
 				return p
 			}
 			bounded := &countBelow{Weighted: newPolicy()}

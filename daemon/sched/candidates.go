@@ -156,7 +156,10 @@ func (p *Weighted) weightsFor(req *Request) Weights {
 func (p *Weighted) choices(req *Request, n *Node, idx, keep int, floor float64, orEqual bool, out []Choice) ([]Choice, bool) {
 	w := p.weightsFor(req)
 	mig := req.MIGProfile != ""
-	bounded := keep <= 1 && !math.IsInf(floor, -1)
+	// The bounds take dimensions at their maximum, an upper bound only
+	// while no weight is negative (the daemon's config refuses negative
+	// weights; Weighted.Profiles is a public field).
+	bounded := keep <= 1 && !math.IsInf(floor, -1) && !slices.ContainsFunc(w[:], func(x float64) bool { return x < 0 })
 	// A bound below floor, or equal to it with orEqual, cannot win. The
 	// state bound and the entry bound take the other dimensions at 1;
 	// only where that leaves the node to be scored does the entry bound

@@ -26,13 +26,14 @@ type mover struct {
 	moved    map[string]bool
 	used     int
 	byMoves  int
-	// noPlan remembers, per pod shape (noPlanKey), the moves made and the
-	// budget when planning for it last found nothing.
-	noPlan map[string][2]int
+	// noPlan remembers, per pod shape (noPlanKey), the moves made, the
+	// budget and the movable pods placed when planning for it last found
+	// nothing.
+	noPlan map[string][3]int
 }
 
 func newMover(perMille int, eng *sched.Engine, nodes []*sched.Node, view *nodeView) *mover {
-	return &mover{perMille: perMille, eng: eng, nodes: nodes, view: view, at: map[string]int{}, moved: map[string]bool{}, noPlan: map[string][2]int{}}
+	return &mover{perMille: perMille, eng: eng, nodes: nodes, view: view, at: map[string]int{}, moved: map[string]bool{}, noPlan: map[string][3]int{}}
 }
 
 // movable says whether a pod may be moved: best-effort ones only.
@@ -58,9 +59,10 @@ func (m *mover) placed(req *sched.Request, a *sched.Assignment, arrival int) {
 // fits nowhere. Moves are spent only on pods that ask for GPU: the
 // protocol measures GPU allocation, which a CPU-only pod does not raise.
 // A pod of a shape for which planning found nothing is not planned again
-// until a move is made or the budget grows: in the protocol nothing else
-// frees resources, so the cluster has only filled up since (the bounded
-// search could in principle find a plan there that it missed before). It returns req's assignment when it placed it; an error
+// until a move is made, the budget grows or another movable pod is
+// placed: in the protocol nothing else frees resources or adds victims, so
+// the cluster has only filled up since (the bounded search could in
+// principle find a plan there that it missed before). It returns req's assignment when it placed it; an error
 // only when a plan does not apply (a planner bug, not a missing plan).
 func (m *mover) tryMoves(req *sched.Request, arrived int) (sched.Assignment, bool, error) {
 	budget := m.allowed(arrived)
@@ -68,12 +70,12 @@ func (m *mover) tryMoves(req *sched.Request, arrived int) (sched.Assignment, boo
 		return sched.Assignment{}, false, nil
 	}
 	key := noPlanKey(req)
-	if last, seen := m.noPlan[key]; seen && last[0] == m.used && budget <= last[1] {
+	if last, seen := m.noPlan[key]; seen && last[0] == m.used && budget <= last[1] && last[2] == len(m.items) {
 		return sched.Assignment{}, false, nil
 	}
 	plan, ok := m.eng.PlanMoves(req, m.nodes, m.items, budget)
 	if !ok {
-		m.noPlan[key] = [2]int{m.used, budget}
+		m.noPlan[key] = [3]int{m.used, budget, len(m.items)}
 		return sched.Assignment{}, false, nil
 	}
 	if len(plan.Moves) > budget {
