@@ -106,7 +106,7 @@ func (e *Engine) PlanMoves(req *Request, nodes []*Node, movable []Movable, maxMo
 		}
 		byNode[ni] = append(byNode[ni], i)
 	}
-	pl := &planner{e: e, req: req, nodes: nodes, movable: movable, fits: map[moveShape][2]int{}, alone: map[int]bool{}}
+	pl := &planner{e: e, req: req, nodes: nodes, movable: movable, fits: map[MoveShape][2]int{}, alone: map[int]bool{}}
 	targets := make([]int, 0, len(byNode))
 	for ni, items := range byNode {
 		if pl.targetPossible(nodes[ni], items) {
@@ -170,7 +170,7 @@ type planner struct {
 	scratch Node
 	// fits holds, per request shape, the first two node indices it fits
 	// on as the nodes are (-1: none), for fitsElsewhere.
-	fits map[moveShape][2]int
+	fits map[MoveShape][2]int
 	// alone marks the items whose removal alone lets the head pass
 	// Filter on their node: a larger set holding one is not minimal.
 	alone map[int]bool
@@ -196,16 +196,20 @@ func (s shortfall) useful(m *Movable) bool {
 		(s.devices && (len(a.GPUs) > 0 || a.MIG != nil || len(a.Cores) > 0 || a.FPGA >= 0))
 }
 
-// moveShape is what Filter reads of a request.
-type moveShape struct {
+// MoveShape is what Filter reads of a request.
+// MoveShape is what the planner reads of a request, comparable: callers
+// that remember planning per request shape (the simulator's no-plan memo)
+// key on it.
+type MoveShape struct {
 	cpu, mem, gpuMilli, gpuMem int64
 	gpus, cores, migSlices     int
 	models, owner, mig, bits   string
 	topo                       TopologyPolicy
 }
 
-func moveShapeOf(r *Request) moveShape {
-	return moveShape{cpu: r.CPUMilli, mem: r.MemMiB, gpuMilli: r.GPUMilli, gpuMem: r.GPUMemMiB, gpus: r.GPUs, cores: r.ExclusiveCores,
+// MoveShapeOf is r's MoveShape.
+func MoveShapeOf(r *Request) MoveShape {
+	return MoveShape{cpu: r.CPUMilli, mem: r.MemMiB, gpuMilli: r.GPUMilli, gpuMem: r.GPUMemMiB, gpus: r.GPUs, cores: r.ExclusiveCores,
 		migSlices: r.MIGSlices, models: strings.Join(r.GPUModels, "|"), owner: r.Owner, mig: r.MIGProfile, bits: r.Bitstream, topo: r.Topology}
 }
 
@@ -213,7 +217,7 @@ func moveShapeOf(r *Request) moveShape {
 // on a node other than ni (the one it is taken off).
 func (p *planner) fitsElsewhere(v, ni int) bool {
 	r := &p.movable[v].Req
-	k := moveShapeOf(r)
+	k := MoveShapeOf(r)
 	f, ok := p.fits[k]
 	if !ok {
 		f = [2]int{-1, -1}

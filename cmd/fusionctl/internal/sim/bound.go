@@ -62,6 +62,9 @@ func Bound(specs []NodeSpec, workload []Pod, arrivedPct float64) (BoundResult, e
 	if math.IsNaN(arrivedPct) || arrivedPct < 0 {
 		return BoundResult{}, fmt.Errorf("%w: bound at %g%% arrived", ErrBadOption, arrivedPct)
 	}
+	if err := validPods(workload); err != nil {
+		return BoundResult{}, err
+	}
 	capMilli := total * sched.MilliPerGPU
 	var arrivedPods []*Pod
 	var arrived int64

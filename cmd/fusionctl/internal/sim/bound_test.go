@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -388,6 +389,25 @@ func TestDistanceToBoundPrinted(t *testing.T) {
 		r := rep.Runs[i]
 		if f[len(f)-2] != fmtPct(r.BoundPct) || f[len(f)-1] != fmtPct(r.BoundPct-r.AllocPct[len(r.AllocPct)-1]) {
 			t.Errorf("csv row %q: bound %.4f, allocation %.4f", l, r.BoundPct, r.AllocPct[len(r.AllocPct)-1])
+		}
+	}
+}
+
+// TestBoundRefusesInvalidPods: the forcing argument and the cuts assume
+// valid requests; a pod that is not one (negative CPU, a share over
+// several GPUs) is an error, not a bound.
+func TestBoundRefusesInvalidPods(t *testing.T) {
+	specs := []NodeSpec{{Name: "n", CPUMilli: 8000, MemMiB: 8192, GPUs: 2, Model: "A"}}
+	for _, bad := range []Pod{
+		{Name: "neg", CPUMilli: -1, MemMiB: 1, GPUs: 1, GPUMilli: 1000},
+		{Name: "multishare", CPUMilli: 1000, MemMiB: 1, GPUs: 2, GPUMilli: 500},
+	} {
+		pods := []Pod{{Name: "ok", CPUMilli: 1000, MemMiB: 1, GPUs: 1, GPUMilli: 1000}, bad}
+		if _, err := Bound(specs, pods, 130); !errors.Is(err, ErrBadTrace) {
+			t.Errorf("%s: Bound error %v, want ErrBadTrace", bad.Name, err)
+		}
+		if _, err := ForcedPods(specs, pods, len(pods)); !errors.Is(err, ErrBadTrace) {
+			t.Errorf("%s: ForcedPods error %v, want ErrBadTrace", bad.Name, err)
 		}
 	}
 }

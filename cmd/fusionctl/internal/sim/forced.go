@@ -116,7 +116,6 @@ type forcedChecker struct {
 	// base[j] = Σ_t N_t min_d λ_d k_{t,d} at cands[j].
 	cands [][3]float64
 	base  []float64
-	scale [3]float64
 	// never: no node can hold the pod even empty.
 	never bool
 }
@@ -139,7 +138,7 @@ func newForcedChecker(kinds []nodeKind, p *Pod, scale [3]float64) *forcedChecker
 			gpuBlocks(nk.spec, p) / scale[2],
 		}})
 	}
-	fc := &forcedChecker{scale: scale, never: len(ts) == 0}
+	fc := &forcedChecker{never: len(ts) == 0}
 	if fc.never {
 		return fc
 	}
@@ -264,6 +263,9 @@ func ForcedPods(specs []NodeSpec, workload []Pod, n int) ([]bool, error) {
 	if n < 0 || n > len(workload) {
 		return nil, fmt.Errorf("%w: forced pods: %d of %d pods", ErrBadOption, n, len(workload))
 	}
+	if err := validPods(workload[:n]); err != nil {
+		return nil, err
+	}
 	kinds := nodeKinds(specs)
 	var scale [3]float64
 	for _, k := range kinds {
@@ -358,4 +360,17 @@ func overlap(a, b string) bool {
 		}
 	}
 	return false
+}
+
+// validPods checks that every pod is a valid request: the forcing argument
+// and the LP's cuts assume what sched.Request.Validate (and ReadPods)
+// ensure — no negative amounts, a share only for one GPU.
+func validPods(pods []Pod) error {
+	for i := range pods {
+		r := pods[i].Request()
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("%w: pod %d (%s): %w", ErrBadTrace, i, pods[i].Name, err)
+		}
+	}
+	return nil
 }

@@ -3,7 +3,6 @@ package sim
 import (
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/fusiond/fusiond/daemon/sched"
 )
@@ -26,14 +25,14 @@ type mover struct {
 	moved    map[string]bool
 	used     int
 	byMoves  int
-	// noPlan remembers, per pod shape (noPlanKey), the moves made, the
+	// noPlan remembers, per pod shape (sched.MoveShape), the moves made, the
 	// budget and the movable pods placed when planning for it last found
 	// nothing.
-	noPlan map[string][3]int
+	noPlan map[sched.MoveShape][3]int
 }
 
 func newMover(perMille int, eng *sched.Engine, nodes []*sched.Node, view *nodeView) *mover {
-	return &mover{perMille: perMille, eng: eng, nodes: nodes, view: view, at: map[string]int{}, moved: map[string]bool{}, noPlan: map[string][3]int{}}
+	return &mover{perMille: perMille, eng: eng, nodes: nodes, view: view, at: map[string]int{}, moved: map[string]bool{}, noPlan: map[sched.MoveShape][3]int{}}
 }
 
 // movable says whether a pod may be moved: best-effort ones only.
@@ -69,7 +68,7 @@ func (m *mover) tryMoves(req *sched.Request, arrived int) (sched.Assignment, boo
 	if budget <= 0 || (req.GPUs == 0 && req.MIGProfile == "") {
 		return sched.Assignment{}, false, nil
 	}
-	key := noPlanKey(req)
+	key := sched.MoveShapeOf(req)
 	if last, seen := m.noPlan[key]; seen && last[0] == m.used && budget <= last[1] && last[2] == len(m.items) {
 		return sched.Assignment{}, false, nil
 	}
@@ -117,9 +116,4 @@ func (m *mover) changed(i int) {
 // report writes the moves' figures into res.
 func (m *mover) report(res *RunResult) {
 	res.MovesUsed, res.PodsMoved, res.PlacedByMoves = m.used, len(m.moved), m.byMoves
-}
-
-// noPlanKey is what PlanMoves reads of a pod's request, as a map key.
-func noPlanKey(r *sched.Request) string {
-	return fmt.Sprintf("%d/%d/%d/%d/%d/%s/%s/%d/%d", r.CPUMilli, r.ExclusiveCores, r.MemMiB, r.GPUs, r.GPUMilli, strings.Join(r.GPUModels, "|"), r.MIGProfile, r.MIGSlices, r.GPUMemMiB)
 }

@@ -395,13 +395,16 @@ func RunTimed(ctx context.Context, specs []NodeSpec, pods []Pod, policy string, 
 	return res, nil
 }
 
+// percentile is the nearest-rank p-quantile of v (0 ≤ p ≤ 1): the
+// smallest value with at least p of v at or below it, so the median of
+// an even count is the lower middle value.
 func percentile(v []float64, p float64) float64 {
 	if len(v) == 0 {
 		return 0
 	}
 	s := slices.Clone(v)
 	slices.Sort(s)
-	return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)]
+	return s[max(0, min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1))]
 }
 
 func mean(v []float64) float64 {
