@@ -127,7 +127,7 @@ func observation(j api.Job, started, ended time.Time, failed bool, run telemetry
 
 // runTaker hands over a job attempt's usage summary (*telemetry.Bus).
 type runTaker interface {
-	TakeRun(id string) (telemetry.RunSummary, bool)
+	TakeRun(id string, started time.Time) (telemetry.RunSummary, bool)
 }
 
 // profileLearner feeds the profile book from ended job attempts, keeps it
@@ -204,7 +204,7 @@ func (l *profileLearner) Book() *profile.Book { return l.book }
 // runEnded is jobs.Config.RunEnded: it folds an ended attempt in. A job
 // with neither name nor labels has no key and is not learned from.
 func (l *profileLearner) runEnded(j api.Job, started, ended time.Time, failed bool) {
-	run, sampled := l.runs.TakeRun(j.ID)
+	run, sampled := l.runs.TakeRun(j.ID, started)
 	o := observation(j, started, ended, failed, run, sampled)
 	if err := l.book.Observe(o); err != nil {
 		l.log.Debug("job not profiled", "job", j.ID, "err", err)

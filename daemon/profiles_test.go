@@ -44,7 +44,7 @@ func TestProfilesConfig(t *testing.T) {
 
 type fakeRuns map[string]telemetry.RunSummary
 
-func (f fakeRuns) TakeRun(id string) (telemetry.RunSummary, bool) {
+func (f fakeRuns) TakeRun(id string, _ time.Time) (telemetry.RunSummary, bool) {
 	s, ok := f[id]
 	delete(f, id)
 	return s, ok
