@@ -64,7 +64,8 @@ func (c ProfilesConfig) validate() (string, error) {
 }
 
 func (c ProfilesConfig) options() profile.Options {
-	return profile.Options{MaxProfiles: c.MaxProfiles, HalfLife: time.Duration(c.HalfLife), MinRuns: c.MinRuns, Headroom: c.Headroom}
+	headroom := c.Headroom // 0 is no headroom, not the package's default
+	return profile.Options{MaxProfiles: c.MaxProfiles, HalfLife: time.Duration(c.HalfLife), MinRuns: c.MinRuns, Headroom: &headroom}
 }
 
 // profilesFile is where the profiles are kept, under the state directory.

@@ -27,6 +27,14 @@ func TestProfilesConfig(t *testing.T) {
 		!cfg.Profiles.Enabled || time.Duration(cfg.Profiles.SaveInterval) != 5*time.Minute {
 		t.Fatalf("not merged over the defaults: %+v", cfg.Profiles)
 	}
+	// headroom: 0 reaches the book as no headroom, not its default.
+	cfg = DefaultConfig()
+	if err := ParseConfig([]byte("profiles: {headroom: 0}\n"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if h := cfg.Profiles.options().Headroom; h == nil || *h != 0 {
+		t.Fatalf("headroom 0 passed to the profile book as %v", h)
+	}
 	for body, key := range map[string]string{
 		"profiles: {max_profiles: 0}\n":       "profiles.max_profiles",
 		"profiles: {half_life: 1s}\n":         "profiles.half_life",

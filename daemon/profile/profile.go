@@ -190,7 +190,7 @@ type Profile struct {
 	Requested Usage `json:"requested"`
 }
 
-// Options tunes a Book. Zero fields take the defaults.
+// Options tunes a Book. Zero (nil) fields take the defaults.
 type Options struct {
 	// MaxProfiles bounds the profiles held (default 4096); the least
 	// recently seen is evicted first.
@@ -205,8 +205,8 @@ type Options struct {
 	// (default 1).
 	EstimateMinRuns int
 	// Headroom is the share added to the observed p95 peak for a
-	// suggested request (default 0.2: 20%).
-	Headroom float64
+	// suggested request (nil: the default 0.2, 20%; a 0 is no headroom).
+	Headroom *float64
 }
 
 // Defaults.
@@ -218,8 +218,8 @@ const (
 	DefaultHeadroom        = 0.2
 )
 
-// Validate says whether o's set fields are sane (zero fields are fine:
-// they take the defaults).
+// Validate says whether o's set fields are sane (zero and nil fields are
+// fine: they take the defaults).
 func (o Options) Validate() error {
 	switch {
 	case o.MaxProfiles < 0:
@@ -230,8 +230,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("profile options: half-life %v < 1s", o.HalfLife)
 	case o.MinRuns < 0 || o.EstimateMinRuns < 0:
 		return errors.New("profile options: negative run threshold")
-	case !finite(o.Headroom) || o.Headroom < 0 || o.Headroom > 10:
-		return fmt.Errorf("profile options: headroom %v not in [0, 10]", o.Headroom)
+	case o.Headroom != nil && !(*o.Headroom >= 0 && *o.Headroom <= 10):
+		return fmt.Errorf("profile options: headroom %v not in [0, 10]", *o.Headroom)
 	}
 	return nil
 }
@@ -252,8 +252,12 @@ func (o Options) withDefaults() Options {
 	if o.EstimateMinRuns <= 0 {
 		o.EstimateMinRuns = DefaultEstimateMinRuns
 	}
-	if !finite(o.Headroom) || o.Headroom <= 0 || o.Headroom > 10 {
-		o.Headroom = DefaultHeadroom
+	if o.Headroom == nil || !(*o.Headroom >= 0 && *o.Headroom <= 10) {
+		h := DefaultHeadroom
+		o.Headroom = &h
+	} else {
+		h := *o.Headroom // the Book's own copy
+		o.Headroom = &h
 	}
 	return o
 }
@@ -518,7 +522,7 @@ func (b *Book) Recommend(k Key, requested Usage) (Recommendation, bool) {
 		if req[i] == 0 {
 			continue
 		}
-		s := math.Ceil(peaks[i]*(1+b.o.Headroom)/steps[i]) * steps[i]
+		s := math.Ceil(peaks[i]*(1+*b.o.Headroom)/steps[i]) * steps[i]
 		if i <= 1 && s < steps[i] {
 			s = steps[i]
 		}

@@ -433,3 +433,43 @@ func TestSketch(t *testing.T) {
 		t.Fatal("empty sketch not zero")
 	}
 }
+
+// A Headroom of 0 is no headroom, not the default; nil is the default.
+func TestRecommendHeadroom(t *testing.T) {
+	req := Usage{CPUMilli: 4000, MemMiB: 4096}
+	suggest := func(o Options) Usage {
+		t.Helper()
+		o.Now = func() time.Time { return t0 }
+		b := New(o)
+		for range 5 {
+			err := b.Observe(Observation{Key: key("h"), At: t0, RunSeconds: 3, Requested: req,
+				Typical: Usage{CPUMilli: 100, MemMiB: 50}, Peak: Usage{CPUMilli: 210, MemMiB: 100}})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, ok := b.Recommend(key("h"), req)
+		if !ok {
+			t.Fatal("no recommendation")
+		}
+		return r.Suggested
+	}
+	zero, half := 0.0, 0.5
+	for _, c := range []struct {
+		what string
+		h    *float64
+		want Usage
+	}{
+		{"nil (the default 20%)", nil, Usage{CPUMilli: 300, MemMiB: 128}}, // 252 → 300m, 120 → 128 MiB
+		{"0", &zero, Usage{CPUMilli: 250, MemMiB: 128}},                   // 210 → 250m, 100 → 128 MiB
+		{"0.5", &half, Usage{CPUMilli: 350, MemMiB: 192}},                 // 315 → 350m, 150 → 192 MiB
+	} {
+		if got := suggest(Options{Headroom: c.h}); got != c.want {
+			t.Errorf("headroom %s: suggested %+v, want %+v", c.what, got, c.want)
+		}
+	}
+	bad := -0.1
+	if err := (Options{Headroom: &bad}).Validate(); err == nil {
+		t.Error("a negative headroom validated")
+	}
+}
