@@ -27,6 +27,11 @@ type ProfilesConfig struct {
 	// MaxProfiles bounds the profiles kept (1..1000000; default 4096);
 	// the least recently seen is dropped first.
 	MaxProfiles int `json:"max_profiles"`
+	// MaxPerOwner bounds the profiles kept of one owner (1..1000000;
+	// default 256; one above MaxProfiles is MaxProfiles): an owner at the
+	// bound loses its own least recently seen profile to a new one, never
+	// another owner's.
+	MaxPerOwner int `json:"max_per_owner"`
 	// HalfLife is how long until a run weighs half (≥ 1m; default 168h).
 	HalfLife Duration `json:"half_life"`
 	// SaveInterval is how often the profiles are written to
@@ -43,7 +48,7 @@ type ProfilesConfig struct {
 
 // DefaultProfilesConfig learns profiles with a week's half-life.
 func DefaultProfilesConfig() ProfilesConfig {
-	return ProfilesConfig{Enabled: true, MaxProfiles: profile.DefaultMaxProfiles, HalfLife: Duration(profile.DefaultHalfLife),
+	return ProfilesConfig{Enabled: true, MaxProfiles: profile.DefaultMaxProfiles, MaxPerOwner: profile.DefaultMaxPerOwner, HalfLife: Duration(profile.DefaultHalfLife),
 		SaveInterval: Duration(5 * time.Minute), MinRuns: profile.DefaultMinRuns, Headroom: profile.DefaultHeadroom}
 }
 
@@ -51,6 +56,8 @@ func (c ProfilesConfig) validate() (string, error) {
 	switch {
 	case c.MaxProfiles < 1 || c.MaxProfiles > 1_000_000:
 		return "profiles.max_profiles", fmt.Errorf("between 1 and 1000000, got %d", c.MaxProfiles)
+	case c.MaxPerOwner < 1 || c.MaxPerOwner > 1_000_000:
+		return "profiles.max_per_owner", fmt.Errorf("between 1 and 1000000, got %d", c.MaxPerOwner)
 	case c.HalfLife < Duration(time.Minute):
 		return "profiles.half_life", fmt.Errorf("at least 1m, got %v", time.Duration(c.HalfLife))
 	case c.SaveInterval < Duration(time.Second):
@@ -65,7 +72,7 @@ func (c ProfilesConfig) validate() (string, error) {
 
 func (c ProfilesConfig) options() profile.Options {
 	headroom := c.Headroom // 0 is no headroom, not the package's default
-	return profile.Options{MaxProfiles: c.MaxProfiles, HalfLife: time.Duration(c.HalfLife), MinRuns: c.MinRuns, Headroom: &headroom}
+	return profile.Options{MaxProfiles: c.MaxProfiles, MaxPerOwner: c.MaxPerOwner, HalfLife: time.Duration(c.HalfLife), MinRuns: c.MinRuns, Headroom: &headroom}
 }
 
 // profilesFile is where the profiles are kept, under the state directory.
