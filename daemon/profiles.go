@@ -27,6 +27,11 @@ type ProfilesConfig struct {
 	// MaxProfiles bounds the profiles kept (1..1000000; default 4096);
 	// the least recently seen is dropped first.
 	MaxProfiles int `json:"max_profiles"`
+	// MaxPerOwner bounds the profiles kept of one owner (1..1000000;
+	// default 256; one above MaxProfiles is MaxProfiles): an owner at the
+	// bound loses its own least recently seen profile to a new one, never
+	// another owner's.
+	MaxPerOwner int `json:"max_per_owner"`
 	// HalfLife is how long until a run weighs half (≥ 1m; default 168h).
 	HalfLife Duration `json:"half_life"`
 	// SaveInterval is how often the profiles are written to
@@ -43,7 +48,7 @@ type ProfilesConfig struct {
 
 // DefaultProfilesConfig learns profiles with a week's half-life.
 func DefaultProfilesConfig() ProfilesConfig {
-	return ProfilesConfig{Enabled: true, MaxProfiles: profile.DefaultMaxProfiles, HalfLife: Duration(profile.DefaultHalfLife),
+	return ProfilesConfig{Enabled: true, MaxProfiles: profile.DefaultMaxProfiles, MaxPerOwner: profile.DefaultMaxPerOwner, HalfLife: Duration(profile.DefaultHalfLife),
 		SaveInterval: Duration(5 * time.Minute), MinRuns: profile.DefaultMinRuns, Headroom: profile.DefaultHeadroom}
 }
 
@@ -51,6 +56,8 @@ func (c ProfilesConfig) validate() (string, error) {
 	switch {
 	case c.MaxProfiles < 1 || c.MaxProfiles > 1_000_000:
 		return "profiles.max_profiles", fmt.Errorf("between 1 and 1000000, got %d", c.MaxProfiles)
+	case c.MaxPerOwner < 1 || c.MaxPerOwner > 1_000_000:
+		return "profiles.max_per_owner", fmt.Errorf("between 1 and 1000000, got %d", c.MaxPerOwner)
 	case c.HalfLife < Duration(time.Minute):
 		return "profiles.half_life", fmt.Errorf("at least 1m, got %v", time.Duration(c.HalfLife))
 	case c.SaveInterval < Duration(time.Second):
@@ -64,7 +71,8 @@ func (c ProfilesConfig) validate() (string, error) {
 }
 
 func (c ProfilesConfig) options() profile.Options {
-	return profile.Options{MaxProfiles: c.MaxProfiles, HalfLife: time.Duration(c.HalfLife), MinRuns: c.MinRuns, Headroom: c.Headroom}
+	headroom := c.Headroom // 0 is no headroom, not the package's default
+	return profile.Options{MaxProfiles: c.MaxProfiles, MaxPerOwner: c.MaxPerOwner, HalfLife: time.Duration(c.HalfLife), MinRuns: c.MinRuns, Headroom: &headroom}
 }
 
 // profilesFile is where the profiles are kept, under the state directory.
@@ -127,7 +135,7 @@ func observation(j api.Job, started, ended time.Time, failed bool, run telemetry
 
 // runTaker hands over a job attempt's usage summary (*telemetry.Bus).
 type runTaker interface {
-	TakeRun(id string) (telemetry.RunSummary, bool)
+	TakeRun(id string, started time.Time) (telemetry.RunSummary, bool)
 }
 
 // profileLearner feeds the profile book from ended job attempts, keeps it
@@ -204,7 +212,7 @@ func (l *profileLearner) Book() *profile.Book { return l.book }
 // runEnded is jobs.Config.RunEnded: it folds an ended attempt in. A job
 // with neither name nor labels has no key and is not learned from.
 func (l *profileLearner) runEnded(j api.Job, started, ended time.Time, failed bool) {
-	run, sampled := l.runs.TakeRun(j.ID)
+	run, sampled := l.runs.TakeRun(j.ID, started)
 	o := observation(j, started, ended, failed, run, sampled)
 	if err := l.book.Observe(o); err != nil {
 		l.log.Debug("job not profiled", "job", j.ID, "err", err)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,29 @@ func TestProfilesConfig(t *testing.T) {
 		!cfg.Profiles.Enabled || time.Duration(cfg.Profiles.SaveInterval) != 5*time.Minute {
 		t.Fatalf("not merged over the defaults: %+v", cfg.Profiles)
 	}
+	// max_per_owner reaches the book; max_profiles below it bounds it.
+	cfg = DefaultConfig()
+	if err := ParseConfig([]byte("profiles: {max_profiles: 100, max_per_owner: 3}\n"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if o := cfg.Profiles.options(); o.MaxPerOwner != 3 || o.MaxProfiles != 100 {
+		t.Fatalf("options %+v, want 3 per owner of 100", o)
+	}
+	b := profile.New(cfg.Profiles.options())
+	for i := range 5 {
+		_ = b.Observe(profile.Observation{Key: profile.Key{Owner: "alice", Name: strconv.Itoa(i)}, RunSeconds: 1})
+	}
+	if b.Len() != 3 {
+		t.Fatalf("%d of one owner's profiles kept, max_per_owner 3", b.Len())
+	}
+	// headroom: 0 reaches the book as no headroom, not its default.
+	cfg = DefaultConfig()
+	if err := ParseConfig([]byte("profiles: {headroom: 0}\n"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if h := cfg.Profiles.options().Headroom; h == nil || *h != 0 {
+		t.Fatalf("headroom 0 passed to the profile book as %v", h)
+	}
 	for body, key := range map[string]string{
 		"profiles: {max_profiles: 0}\n":       "profiles.max_profiles",
 		"profiles: {half_life: 1s}\n":         "profiles.half_life",
@@ -34,6 +58,8 @@ func TestProfilesConfig(t *testing.T) {
 		"profiles: {min_runs: 0}\n":           "profiles.min_runs",
 		"profiles: {headroom: -0.5}\n":        "profiles.headroom",
 		"profiles: {max_profiles: 2000000}\n": "profiles.max_profiles",
+		"profiles: {max_per_owner: 0}\n":      "profiles.max_per_owner",
+		"profiles: {max_per_owner: -3}\n":     "profiles.max_per_owner",
 	} {
 		cfg := DefaultConfig()
 		if err := ParseConfig([]byte(body), &cfg); err == nil || !strings.Contains(err.Error(), key) {
@@ -44,7 +70,7 @@ func TestProfilesConfig(t *testing.T) {
 
 type fakeRuns map[string]telemetry.RunSummary
 
-func (f fakeRuns) TakeRun(id string) (telemetry.RunSummary, bool) {
+func (f fakeRuns) TakeRun(id string, _ time.Time) (telemetry.RunSummary, bool) {
 	s, ok := f[id]
 	delete(f, id)
 	return s, ok

@@ -84,7 +84,7 @@ func (t telemetryJobs) Running() []telemetry.JobRef {
 	list := m.Running()
 	out := make([]telemetry.JobRef, len(list))
 	for i, j := range list {
-		out[i] = telemetry.JobRef{ID: j.ID, GPUs: gpuHolds(j)}
+		out[i] = telemetry.JobRef{ID: j.ID, Started: j.StartedAt, GPUs: gpuHolds(j)}
 	}
 	return out
 }

@@ -53,8 +53,9 @@ func (b *Book) Save(w io.Writer) error {
 
 // Load reads a Book that Save wrote. A file that is not one, of another
 // version, larger than MaxFileBytes, or with any profile out of bounds
-// is an error and no Book. When it holds more than o's MaxProfiles, the
-// least recently seen are dropped.
+// is an error and no Book. When it holds more than o's MaxPerOwner
+// profiles of an owner, that owner's least recently seen are dropped;
+// then, when it holds more than MaxProfiles, the least recently seen.
 func Load(r io.Reader, o Options) (*Book, error) {
 	if err := o.Validate(); err != nil {
 		return nil, fmt.Errorf("profile: load: %w", err)
@@ -89,9 +90,12 @@ func Load(r io.Reader, o Options) (*Book, error) {
 		if _, dup := b.m[e.Key]; dup {
 			return nil, fmt.Errorf("profile: load: profile %d: key %q/%q/%q twice", i, e.Key.Owner, e.Key.Name, e.Key.Class)
 		}
-		b.m[e.Key] = e
+		b.putLocked(e)
 	}
-	b.evictLocked(len(b.m) - b.o.MaxProfiles)
+	for owner, n := range b.owners {
+		b.evictLocked(n-b.o.MaxPerOwner, owner, true)
+	}
+	b.evictLocked(len(b.m)-b.o.MaxProfiles, "", false)
 	return b, nil
 }
 

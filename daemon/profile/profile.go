@@ -9,7 +9,10 @@
 // histogram (about 4.4% per bucket, at most 64 buckets) whose
 // weights decay by half every HalfLife, so recent runs count more and a
 // profile's memory is bounded; the Book holds at most MaxProfiles
-// profiles and evicts the least recently seen. It is pure: no I/O but
+// profiles, at most MaxPerOwner of them one owner's, and evicts the least
+// recently seen (the owner's own first when that owner is at its bound,
+// so one owner's new kinds of job never push out another's profiles
+// while the Book has room). It is pure: no I/O but
 // the io.Writer and io.Reader given to Save and Load, and the clock only
 // through Options.Now.
 package profile
@@ -190,11 +193,16 @@ type Profile struct {
 	Requested Usage `json:"requested"`
 }
 
-// Options tunes a Book. Zero fields take the defaults.
+// Options tunes a Book. Zero (nil) fields take the defaults.
 type Options struct {
 	// MaxProfiles bounds the profiles held (default 4096); the least
 	// recently seen is evicted first.
 	MaxProfiles int
+	// MaxPerOwner bounds the profiles held of one owner (default 256, or
+	// MaxProfiles when that is less; one above MaxProfiles is
+	// MaxProfiles): a new key of an owner at the bound evicts that
+	// owner's least recently seen profile rather than anyone else's.
+	MaxPerOwner int
 	// HalfLife is how long until a run weighs half (default 7 days).
 	HalfLife time.Duration
 	// Now is the clock (default time.Now).
@@ -205,33 +213,36 @@ type Options struct {
 	// (default 1).
 	EstimateMinRuns int
 	// Headroom is the share added to the observed p95 peak for a
-	// suggested request (default 0.2: 20%).
-	Headroom float64
+	// suggested request (nil: the default 0.2, 20%; a 0 is no headroom).
+	Headroom *float64
 }
 
 // Defaults.
 const (
 	DefaultMaxProfiles     = 4096
+	DefaultMaxPerOwner     = 256
 	DefaultHalfLife        = 7 * 24 * time.Hour
 	DefaultMinRuns         = 5
 	DefaultEstimateMinRuns = 1
 	DefaultHeadroom        = 0.2
 )
 
-// Validate says whether o's set fields are sane (zero fields are fine:
-// they take the defaults).
+// Validate says whether o's set fields are sane (zero and nil fields are
+// fine: they take the defaults).
 func (o Options) Validate() error {
 	switch {
 	case o.MaxProfiles < 0:
 		return fmt.Errorf("profile options: max profiles %d < 0", o.MaxProfiles)
+	case o.MaxPerOwner < 0:
+		return fmt.Errorf("profile options: max profiles per owner %d < 0", o.MaxPerOwner)
 	case o.HalfLife < 0:
 		return fmt.Errorf("profile options: half-life %v < 0", o.HalfLife)
 	case o.HalfLife > 0 && o.HalfLife < time.Second:
 		return fmt.Errorf("profile options: half-life %v < 1s", o.HalfLife)
 	case o.MinRuns < 0 || o.EstimateMinRuns < 0:
 		return errors.New("profile options: negative run threshold")
-	case !finite(o.Headroom) || o.Headroom < 0 || o.Headroom > 10:
-		return fmt.Errorf("profile options: headroom %v not in [0, 10]", o.Headroom)
+	case o.Headroom != nil && !(*o.Headroom >= 0 && *o.Headroom <= 10):
+		return fmt.Errorf("profile options: headroom %v not in [0, 10]", *o.Headroom)
 	}
 	return nil
 }
@@ -240,6 +251,10 @@ func (o Options) withDefaults() Options {
 	if o.MaxProfiles <= 0 {
 		o.MaxProfiles = DefaultMaxProfiles
 	}
+	if o.MaxPerOwner <= 0 {
+		o.MaxPerOwner = DefaultMaxPerOwner
+	}
+	o.MaxPerOwner = min(o.MaxPerOwner, o.MaxProfiles)
 	if o.HalfLife < time.Second {
 		o.HalfLife = DefaultHalfLife
 	}
@@ -252,8 +267,12 @@ func (o Options) withDefaults() Options {
 	if o.EstimateMinRuns <= 0 {
 		o.EstimateMinRuns = DefaultEstimateMinRuns
 	}
-	if !finite(o.Headroom) || o.Headroom <= 0 || o.Headroom > 10 {
-		o.Headroom = DefaultHeadroom
+	if o.Headroom == nil || !(*o.Headroom >= 0 && *o.Headroom <= 10) {
+		h := DefaultHeadroom
+		o.Headroom = &h
+	} else {
+		h := *o.Headroom // the Book's own copy
+		o.Headroom = &h
 	}
 	return o
 }
@@ -324,11 +343,27 @@ type Book struct {
 	o  Options
 	mu sync.Mutex
 	m  map[Key]*entry
+	// owners counts m's profiles by owner.
+	owners map[string]int
 }
 
 // New is an empty Book.
 func New(o Options) *Book {
-	return &Book{o: o.withDefaults(), m: make(map[Key]*entry)}
+	return &Book{o: o.withDefaults(), m: make(map[Key]*entry), owners: make(map[string]int)}
+}
+
+// putLocked adds e, whose key b does not hold.
+func (b *Book) putLocked(e *entry) {
+	b.m[e.Key] = e
+	b.owners[e.Key.Owner]++
+}
+
+// dropLocked forgets k's profile, which b holds.
+func (b *Book) dropLocked(k Key) {
+	delete(b.m, k)
+	if b.owners[k.Owner]--; b.owners[k.Owner] <= 0 {
+		delete(b.owners, k.Owner)
+	}
 }
 
 // Len is the number of profiles held.
@@ -352,11 +387,14 @@ func (b *Book) Observe(o Observation) error {
 	}
 	e := b.m[o.Key]
 	if e == nil {
+		if n := b.owners[o.Key.Owner]; n >= b.o.MaxPerOwner {
+			b.evictLocked(n-b.o.MaxPerOwner+1, o.Key.Owner, true)
+		}
 		if len(b.m) >= b.o.MaxProfiles {
-			b.evictLocked(len(b.m) - b.o.MaxProfiles + 1)
+			b.evictLocked(len(b.m)-b.o.MaxProfiles+1, "", false)
 		}
 		e = &entry{Key: o.Key, Ref: at}
-		b.m[o.Key] = e
+		b.putLocked(e)
 	}
 	e.decayTo(at, b.o.HalfLife)
 	w := decay(e.Ref.Sub(at), b.o.HalfLife) // < 1 for a run older than the profile's latest
@@ -383,11 +421,13 @@ func (b *Book) Observe(o Observation) error {
 	return nil
 }
 
-// evictLocked drops the n least recently seen profiles.
-func (b *Book) evictLocked(n int) {
+// evictLocked drops the n least recently seen profiles: of owner when
+// ofOwner, else of anyone.
+func (b *Book) evictLocked(n int, owner string, ofOwner bool) {
 	if n <= 0 {
 		return
 	}
+	mine := func(e *entry) bool { return !ofOwner || e.Key.Owner == owner }
 	older := func(x, y *entry) int {
 		if c := x.LastSeen.Compare(y.LastSeen); c != 0 {
 			return c
@@ -397,22 +437,24 @@ func (b *Book) evictLocked(n int) {
 	if n == 1 { // the common case, a new key in a full book: one scan
 		var oldest *entry
 		for _, e := range b.m {
-			if oldest == nil || older(e, oldest) < 0 {
+			if mine(e) && (oldest == nil || older(e, oldest) < 0) {
 				oldest = e
 			}
 		}
 		if oldest != nil {
-			delete(b.m, oldest.Key)
+			b.dropLocked(oldest.Key)
 		}
 		return
 	}
-	all := make([]*entry, 0, len(b.m))
+	var all []*entry
 	for _, e := range b.m {
-		all = append(all, e)
+		if mine(e) {
+			all = append(all, e)
+		}
 	}
 	slices.SortFunc(all, older)
 	for _, e := range all[:min(n, len(all))] {
-		delete(b.m, e.Key)
+		b.dropLocked(e.Key)
 	}
 }
 
@@ -518,7 +560,7 @@ func (b *Book) Recommend(k Key, requested Usage) (Recommendation, bool) {
 		if req[i] == 0 {
 			continue
 		}
-		s := math.Ceil(peaks[i]*(1+b.o.Headroom)/steps[i]) * steps[i]
+		s := math.Ceil(peaks[i]*(1+*b.o.Headroom)/steps[i]) * steps[i]
 		if i <= 1 && s < steps[i] {
 			s = steps[i]
 		}

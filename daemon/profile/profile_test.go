@@ -433,3 +433,177 @@ func TestSketch(t *testing.T) {
 		t.Fatal("empty sketch not zero")
 	}
 }
+
+// A Headroom of 0 is no headroom, not the default; nil is the default.
+func TestRecommendHeadroom(t *testing.T) {
+	req := Usage{CPUMilli: 4000, MemMiB: 4096}
+	suggest := func(o Options) Usage {
+		t.Helper()
+		o.Now = func() time.Time { return t0 }
+		b := New(o)
+		for range 5 {
+			err := b.Observe(Observation{Key: key("h"), At: t0, RunSeconds: 3, Requested: req,
+				Typical: Usage{CPUMilli: 100, MemMiB: 50}, Peak: Usage{CPUMilli: 210, MemMiB: 100}})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, ok := b.Recommend(key("h"), req)
+		if !ok {
+			t.Fatal("no recommendation")
+		}
+		return r.Suggested
+	}
+	zero, half := 0.0, 0.5
+	for _, c := range []struct {
+		what string
+		h    *float64
+		want Usage
+	}{
+		{"nil (the default 20%)", nil, Usage{CPUMilli: 300, MemMiB: 128}}, // 252 → 300m, 120 → 128 MiB
+		{"0", &zero, Usage{CPUMilli: 250, MemMiB: 128}},                   // 210 → 250m, 100 → 128 MiB
+		{"0.5", &half, Usage{CPUMilli: 350, MemMiB: 192}},                 // 315 → 350m, 150 → 192 MiB
+	} {
+		if got := suggest(Options{Headroom: c.h}); got != c.want {
+			t.Errorf("headroom %s: suggested %+v, want %+v", c.what, got, c.want)
+		}
+	}
+	bad := -0.1
+	if err := (Options{Headroom: &bad}).Validate(); err == nil {
+		t.Error("a negative headroom validated")
+	}
+}
+
+func ownerKey(owner, name string) Key { return Key{Owner: owner, Name: name, Class: "batch"} }
+
+func names(ps []Profile, owner string) []string {
+	var out []string
+	for _, p := range ps {
+		if p.Key.Owner == owner {
+			out = append(out, p.Key.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// One owner flooding the Book with new kinds of job evicts only its own
+// profiles while the Book has room for the others'.
+func TestPerOwnerBound(t *testing.T) {
+	c := &clock{t0}
+	b := New(Options{Now: c.now, MaxProfiles: 100, MaxPerOwner: 10})
+	obs := func(k Key, at time.Time) {
+		t.Helper()
+		if err := b.Observe(Observation{Key: k, At: at, RunSeconds: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 { // bob's, seen long before alice's
+		obs(ownerKey("bob", fmt.Sprint(i)), t0)
+	}
+	for i := range 1000 {
+		obs(ownerKey("alice", fmt.Sprintf("%04d", i)), t0.Add(time.Hour+time.Duration(i)*time.Second))
+		if n := len(names(b.All(), "alice")); n > 10 {
+			t.Fatalf("alice holds %d profiles, bound 10", n)
+		}
+	}
+	all := b.All()
+	if got := names(all, "bob"); !slices.Equal(got, []string{"0", "1", "2", "3", "4"}) {
+		t.Fatalf("bob's profiles %v after alice's flood, want all 5 kept", got)
+	}
+	var want []string
+	for i := 990; i < 1000; i++ {
+		want = append(want, fmt.Sprintf("%04d", i))
+	}
+	if got := names(all, "alice"); !slices.Equal(got, want) {
+		t.Fatalf("alice's profiles %v, want her 10 newest %v", got, want)
+	}
+	// Seeing a profile already held evicts nothing.
+	obs(ownerKey("alice", "0995"), t0.Add(2*time.Hour))
+	if b.Len() != 15 {
+		t.Fatalf("%d profiles, want 15", b.Len())
+	}
+}
+
+// The global bound holds over many owners each under their own bound: the
+// least recently seen of anyone goes.
+func TestGlobalBoundOverOwners(t *testing.T) {
+	c := &clock{t0}
+	b := New(Options{Now: c.now, MaxProfiles: 20, MaxPerOwner: 5})
+	for i := range 50 {
+		k := ownerKey(fmt.Sprint("u", i%10), fmt.Sprint(i))
+		if err := b.Observe(Observation{Key: k, At: t0.Add(time.Duration(i) * time.Minute), RunSeconds: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if b.Len() > 20 {
+			t.Fatalf("%d profiles, bound 20", b.Len())
+		}
+	}
+	var got []string
+	for _, p := range b.All() {
+		got = append(got, p.Key.Name)
+	}
+	slices.Sort(got)
+	var want []string
+	for i := 30; i < 50; i++ {
+		want = append(want, fmt.Sprint(i))
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("kept %v, want the 20 most recently seen %v", got, want)
+	}
+}
+
+func TestPerOwnerOptions(t *testing.T) {
+	if err := (Options{MaxPerOwner: -1}).Validate(); err == nil {
+		t.Error("a negative per-owner bound validated")
+	}
+	for _, c := range []struct{ max, per, want int }{
+		{0, 0, DefaultMaxPerOwner},
+		{10, 0, 10},  // the default, bounded by MaxProfiles
+		{10, 50, 10}, // above MaxProfiles
+		{100, 7, 7},
+	} {
+		if got := (Options{MaxProfiles: c.max, MaxPerOwner: c.per}).withDefaults().MaxPerOwner; got != c.want {
+			t.Errorf("MaxProfiles %d MaxPerOwner %d: per-owner bound %d, want %d", c.max, c.per, got, c.want)
+		}
+	}
+}
+
+// Load of a file holding more of an owner's profiles than the bound keeps
+// that owner's most recently seen, and everyone else's.
+func TestLoadPerOwnerBound(t *testing.T) {
+	c := &clock{t0}
+	b := New(Options{Now: c.now, MaxPerOwner: 100})
+	for i := range 30 {
+		_ = b.Observe(Observation{Key: ownerKey("alice", fmt.Sprintf("%02d", i)), At: t0.Add(time.Duration(i) * time.Minute), RunSeconds: 1})
+	}
+	for i := range 3 {
+		_ = b.Observe(Observation{Key: ownerKey("bob", fmt.Sprint(i)), At: t0, RunSeconds: 1})
+	}
+	var buf bytes.Buffer
+	if err := b.Save(&buf); err != nil {
+		t.Fatal(err)
+	}
+	b2, err := Load(bytes.NewReader(buf.Bytes()), Options{Now: c.now, MaxPerOwner: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := b2.All()
+	var want []string
+	for i := 20; i < 30; i++ {
+		want = append(want, fmt.Sprintf("%02d", i))
+	}
+	if got := names(all, "alice"); !slices.Equal(got, want) {
+		t.Fatalf("alice's profiles after load %v, want her 10 newest %v", got, want)
+	}
+	if got := names(all, "bob"); len(got) != 3 {
+		t.Fatalf("bob's profiles after load %v, want all 3", got)
+	}
+	// The Book goes on counting what it loaded: a new one of alice's
+	// evicts her oldest.
+	_ = b2.Observe(Observation{Key: ownerKey("alice", "new"), At: t0.Add(time.Hour), RunSeconds: 1})
+	if got := names(b2.All(), "alice"); len(got) != 10 || slices.Contains(got, "20") {
+		t.Fatalf("alice's profiles %v, want 10 without her oldest", got)
+	}
+}

@@ -73,6 +73,9 @@ type PSI struct {
 // JobRef is a running job the bus reads the cgroup of.
 type JobRef struct {
 	ID string
+	// Started is when the job's current attempt started: it tells one
+	// attempt's run summary from another's (TakeRun).
+	Started time.Time
 	// GPUs are the GPUs the job holds, for its run summary (TakeRun).
 	GPUs []GPUHold
 }

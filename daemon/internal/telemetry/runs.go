@@ -25,7 +25,11 @@ type RunSummary struct {
 	// Readings is how many job readings were folded in.
 	Readings int
 	// Since is the first reading's time.
-	Since                 time.Time
+	Since time.Time
+	// started is the attempt's start (JobRef.Started): a reading of
+	// another attempt of the job starts a new summary, and TakeRun hands
+	// over only the attempt asked for.
+	started               time.Time
 	cpu, mem, gpu, gpuMem profile.Sketch
 }
 
@@ -53,12 +57,18 @@ type endedRun struct {
 }
 
 // addRun folds one job reading into its attempt's summary (the sampler's
-// goroutine, under b.mu). gpus is the sample's GPU readings.
+// goroutine, under b.mu). gpus is the sample's GPU readings. A summary of
+// an earlier attempt of the job (one that ended without being taken: it
+// was preempted, moved or cancelled, and restarted before the bus saw it
+// gone) is dropped, not mixed into the new attempt's.
 func (b *Bus) addRun(j JobRef, u JobUsage, gpus []GPU) {
 	s := b.runs[j.ID]
-	if s == nil {
-		s = &RunSummary{Since: u.At}
+	if s == nil || !s.started.Equal(j.Started) {
+		s = &RunSummary{Since: u.At, started: j.Started}
 		b.runs[j.ID] = s
+	}
+	if e, ok := b.ended[j.ID]; ok && !e.s.started.Equal(j.Started) {
+		delete(b.ended, j.ID) // an earlier attempt's, never to be taken
 	}
 	s.Readings++
 	s.cpu.Add(u.CPUMilli)
@@ -105,18 +115,19 @@ func (b *Bus) endRuns(seen map[string]bool, now time.Time) {
 	}
 }
 
-// TakeRun hands over and forgets job id's summary of its latest attempt:
-// while it runs, or for a while (10 minutes) after the bus saw it end.
-// False when the bus has none (it never read the job: too short, not
-// followed, no cgroup).
-func (b *Bus) TakeRun(id string) (RunSummary, bool) {
+// TakeRun hands over and forgets job id's summary of its attempt that
+// started at started (JobRef.Started): while it runs, or for a while (10
+// minutes) after the bus saw it end. False when the bus has none of that
+// attempt (it never read it: too short, not followed, no cgroup; or what
+// it holds is another attempt's, which is left alone).
+func (b *Bus) TakeRun(id string, started time.Time) (RunSummary, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if s := b.runs[id]; s != nil {
+	if s := b.runs[id]; s != nil && s.started.Equal(started) {
 		delete(b.runs, id)
 		return *s, true
 	}
-	if e, ok := b.ended[id]; ok {
+	if e, ok := b.ended[id]; ok && e.s.started.Equal(started) {
 		delete(b.ended, id)
 		return *e.s, true
 	}

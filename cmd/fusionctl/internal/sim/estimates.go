@@ -94,7 +94,9 @@ func newEstimator(mode string, pods []Pod, life map[string]int64) (*estimator, e
 	if mode != EstimatesProfile {
 		return e, nil
 	}
-	e.book = profile.New(profile.Options{Now: func() time.Time { return time.Unix(e.clock, 0) }})
+	// One owner holds every key (podKey): the per-owner bound is the book's.
+	e.book = profile.New(profile.Options{Now: func() time.Time { return time.Unix(e.clock, 0) },
+		MaxPerOwner: profile.DefaultMaxProfiles})
 	e.keys = make(map[string]profile.Key, len(pods))
 	for i := range pods {
 		e.keys[pods[i].Name] = podKey(&pods[i])
