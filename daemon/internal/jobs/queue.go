@@ -51,10 +51,11 @@ type queueState struct {
 	// evictions are when the jobs of the current window were preempted.
 	evictions []time.Time
 	// moving maps each job a defragmentation plan moves to the job it
-	// makes room for, from the plan until the job is placed again (or
-	// ends otherwise); madeRoom says, per job moves were made for, what
-	// was moved and why, for its placement's event; budget counts the
-	// moves (defrag.go).
+	// makes room for, from the plan until the job is placed again, ends
+	// otherwise, or waits after that job was placed or is gone;
+	// madeRoom says, per job moves were made for, what was moved and
+	// why, for its placement's event; budget counts the moves
+	// (defrag.go).
 	moving   map[string]string
 	madeRoom map[string]string
 	budget   moveBudget
@@ -158,15 +159,26 @@ func (m *Manager) schedule() {
 			delete(q.preempting, id) // ended and recorded, or forgotten
 		}
 	}
-	for id := range q.moving {
-		// Kept while it stops and waits to be placed again.
-		if j := m.jobs[id]; j == nil || j.State.Terminal() || j.State != api.StatePending && j.MovingFor == "" {
+	// unpin are the jobs whose pins go: those of a plan whose head was
+	// placed or is gone.
+	var unpin []string
+	for id, by := range q.moving {
+		// Kept while it stops and waits to be placed again, but only
+		// while the head it made room for waits: after that it is
+		// queued as any other job, its pin dropped.
+		h := m.jobs[by]
+		headWaits := h != nil && h.State == api.StatePending
+		if j := m.jobs[id]; j == nil || j.State.Terminal() || j.State != api.StatePending && j.MovingFor == "" || j.State == api.StatePending && !headWaits {
 			delete(q.moving, id)
+			if !headWaits {
+				unpin = append(unpin, id)
+			}
 		}
 	}
 	for id := range q.madeRoom {
 		if j := m.jobs[id]; j == nil || j.State != api.StatePending {
 			delete(q.madeRoom, id)
+			unpin = append(unpin, id)
 		}
 	}
 	for id := range q.reclaiming {
@@ -180,7 +192,8 @@ func (m *Manager) schedule() {
 	}
 	queuedAt := maps.Clone(q.queuedAt)
 	first := q.preemptor
-	// Jobs being moved go right after first, to their planned places.
+	// Jobs being moved go right after first, to their planned places,
+	// while the head they made room for waits (pruned above).
 	moved := map[string]bool{}
 	for id := range q.moving {
 		moved[id] = true
@@ -191,6 +204,9 @@ func (m *Manager) schedule() {
 		break
 	}
 	m.mu.Unlock()
+	if d, ok := m.placer.(Defragmenter); ok && len(unpin) > 0 {
+		d.Unpin(unpin)
+	}
 	if blocked != "" {
 		m.setWaiting(pending, blocked)
 		return
