@@ -153,3 +153,32 @@ func TestDefragForgetsMoveWhenHeadGone(t *testing.T) {
 	}
 }
 
+// A head's shadow time only moves earlier while it is head: a later one
+// computed by a pass, or none, keeps the earliest; another head, or a
+// pass with none, starts afresh.
+func TestEarliestShadow(t *testing.T) {
+	m := defragManager(t, &fakeDefragmenter{}, false)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(min int) time.Time { return t0.Add(time.Duration(min) * time.Minute) }
+	for i, c := range []struct {
+		head   string
+		t      time.Time
+		ok     bool
+		want   time.Time
+		wantOK bool
+	}{
+		{"1", at(10), true, at(10), true},
+		{"1", at(12), true, at(10), true}, // later: the earlier kept
+		{"1", at(8), true, at(8), true},   // earlier: taken
+		{"1", time.Time{}, false, at(8), true},
+		{"2", at(15), true, at(15), true}, // another head
+		{"", time.Time{}, false, time.Time{}, false},
+		{"2", at(20), true, at(20), true}, // head again after none: afresh
+		{"3", time.Time{}, false, time.Time{}, false},
+	} {
+		got, ok := m.earliestShadow(c.head, c.t, c.ok)
+		if ok != c.wantOK || !got.Equal(c.want) {
+			t.Errorf("pass %d (head %q, shadow %v %v): %v %v, want %v %v", i, c.head, c.t, c.ok, got, ok, c.want, c.wantOK)
+		}
+	}
+}

@@ -59,6 +59,10 @@ type queueState struct {
 	moving   map[string]string
 	madeRoom map[string]string
 	budget   moveBudget
+	// shadowFor is the head whose shadow time shadowAt is: the earliest
+	// one any pass computed while it was head.
+	shadowFor string
+	shadowAt  time.Time
 }
 
 // queued is one pending job or a whole gang, in queue order.
@@ -96,7 +100,8 @@ func (m *Manager) endsBy(group []*api.Job, now, t time.Time) bool {
 // jobs (preempt.go). With run times (Config.Estimator and a Shadower
 // placer) the head also has a shadow time, when it is expected to fit as
 // the jobs holding resources end (each at its start plus its estimate; a
-// job without one holds on); a job behind it that PlaceBehind refuses is
+// job without one holds on), the earliest any pass computed while it is
+// head (earliestShadow); a job behind it that PlaceBehind refuses is
 // placed anyway when every member is expected to end by then. An
 // estimate that is too short can delay the head (EASY's trade).
 func (m *Manager) schedule() {
@@ -298,6 +303,7 @@ func (m *Manager) schedule() {
 					if shadower != nil && ends != nil {
 						shadow, hasShadow = shadower.ShadowTime(group, ends, passAt)
 					}
+					shadow, hasShadow = m.earliestShadow(j.ID, shadow, hasShadow)
 					if len(group) == 1 {
 						s := m.preempt(j)
 						if s == "" {
@@ -358,6 +364,29 @@ func (m *Manager) schedule() {
 			go m.launch(member)
 		}
 	}
+	if head == nil {
+		m.earliestShadow("", time.Time{}, false) // no head: forgotten
+	}
+}
+
+// earliestShadow keeps, for head id, the earliest shadow time any pass
+// computed while it was head, and returns it: a head's shadow time only
+// moves earlier (docs/scheduling.md, "Run-time estimates"). A pass that
+// computes none keeps the earlier one.
+func (m *Manager) earliestShadow(id string, t time.Time, ok bool) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	q := &m.queue
+	if q.shadowFor != id {
+		q.shadowFor, q.shadowAt = "", time.Time{}
+	}
+	if q.shadowFor != "" && (!ok || q.shadowAt.Before(t)) {
+		return q.shadowAt, true
+	}
+	if ok {
+		q.shadowFor, q.shadowAt = id, t
+	}
+	return t, ok
 }
 
 func b32(b bool) int {
