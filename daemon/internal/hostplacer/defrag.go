@@ -49,6 +49,15 @@ func (p *Placer) Pin(plan jobs.MovePlan) {
 	p.pins = maps.Clone(plan.Pins)
 }
 
+// Unpin drops the pins of the jobs named.
+func (p *Placer) Unpin(ids []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		delete(p.pins, id)
+	}
+}
+
 // placeOnPin commits the assignment pinned for job id, if any and free
 // now, and reports whether it did. A pin not free yet (a job moved out of
 // it still stopping) is kept for the next try; any placement of the job

@@ -84,3 +84,54 @@ func TestPlanMovesAndPins(t *testing.T) {
 		t.Errorf("the share placed again behind an 8-GPU head: %v (%s); want refused as backfill", ok, why)
 	}
 }
+
+// Pins dropped by Unpin (the queue's, once the head is placed or gone)
+// or by a hardware rebuild (their device indices are the old
+// inventory's) no longer bypass the backfill guard: the moved share is
+// refused behind an 8-GPU head's reservation as any backfill.
+func TestUnpinAndRebuildDropPins(t *testing.T) {
+	for _, how := range []string{"unpin", "rebuild"} {
+		t.Run(how, func(t *testing.T) {
+			p := New(dgx(), Options{})
+			byGPU := map[string][]*api.Job{}
+			for i := range 16 {
+				j := job(fmt.Sprint(i+1), api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Share: 500}})
+				a, why, ok := p.Place([]*api.Job{j})
+				if !ok {
+					t.Fatal(why)
+				}
+				byGPU[a[0].GPUShare.GPU] = append(byGPU[a[0].GPUShare.GPU], j)
+			}
+			var movable []string
+			for _, on := range byGPU {
+				p.Release(on[1])
+				movable = append(movable, on[0].ID)
+			}
+			head := job("100", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 1}})
+			plan, err := p.PlanMoves(head, movable, 2)
+			if err != nil || len(plan.Moves) != 1 {
+				t.Fatalf("plan %+v, %v: want one move", plan, err)
+			}
+			var victim *api.Job
+			for _, on := range byGPU {
+				if on[0].ID == plan.Moves[0].ID {
+					victim = on[0]
+				}
+			}
+			p.Pin(plan)
+			p.Release(victim) // stopped for the move
+			switch how {
+			case "unpin":
+				p.Unpin([]string{victim.ID, head.ID})
+			case "rebuild":
+				p.UpdateHardware(dgx())
+			}
+			big := job("101", api.TierBurstable, api.Resources{CPU: 1000, Memory: 1 << 30, GPU: &api.GPURequest{Count: 8}})
+			if a, why, ok := p.PlaceBehind([]*api.Job{victim}, []*api.Job{big}); ok {
+				t.Errorf("the moved share placed behind an 8-GPU head after %s: %+v; want refused as backfill", how, a)
+			} else if !strings.Contains(why, "first in the queue") {
+				t.Errorf("refused for %q, want as backfill", why)
+			}
+		})
+	}
+}

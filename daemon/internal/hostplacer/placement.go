@@ -218,6 +218,9 @@ func (p *Placer) rebuild(old Hardware) {
 	node := base.Clone()
 	node.Version = p.node.Version + 1
 	p.down = downOf(p.hw)
+	// A defragmentation plan's pins name device indices of the old
+	// inventory: dropped, the jobs they named are placed as any other.
+	p.pins = nil
 	gpuAt := map[string]int{}
 	for i, g := range p.hw.GPUs {
 		gpuAt[g.ID] = i

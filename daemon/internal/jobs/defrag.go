@@ -9,22 +9,25 @@ import (
 	"time"
 
 	"github.com/fusiond/fusiond/daemon/api"
+	"github.com/fusiond/fusiond/daemon/sched"
 )
 
 // Defragmentation (docs/scheduling.md, "Defragmentation"): the head of
 // the queue, a single job that does not fit, when preemption does not
-// apply, may have movable jobs moved out of its way: running jobs that
-// said they tolerate a restart (spec.movable) or are best-effort, not
-// gang members, pods' holds or peers' jobs, and not moved within
-// DefragConfig.MinInterval. The Defragmenter plans the fewest moves
-// within what is left of DefragConfig.MaxMoves per Window and pins where
-// each moved job and the head go; each moved job is marked (MovingFor,
-// stored before it is signalled, so a crash cannot turn its stop into a
-// failure), gets SIGTERM and SIGKILL after CancelGrace, and when it ends
-// is queued again (not counted as a retry, its Moves counted). The head
-// is then tried first and the moved jobs right after it, each at its
-// pinned place while that is free. One move is in flight at a time, and
-// none while a preemption is.
+// apply, may have movable jobs moved out of its way: running jobs of its
+// tier or below that said they tolerate a restart (spec.movable) or are
+// best-effort, not gang members, pods' holds or peers' jobs, and not
+// moved within DefragConfig.MinInterval. The Defragmenter plans the
+// fewest moves within what is left of DefragConfig.MaxMoves per Window;
+// each moved job is marked (MovingFor, stored before it is signalled, so
+// a crash cannot turn its stop into a failure), and only the jobs marked
+// are counted against the budget and pinned (with the head), get SIGTERM
+// and SIGKILL after CancelGrace, and when they end are queued again (not
+// counted as a retry, their Moves counted). The head is then tried first
+// and the moved jobs right after it while it waits, each at its pinned
+// place while that is free; once the head is placed or gone the queue
+// forgets the move and drops the pins (schedule). One move is in flight
+// at a time, and none while a preemption is.
 
 // DefragConfig tunes defragmentation: the `scheduling.defrag` config
 // section.
@@ -135,7 +138,9 @@ func (m *Manager) defrag(head *api.Job) string {
 	procs := map[string]Process{}
 	for id, j := range m.jobs {
 		p := m.procs[id]
-		if j.State != api.StateRunning || p == nil || id == head.ID || !j.CanMove() || j.Origin != nil || j.Handover != nil ||
+		// Only jobs of the head's tier or below: a best-effort head
+		// never stops a guaranteed job, movable or not.
+		if j.State != api.StateRunning || p == nil || id == head.ID || !j.CanMove() || j.Origin != nil || j.Handover != nil || j.Tier.Rank() > head.Tier.Rank() ||
 			m.cancels[id] || m.overtimeStopping(id) || q.reclaiming[id] != "" || q.preempting[id] != "" || j.MovingFor != "" || !q.budget.rested(id, now) {
 			continue
 		}
@@ -171,42 +176,72 @@ func (m *Manager) defrag(head *api.Job) string {
 			return ""
 		}
 	}
-	var moved []string
-	for _, mv := range plan.Moves {
-		q.moving[mv.ID] = head.ID
-		q.budget.spend(mv.ID, now)
-		moved = append(moved, mv.ID)
-	}
-	q.preemptor = head.ID // tried first, so what the moves free goes to it
-	q.madeRoom[head.ID] = fmt.Sprintf("room made by moving %s (%s)", strings.Join(moved, ", "), plan.Why)
 	m.mu.Unlock()
-	pl.Pin(plan)
-	m.log.Info("moving jobs to make room", "job", head.ID, "moved", moved, "why", plan.Why)
-	mo, _ := m.cfg.Observer.(MoveObserver)
+	// Each job is marked first, durably, before it is signalled: a daemon
+	// that crashes now finds the mark and queues the job again when it
+	// ends. The mark applies only while the job runs the process this
+	// pass saw (supervise forgets it before finish reads the mark), so a
+	// job that ended meanwhile is never left marked.
+	var marked []JobMove
 	for _, mv := range plan.Moves {
 		m.mu.Lock()
 		vj := m.jobs[mv.ID]
 		m.mu.Unlock()
-		// Marked durably before it is signalled: a daemon that crashes
-		// now finds the mark and queues the job again when it ends.
-		if err := m.annotate(vj, fmt.Sprintf("moving: to make room for job %s (%s); from %s to %s; stopping: SIGTERM, SIGKILL after %s",
-			head.ID, plan.Why, mv.From, mv.To, m.cfg.CancelGrace), func(j *api.Job) {
+		proc := procs[mv.ID]
+		if err := m.annotateIf(vj, fmt.Sprintf("moving: to make room for job %s (%s); from %s to %s; stopping: SIGTERM, SIGKILL after %s",
+			head.ID, plan.Why, mv.From, mv.To, m.cfg.CancelGrace), func(j *api.Job) error {
+			if j.State != api.StateRunning || m.procs[j.ID] != proc {
+				return errMoveStale
+			}
+			return nil
+		}, func(j *api.Job) {
 			j.MovingFor = head.ID
 		}); err != nil {
 			m.log.Warn("could not mark a job for a move; leaving it running", "job", mv.ID, "err", err)
-			m.mu.Lock()
-			delete(q.moving, mv.ID)
-			m.mu.Unlock()
 			continue
 		}
+		marked = append(marked, mv)
+	}
+	if len(marked) == 0 {
+		return ""
+	}
+	// The budget, the queue's order and the pins follow the jobs marked.
+	var moved []string
+	pinned := MovePlan{For: plan.For, Head: plan.Head, Why: plan.Why, Moves: marked, Pins: map[string]sched.Assignment{}}
+	if a, ok := plan.Pins[head.ID]; ok {
+		pinned.Pins[head.ID] = a
+	}
+	m.mu.Lock()
+	for _, mv := range marked {
+		q.moving[mv.ID] = head.ID
+		q.budget.spend(mv.ID, now)
+		moved = append(moved, mv.ID)
+		if a, ok := plan.Pins[mv.ID]; ok {
+			pinned.Pins[mv.ID] = a
+		}
+	}
+	q.preemptor = head.ID // tried first, so what the moves free goes to it
+	q.madeRoom[head.ID] = fmt.Sprintf("room made by moving %s (%s)", strings.Join(moved, ", "), plan.Why)
+	m.mu.Unlock()
+	pl.Pin(pinned)
+	m.log.Info("moving jobs to make room", "job", head.ID, "moved", moved, "why", plan.Why)
+	mo, _ := m.cfg.Observer.(MoveObserver)
+	for _, mv := range marked {
+		m.mu.Lock()
+		tier := m.jobs[mv.ID].Tier
+		m.mu.Unlock()
 		if mo != nil {
-			mo.Moved(vj.Tier)
+			mo.Moved(tier)
 		}
 		_ = procs[mv.ID].Signal(syscall.SIGTERM)
 		go m.killAfterGrace(mv.ID, procs[mv.ID])
 	}
 	return fmt.Sprintf("moving %s to make room for it (%s); waiting for them to stop", strings.Join(moved, ", "), plan.Why)
 }
+
+// errMoveStale refuses a move's mark on a job that no longer runs the
+// process the plan saw.
+var errMoveStale = errors.New("it ended or restarted since the move was planned")
 
 // finishMoved queues a job stopped for a move again, however it exited:
 // not counted as a retry, its Moves counted and its mark cleared.

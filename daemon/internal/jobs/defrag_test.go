@@ -199,3 +199,53 @@ func TestDefragMovesAMovableMIGJob(t *testing.T) {
 		t.Errorf("the 4g job that is not movable: %s, attempt %d, moves %d", f.State, f.Attempt, f.Moves)
 	}
 }
+
+// The movable share of TestDefragMovesAMovableJob ignores SIGTERM, so it
+// stops only at SIGKILL, CancelGrace after its mark. Cancelled meanwhile,
+// it ends cancelled with its mark cleared. If instead the whole-GPU job it
+// is moved for is cancelled meanwhile, the share is queued again as any
+// job: placed where the engine chooses, not at the plan's pin.
+func TestDefragMoveInterrupted(t *testing.T) {
+	for _, cancelled := range []string{"moved", "head"} {
+		t.Run("cancel "+cancelled, func(t *testing.T) {
+			dir := t.TempDir()
+			m := gpuManager(t, podStore(t, dir), dir, gpuHost(2), jobs.Config{Queue: jobs.QueueConfig{
+				Defrag: jobs.DefragConfig{Enabled: true, MaxMoves: 1, Window: time.Hour, MinInterval: time.Hour}}})
+			jobstest.Run(t, m)
+			ctx := context.Background()
+			a := waitFor(t, m, submit(t, m, shareJob(600, false)).ID, state(api.StateRunning))
+			b := waitFor(t, m, submit(t, m, shareJob(600, false)).ID, state(api.StateRunning))
+			spec := shareJob(300, true)
+			spec.Command = []string{"sh", "-c", `trap "" TERM; sleep 600`}
+			c := waitFor(t, m, submit(t, m, spec).ID, state(api.StateRunning))
+			gone := b
+			if b.Allocation.GPUShare.GPU != c.Allocation.GPUShare.GPU {
+				gone = a
+			}
+			if _, err := m.Cancel(ctx, root, gone.ID); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, m, gone.ID, state(api.StateCancelled))
+			head := submit(t, m, api.JobSpec{Tier: api.TierBurstable, Command: []string{"sleep", "600"},
+				Resources: api.Resources{CPU: 100, Memory: 16 << 20, GPU: &api.GPURequest{Count: 1}}})
+			waitFor(t, m, c.ID, func(j api.Job) bool { return j.MovingFor == head.ID })
+			if cancelled == "moved" {
+				if _, err := m.Cancel(ctx, root, c.ID); err != nil {
+					t.Fatal(err)
+				}
+				got := waitFor(t, m, c.ID, state(api.StateCancelled))
+				if got.MovingFor != "" || got.Moves != 0 {
+					t.Errorf("share cancelled mid-move: moving_for %q, moves %d; want the mark cleared, not counted a move", got.MovingFor, got.Moves)
+				}
+				return
+			}
+			if _, err := m.Cancel(ctx, root, head.ID); err != nil {
+				t.Fatal(err)
+			}
+			got := waitFor(t, m, c.ID, func(j api.Job) bool { return j.State == api.StateRunning && j.Attempt == 2 })
+			if got.Moves != 1 || hasEvent(got, "defragmentation plan") {
+				t.Errorf("share after its head was cancelled: moves %d, events %+v; want moved once and placed without the plan's pin", got.Moves, got.Events)
+			}
+		})
+	}
+}

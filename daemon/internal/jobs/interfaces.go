@@ -173,6 +173,9 @@ type Defragmenter interface {
 	// long as that is still free there (each pin is used once). A later
 	// Pin replaces every earlier pin.
 	Pin(plan MovePlan)
+	// Unpin drops the pins of the jobs named (the queue calls it once the
+	// job a plan made room for is placed or gone).
+	Unpin(ids []string)
 }
 
 // ErrNoMoves is PlanMoves' answer when no moves within the budget make

@@ -581,11 +581,23 @@ func (m *Manager) noteDeviceHealth(device string, healthy bool, why string) {
 // final state meanwhile is left alone (ErrBadTransition). A store failure
 // is logged and returned (the in-memory record is put back).
 func (m *Manager) annotate(j *api.Job, reason string, mutate func(*api.Job)) error {
+	return m.annotateIf(j, reason, nil, mutate)
+}
+
+// annotateIf is annotate that first asks check (nil: nothing), under m.mu,
+// whether the event still applies; its error, wrapped, refuses it.
+func (m *Manager) annotateIf(j *api.Job, reason string, check func(*api.Job) error, mutate func(*api.Job)) error {
 	m.mu.Lock()
 	if !active(j.State) {
 		state := j.State
 		m.mu.Unlock()
 		return fmt.Errorf("job %s is %s: %w", j.ID, state, ErrBadTransition)
+	}
+	if check != nil {
+		if err := check(j); err != nil {
+			m.mu.Unlock()
+			return fmt.Errorf("job %s: %w", j.ID, err)
+		}
 	}
 	before := cloneJob(j)
 	ev := api.Event{Time: m.now(), From: j.State, To: j.State, Reason: reason}

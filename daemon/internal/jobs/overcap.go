@@ -27,8 +27,8 @@ func (m *Manager) NoteGPUMemory(id, reason string) error {
 // which GPU): SIGTERM, then SIGKILL after CancelGrace, as a cancel does.
 // Its end is recorded failed with reason, however it exited, and its
 // restart policy applies as to an OOM kill. Stopping a job already
-// stopping (cancelled, preempted, evicted or stopped over its cap) is a
-// no-op.
+// stopping (cancelled, preempted, evicted, moved or stopped over its cap)
+// is a no-op.
 func (m *Manager) StopOverGPUCap(id, reason string) error {
 	m.mu.Lock()
 	j := m.jobs[id]
@@ -43,7 +43,7 @@ func (m *Manager) StopOverGPUCap(id, reason string) error {
 		return api.Errorf(api.CodeConflict, "job %s is %s, not running", id, state)
 	}
 	q := &m.queue
-	if _, preempted := q.preempting[id]; preempted || m.cancels[id] || q.reclaiming[id] != "" || m.overCap[id] != "" || m.overtimeStopping(id) {
+	if _, preempted := q.preempting[id]; preempted || m.cancels[id] || q.reclaiming[id] != "" || m.overCap[id] != "" || m.overtimeStopping(id) || j.MovingFor != "" {
 		m.mu.Unlock()
 		return nil
 	}

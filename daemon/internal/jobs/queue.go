@@ -51,13 +51,18 @@ type queueState struct {
 	// evictions are when the jobs of the current window were preempted.
 	evictions []time.Time
 	// moving maps each job a defragmentation plan moves to the job it
-	// makes room for, from the plan until the job is placed again (or
-	// ends otherwise); madeRoom says, per job moves were made for, what
-	// was moved and why, for its placement's event; budget counts the
-	// moves (defrag.go).
+	// makes room for, from the plan until the job is placed again, ends
+	// otherwise, or waits after that job was placed or is gone;
+	// madeRoom says, per job moves were made for, what was moved and
+	// why, for its placement's event; budget counts the moves
+	// (defrag.go).
 	moving   map[string]string
 	madeRoom map[string]string
 	budget   moveBudget
+	// shadowFor is the head whose shadow time shadowAt is: the earliest
+	// one any pass computed while it was head.
+	shadowFor string
+	shadowAt  time.Time
 }
 
 // queued is one pending job or a whole gang, in queue order.
@@ -95,7 +100,8 @@ func (m *Manager) endsBy(group []*api.Job, now, t time.Time) bool {
 // jobs (preempt.go). With run times (Config.Estimator and a Shadower
 // placer) the head also has a shadow time, when it is expected to fit as
 // the jobs holding resources end (each at its start plus its estimate; a
-// job without one holds on); a job behind it that PlaceBehind refuses is
+// job without one holds on), the earliest any pass computed while it is
+// head (earliestShadow); a job behind it that PlaceBehind refuses is
 // placed anyway when every member is expected to end by then. An
 // estimate that is too short can delay the head (EASY's trade).
 func (m *Manager) schedule() {
@@ -158,15 +164,26 @@ func (m *Manager) schedule() {
 			delete(q.preempting, id) // ended and recorded, or forgotten
 		}
 	}
-	for id := range q.moving {
-		// Kept while it stops and waits to be placed again.
-		if j := m.jobs[id]; j == nil || j.State.Terminal() || j.State != api.StatePending && j.MovingFor == "" {
+	// unpin are the jobs whose pins go: those of a plan whose head was
+	// placed or is gone.
+	var unpin []string
+	for id, by := range q.moving {
+		// Kept while it stops and waits to be placed again, but only
+		// while the head it made room for waits: after that it is
+		// queued as any other job, its pin dropped.
+		h := m.jobs[by]
+		headWaits := h != nil && h.State == api.StatePending
+		if j := m.jobs[id]; j == nil || j.State.Terminal() || j.State != api.StatePending && j.MovingFor == "" || j.State == api.StatePending && !headWaits {
 			delete(q.moving, id)
+			if !headWaits {
+				unpin = append(unpin, id)
+			}
 		}
 	}
 	for id := range q.madeRoom {
 		if j := m.jobs[id]; j == nil || j.State != api.StatePending {
 			delete(q.madeRoom, id)
+			unpin = append(unpin, id)
 		}
 	}
 	for id := range q.reclaiming {
@@ -180,7 +197,8 @@ func (m *Manager) schedule() {
 	}
 	queuedAt := maps.Clone(q.queuedAt)
 	first := q.preemptor
-	// Jobs being moved go right after first, to their planned places.
+	// Jobs being moved go right after first, to their planned places,
+	// while the head they made room for waits (pruned above).
 	moved := map[string]bool{}
 	for id := range q.moving {
 		moved[id] = true
@@ -191,6 +209,9 @@ func (m *Manager) schedule() {
 		break
 	}
 	m.mu.Unlock()
+	if d, ok := m.placer.(Defragmenter); ok && len(unpin) > 0 {
+		d.Unpin(unpin)
+	}
 	if blocked != "" {
 		m.setWaiting(pending, blocked)
 		return
@@ -282,6 +303,7 @@ func (m *Manager) schedule() {
 					if shadower != nil && ends != nil {
 						shadow, hasShadow = shadower.ShadowTime(group, ends, passAt)
 					}
+					shadow, hasShadow = m.earliestShadow(j.ID, shadow, hasShadow)
 					if len(group) == 1 {
 						s := m.preempt(j)
 						if s == "" {
@@ -342,6 +364,29 @@ func (m *Manager) schedule() {
 			go m.launch(member)
 		}
 	}
+	if head == nil {
+		m.earliestShadow("", time.Time{}, false) // no head: forgotten
+	}
+}
+
+// earliestShadow keeps, for head id, the earliest shadow time any pass
+// computed while it was head, and returns it: a head's shadow time only
+// moves earlier (docs/scheduling.md, "Run-time estimates"). A pass that
+// computes none keeps the earlier one.
+func (m *Manager) earliestShadow(id string, t time.Time, ok bool) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	q := &m.queue
+	if q.shadowFor != id {
+		q.shadowFor, q.shadowAt = "", time.Time{}
+	}
+	if q.shadowFor != "" && (!ok || q.shadowAt.Before(t)) {
+		return q.shadowAt, true
+	}
+	if ok {
+		q.shadowFor, q.shadowAt = id, t
+	}
+	return t, ok
 }
 
 func b32(b bool) int {

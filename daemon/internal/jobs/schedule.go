@@ -346,12 +346,15 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		}
 		return err
 	}
+	// Every end clears a move's mark: a job ended otherwise (cancelled,
+	// lost, over its limit) is no longer being moved.
 	record := func(j *api.Job) {
 		e := exit
 		j.Exit = &e
 		j.Usage = usage
 		t := m.now()
 		j.FinishedAt = &t
+		j.MovingFor = ""
 	}
 	desc := describeExit(exit)
 	m.mu.Lock()
@@ -385,6 +388,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 			j.Usage = usage
 			j.Allocation = nil
 			j.PID = 0
+			j.MovingFor = ""
 		})), true)
 	default:
 		return runEnded(m.transition(j, api.StateFailed, desc, capture(record)), true)
