@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"fmt"
 	"syscall"
 	"time"
@@ -106,20 +107,29 @@ func (m *Manager) stopOverdue() {
 	for _, s := range stop {
 		why := fmt.Sprintf("%s; stopping: SIGTERM, SIGKILL after %s", exceededReason(s.limit), m.cfg.CancelGrace)
 		m.log.Warn("stopping a job at its max_runtime", "job", s.j.ID, "max_runtime", s.limit, "pid", s.proc.PID())
-		_ = m.annotate(s.j, why, func(j *api.Job) { j.Reason = why })
+		// The mark is stored before the signal: a daemon restarted while
+		// the attempt stops still records its end as failed at its limit
+		// (supervise), though m.overtime is gone.
+		reason := exceededReason(s.limit)
+		_ = m.annotate(s.j, why, func(j *api.Job) {
+			j.Reason = why
+			j.StoppedOvertime = reason
+		})
 		_ = s.proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(s.j.ID, s.proc)
 	}
 }
 
-// takeOvertime takes the record that id was stopped at its limit: why, or
-// "" if it was not; and forgets its deadline.
-func (m *Manager) takeOvertime(id string) string {
+// takeOvertime takes the record that j was stopped at its limit: why, or
+// "" if it was not; and forgets its deadline. The record is this daemon's
+// (m.overtime) or, for an attempt an earlier daemon was stopping when it
+// went down, the stored mark (StoppedOvertime).
+func (m *Manager) takeOvertime(j *api.Job) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	why := m.overtime[id]
-	delete(m.overtime, id)
-	delete(m.deadlines, id)
+	why := cmp.Or(m.overtime[j.ID], j.StoppedOvertime)
+	delete(m.overtime, j.ID)
+	delete(m.deadlines, j.ID)
 	return why
 }
 

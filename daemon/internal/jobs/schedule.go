@@ -161,14 +161,22 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	m.procs[j.ID] = proc
 	cancelled := m.cancels[j.ID]
 	state := j.State
-	// A re-attached running attempt keeps the deadline of its recorded
-	// start (runtime.go).
-	m.trackDeadline(j, proc, state == api.StateRunning)
+	// Marked as stopped at its limit (a re-attached job the last daemon
+	// was stopping at its max_runtime): stopped again, with no new
+	// deadline, and recorded failed at its limit when it ends (finish).
+	overdue := j.StoppedOvertime != ""
+	if overdue {
+		m.overtime[j.ID] = j.StoppedOvertime
+	} else {
+		// A re-attached running attempt keeps the deadline of its
+		// recorded start (runtime.go).
+		m.trackDeadline(j, proc, state == api.StateRunning)
+	}
 	// Marked for a move (a re-attached job the last daemon was moving):
 	// stopped again, and queued again when it ends (finish).
 	moving := j.MovingFor != ""
 	m.mu.Unlock()
-	if cancelled || moving {
+	if cancelled || moving || overdue {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
@@ -227,7 +235,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	}
 	preemptedBy := m.preemptedBy(j.ID)
 	overCap := m.takeOverCap(j.ID)
-	overtime := m.takeOvertime(j.ID)
+	overtime := m.takeOvertime(j)
 	// The end is recorded now or, if the store cannot take it (a full
 	// state filesystem), by the loop once it can: the monitor's result is
 	// not turned into a lost job for want of disk space.
@@ -352,6 +360,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		j.Usage = usage
 		t := m.now()
 		j.FinishedAt = &t
+		j.StoppedOvertime = ""
 	}
 	desc := describeExit(exit)
 	m.mu.Lock()
@@ -385,6 +394,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 			j.Usage = usage
 			j.Allocation = nil
 			j.PID = 0
+			j.StoppedOvertime = ""
 		})), true)
 	default:
 		return runEnded(m.transition(j, api.StateFailed, desc, capture(record)), true)
