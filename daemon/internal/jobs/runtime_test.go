@@ -186,3 +186,23 @@ func TestMaxRuntimeStopAcrossRestart(t *testing.T) {
 		t.Errorf("ended job keeps stopped_overtime %q", end.StoppedOvertime)
 	}
 }
+
+// A job that ends on its own past its max_runtime, before the loop's next
+// pass (at least once a second) stopped it, exceeded its limit all the
+// same: failed, not restarted, whichever came first, the stop or its end.
+func TestMaxRuntimeEndedPastIt(t *testing.T) {
+	m := newManager(t, api.NodeResources{CPU: 4000, Memory: 1 << 30})
+	j := submit(t, m, api.JobSpec{
+		Command:    []string{"sleep", "1.2"},
+		MaxRuntime: api.Duration(time.Second),
+		Restart:    &api.Restart{Policy: api.RestartOnFailure, MaxRetries: 2},
+	})
+	end := waitFor(t, m, j.ID, func(j api.Job) bool { return j.State.Terminal() })
+	if end.State != api.StateFailed || !strings.HasPrefix(end.Reason, "exceeded max_runtime 1s: ") || !strings.HasSuffix(end.Reason, "; not restarted") {
+		t.Fatalf("job that ran 1.2s with a 1s limit: %s %q", end.State, end.Reason)
+	}
+	if end.Attempt != 1 {
+		t.Errorf("attempt %d, want 1", end.Attempt)
+	}
+	t.Logf("reason: %s", end.Reason)
+}
