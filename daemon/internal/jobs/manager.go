@@ -378,6 +378,7 @@ func (m *Manager) markLost(j *api.Job, attachErr error) error {
 	return m.transition(j, api.StateLost, reason, func(j *api.Job) {
 		t := m.now()
 		j.FinishedAt = &t
+		j.StoppedOvertime = "" // it has stopped
 	})
 }
 
