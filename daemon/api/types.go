@@ -285,6 +285,11 @@ type Job struct {
 	// on-failure retries.
 	Moves     int    `json:"moves,omitempty"`
 	MovingFor string `json:"moving_for,omitempty"`
+	// StoppedOvertime, while the daemon is stopping the running attempt
+	// at its max_runtime, says so ("exceeded max_runtime …"); stored
+	// before the signal, so a daemon restarted meanwhile still records
+	// the attempt's end as failed at its limit, not retried.
+	StoppedOvertime string `json:"stopped_overtime,omitempty"`
 	// Handover, on the origin, says which peer runs the job and why;
 	// Origin, on that peer, which daemon the job came from.
 	Handover *Handover   `json:"handover,omitempty"`

@@ -26,7 +26,10 @@ const (
 	MaxGPUCount       = 64
 	MinMemory         = Bytes(1 << 20)
 	MaxCPU            = MilliCPU(1 << 30)
-	// MaxJobRuntime is the longest max_runtime a spec may give.
+	// MinJobRuntime and MaxJobRuntime are the shortest and longest
+	// max_runtime a spec may give (0 is no limit): the limit is checked
+	// about once a second, so a shorter one would only kill a job at once.
+	MinJobRuntime = Duration(time.Second)
 	MaxJobRuntime = Duration(366 * 24 * time.Hour)
 )
 
@@ -164,8 +167,11 @@ func (s *JobSpec) Validate() error {
 			return FieldError("restart.policy", "a gang member cannot restart on its own: its gang is placed all together or not at all")
 		}
 	}
-	if s.MaxRuntime < 0 || s.MaxRuntime > MaxJobRuntime {
-		return FieldError("max_runtime", "must be positive and at most %s (366 days), got %s", MaxJobRuntime, s.MaxRuntime)
+	if s.MaxRuntime != 0 && s.MaxRuntime < MinJobRuntime {
+		return FieldError("max_runtime", "must be 0 (no limit) or at least %s (the limit is checked about once a second), got %s", MinJobRuntime, s.MaxRuntime)
+	}
+	if s.MaxRuntime > MaxJobRuntime {
+		return FieldError("max_runtime", "must be at most %s (366 days), got %s", MaxJobRuntime, s.MaxRuntime)
 	}
 	if s.Movable && s.Gang != nil {
 		return FieldError("movable", "a gang member cannot be moved on its own: its gang is placed all together or not at all")

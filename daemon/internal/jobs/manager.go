@@ -40,12 +40,16 @@ type Config struct {
 	// Preparer readies allocated devices before a job starts (optional).
 	Preparer Preparer
 	// Now is the wall clock the records' timestamps come from (time.Now
-	// when nil). No decision reads it: retention by age, grace periods and
-	// probes measure elapsed time on the monotonic clock, so a wall clock
-	// set forward or back (NTP step, operator) neither deletes a job that
-	// just finished nor keeps one forever. The one exception is a
-	// re-attached attempt's max_runtime: what is left of it is read once,
-	// at re-attach, from the recorded start (runtime.go).
+	// when nil). Retention by age, grace periods, probes and max_runtime
+	// deadlines measure elapsed time on the monotonic clock, so a wall
+	// clock set forward or back (NTP step, operator) neither deletes a
+	// job that just finished nor keeps one forever, nor moves a deadline.
+	// The wall clock enters two decisions through recorded starts
+	// (StartedAt): a re-attached attempt's max_runtime, what is left of
+	// it read once, at re-attach (runtime.go); and, on every pass of the
+	// queue with an Estimator, a running job's expected end (its recorded
+	// start plus its estimate) for the head's shadow time and backfill
+	// (queue.go), which a step of the wall clock moves by the step.
 	Now func() time.Time
 	// Limits bound each user's jobs, specs and logs (zero: no limit).
 	Limits Limits
@@ -374,6 +378,7 @@ func (m *Manager) markLost(j *api.Job, attachErr error) error {
 	return m.transition(j, api.StateLost, reason, func(j *api.Job) {
 		t := m.now()
 		j.FinishedAt = &t
+		j.StoppedOvertime = "" // it has stopped
 	})
 }
 

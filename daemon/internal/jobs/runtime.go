@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"cmp"
 	"fmt"
 	"syscall"
 	"time"
@@ -13,8 +14,14 @@ import (
 // stopped through the cancel path (SIGTERM, SIGKILL after CancelGrace) and
 // ends failed, "exceeded max_runtime …", however it exited, with no
 // on-failure retry (Kubernetes' activeDeadlineSeconds and Slurm's TIMEOUT
-// do the same: a retry would run into the same limit). A start after a
-// preemption or a move is a new attempt with the whole limit again.
+// do the same: a retry would run into the same limit). One that ends on
+// its own at or after its limit, before the loop stopped it, ends failed
+// the same way ("… ended past it …"), unless it was being stopped for
+// something else; a re-attached attempt already past its limit when a
+// daemon took it over is the exception: if it has ended, it may have
+// ended in time while no daemon ran, so it ends as it exited. A start
+// after a preemption or a move is a new attempt with the whole limit
+// again.
 //
 // Deadlines are kept on the monotonic clock, like every other decision of
 // the manager (Config.Now): a wall clock stepped forward or back neither
@@ -32,6 +39,10 @@ type runtimeDeadline struct {
 	at    time.Time
 	limit time.Duration
 	proc  Process
+	// pastAtAttach: a re-attached attempt already past its deadline
+	// when this daemon took it over; if it has ended, it may have ended
+	// in time while no daemon ran (its end's time is unknown).
+	pastAtAttach bool
 }
 
 // attemptDeadline is when the attempt of j now starting (fresh) or
@@ -55,11 +66,12 @@ func attemptDeadline(j *api.Job, reattached bool, monoNow, wallNow time.Time) (t
 // trackDeadline records the deadline of attempt proc of j, if it has a
 // limit. The caller holds m.mu.
 func (m *Manager) trackDeadline(j *api.Job, proc Process, reattached bool) {
-	at, ok := attemptDeadline(j, reattached, time.Now(), m.cfg.Now())
+	now := time.Now()
+	at, ok := attemptDeadline(j, reattached, now, m.cfg.Now())
 	if !ok {
 		return
 	}
-	m.deadlines[j.ID] = runtimeDeadline{at: at, limit: time.Duration(j.Spec.MaxRuntime), proc: proc}
+	m.deadlines[j.ID] = runtimeDeadline{at: at, limit: time.Duration(j.Spec.MaxRuntime), proc: proc, pastAtAttach: reattached && !now.Before(at)}
 }
 
 // exceededReason is why a job stopped at its limit ended failed.
@@ -106,21 +118,37 @@ func (m *Manager) stopOverdue() {
 	for _, s := range stop {
 		why := fmt.Sprintf("%s; stopping: SIGTERM, SIGKILL after %s", exceededReason(s.limit), m.cfg.CancelGrace)
 		m.log.Warn("stopping a job at its max_runtime", "job", s.j.ID, "max_runtime", s.limit, "pid", s.proc.PID())
-		_ = m.annotate(s.j, why, func(j *api.Job) { j.Reason = why })
+		// The mark is stored before the signal: a daemon restarted while
+		// the attempt stops still records its end as failed at its limit
+		// (supervise), though m.overtime is gone.
+		reason := exceededReason(s.limit)
+		_ = m.annotate(s.j, why, func(j *api.Job) {
+			j.Reason = why
+			j.StoppedOvertime = reason
+		})
 		_ = s.proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(s.j.ID, s.proc)
 	}
 }
 
-// takeOvertime takes the record that id was stopped at its limit: why, or
-// "" if it was not; and forgets its deadline.
-func (m *Manager) takeOvertime(id string) string {
+// takeOvertime takes the record that j was stopped at its limit: why, or
+// "" if it was not; and forgets its deadline. The record is this daemon's
+// (m.overtime) or, for an attempt an earlier daemon was stopping when it
+// went down, the stored mark (StoppedOvertime). past, when the attempt
+// was not stopped, is why it ran past its limit: attempt proc ended (end,
+// a monotonic reading) at or after its deadline, before the loop's next
+// pass stopped it. A re-attached attempt already past its deadline at
+// re-attach has no past: it may have ended in time while no daemon ran.
+func (m *Manager) takeOvertime(j *api.Job, proc Process, end time.Time) (why, past string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	why := m.overtime[id]
-	delete(m.overtime, id)
-	delete(m.deadlines, id)
-	return why
+	why = cmp.Or(m.overtime[j.ID], j.StoppedOvertime)
+	if d, ok := m.deadlines[j.ID]; ok && why == "" && d.proc == proc && !d.pastAtAttach && !end.Before(d.at) {
+		past = exceededReason(d.limit)
+	}
+	delete(m.overtime, j.ID)
+	delete(m.deadlines, j.ID)
+	return why, past
 }
 
 // overtimeStopping reports whether id is being stopped at its limit. The

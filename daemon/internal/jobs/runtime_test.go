@@ -152,3 +152,57 @@ func TestMaxRuntimeAcrossRestart(t *testing.T) {
 		t.Errorf("re-attached job within its 2h limit: %s %q, events %+v", got.State, got.Reason, got.Events)
 	}
 }
+
+// A daemon that goes down while it stops a job at its max_runtime leaves
+// the mark in the job's record: the next daemon records the attempt's end
+// as failed at its limit, though the job exits 0 on SIGTERM and may
+// restart on failure, and does not restart it.
+func TestMaxRuntimeStopAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	clk := &wallClock{}
+	m1, stop := limitManager(t, dir, clk)
+	j := submit(t, m1, api.JobSpec{
+		// On SIGTERM it takes a moment, then exits 0: it is still running
+		// when the first daemon goes down, and ends before the second
+		// re-attaches.
+		Command:    []string{"sh", "-c", "trap 'sleep 0.5; exit 0' TERM; while :; do sleep 0.05; done"},
+		MaxRuntime: api.Duration(time.Second),
+		Restart:    &api.Restart{Policy: api.RestartOnFailure, MaxRetries: 2},
+	})
+	waitFor(t, m1, j.ID, func(j api.Job) bool { return j.StoppedOvertime != "" })
+	stop()
+	time.Sleep(1500 * time.Millisecond) // the job ends while no daemon runs
+
+	m2, _ := limitManager(t, dir, clk)
+	end := waitFor(t, m2, j.ID, func(j api.Job) bool { return j.State.Terminal() })
+	const want = "exceeded max_runtime 1s: stopped (exit code 0); not restarted"
+	if end.State != api.StateFailed || end.Reason != want {
+		t.Fatalf("job stopped at its limit across a restart: %s %q, want failed %q", end.State, end.Reason, want)
+	}
+	if end.Attempt != 1 || events(end, "restarting") != 0 {
+		t.Errorf("job stopped at its limit was restarted: attempt %d, events %+v", end.Attempt, end.Events)
+	}
+	if end.StoppedOvertime != "" {
+		t.Errorf("ended job keeps stopped_overtime %q", end.StoppedOvertime)
+	}
+}
+
+// A job that ends on its own past its max_runtime, before the loop's next
+// pass (at least once a second) stopped it, exceeded its limit all the
+// same: failed, not restarted, whichever came first, the stop or its end.
+func TestMaxRuntimeEndedPastIt(t *testing.T) {
+	m := newManager(t, api.NodeResources{CPU: 4000, Memory: 1 << 30})
+	j := submit(t, m, api.JobSpec{
+		Command:    []string{"sleep", "1.2"},
+		MaxRuntime: api.Duration(time.Second),
+		Restart:    &api.Restart{Policy: api.RestartOnFailure, MaxRetries: 2},
+	})
+	end := waitFor(t, m, j.ID, func(j api.Job) bool { return j.State.Terminal() })
+	if end.State != api.StateFailed || !strings.HasPrefix(end.Reason, "exceeded max_runtime 1s: ") || !strings.HasSuffix(end.Reason, "; not restarted") {
+		t.Fatalf("job that ran 1.2s with a 1s limit: %s %q", end.State, end.Reason)
+	}
+	if end.Attempt != 1 {
+		t.Errorf("attempt %d, want 1", end.Attempt)
+	}
+	t.Logf("reason: %s", end.Reason)
+}

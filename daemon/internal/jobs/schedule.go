@@ -161,14 +161,22 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	m.procs[j.ID] = proc
 	cancelled := m.cancels[j.ID]
 	state := j.State
-	// A re-attached running attempt keeps the deadline of its recorded
-	// start (runtime.go).
-	m.trackDeadline(j, proc, state == api.StateRunning)
+	// Marked as stopped at its limit (a re-attached job the last daemon
+	// was stopping at its max_runtime): stopped again, with no new
+	// deadline, and recorded failed at its limit when it ends (finish).
+	overdue := j.StoppedOvertime != ""
+	if overdue {
+		m.overtime[j.ID] = j.StoppedOvertime
+	} else {
+		// A re-attached running attempt keeps the deadline of its
+		// recorded start (runtime.go).
+		m.trackDeadline(j, proc, state == api.StateRunning)
+	}
 	// Marked for a move (a re-attached job the last daemon was moving):
 	// stopped again, and queued again when it ends (finish).
 	moving := j.MovingFor != ""
 	m.mu.Unlock()
-	if cancelled || moving {
+	if cancelled || moving || overdue {
 		_ = proc.Signal(syscall.SIGTERM)
 		go m.killAfterGrace(j.ID, proc)
 	}
@@ -183,6 +191,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	}
 
 	exit, detached, werr := m.wait(proc)
+	endedAt := time.Now() // monotonic, against its deadline
 	if detached {
 		return // the next daemon re-attaches
 	}
@@ -227,7 +236,17 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 	}
 	preemptedBy := m.preemptedBy(j.ID)
 	overCap := m.takeOverCap(j.ID)
-	overtime := m.takeOvertime(j.ID)
+	overtime, past := m.takeOvertime(j, proc, endedAt)
+	m.mu.Lock()
+	moved := j.MovingFor != ""
+	m.mu.Unlock()
+	// Ended on its own at or after its deadline, before the loop stopped
+	// it: it exceeded its limit all the same, unless it was being stopped
+	// for something else.
+	ranPast := overtime == "" && past != "" && !cancelled && preemptedBy == "" && overCap == "" && !moved
+	if ranPast {
+		overtime = past
+	}
 	// The end is recorded now or, if the store cannot take it (a full
 	// state filesystem), by the loop once it can: the monitor's result is
 	// not turned into a lost job for want of disk space.
@@ -240,7 +259,7 @@ func (m *Manager) supervise(j *api.Job, proc Process, attempt int) {
 				return err
 			}
 		}
-		return m.finish(j, exit, usage, werr, stopCause{cancelled: cancelled, preemptedBy: preemptedBy, overCap: overCap, overtime: overtime}, attempt)
+		return m.finish(j, exit, usage, werr, stopCause{cancelled: cancelled, preemptedBy: preemptedBy, overCap: overCap, overtime: overtime, ranPast: ranPast}, attempt)
 	}
 	if err := record(); errors.Is(err, errStore) {
 		// Its placement is kept until its end is stored: until then its
@@ -314,16 +333,20 @@ type stopCause struct {
 	preemptedBy string
 	// overCap is why it was stopped for its GPU memory (StopOverGPUCap).
 	overCap string
-	// overtime is why it was stopped at its max_runtime (runtime.go).
+	// overtime is why it was stopped at its max_runtime (runtime.go);
+	// with ranPast, why it ended on its own past it, before it was
+	// stopped.
 	overtime string
+	ranPast  bool
 }
 
 // finish records how an attempt ended. stop.overCap, when not empty, is
 // why the daemon stopped it for its GPU memory (StopOverGPUCap): the
 // attempt failed, however it exited, and its restart policy applies as to
 // an OOM kill. stop.overtime, when not empty, is why it was stopped at its
-// max_runtime: the job failed, however it exited, and is not restarted; it
-// wins over a cancel that came while it was being stopped.
+// max_runtime (or, with stop.ranPast, why it ended on its own past it):
+// the job failed, however it exited, and is not restarted; it wins over a
+// cancel that came while it was being stopped.
 func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr error, stop stopCause, attempt int) error {
 	cancelled, preemptedBy, overCap := stop.cancelled, stop.preemptedBy, stop.overCap
 	// ended is the record as a run that ended on its own left it, for
@@ -355,6 +378,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 		t := m.now()
 		j.FinishedAt = &t
 		j.MovingFor = ""
+		j.StoppedOvertime = ""
 	}
 	desc := describeExit(exit)
 	m.mu.Lock()
@@ -369,7 +393,11 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 	case stop.overtime != "":
 		// Stopped at its limit: failed, never retried (a retry would run
 		// into the same limit).
-		return runEnded(m.transition(j, api.StateFailed, fmt.Sprintf("%s: stopped (%s); not restarted", stop.overtime, desc), capture(record)), true)
+		how := "stopped"
+		if stop.ranPast {
+			how = "ended past it"
+		}
+		return runEnded(m.transition(j, api.StateFailed, fmt.Sprintf("%s: %s (%s); not restarted", stop.overtime, how, desc), capture(record)), true)
 	case cancelled:
 		return m.transition(j, api.StateCancelled, "cancelled; "+desc, record)
 	case movingFor != "":
@@ -389,6 +417,7 @@ func (m *Manager) finish(j *api.Job, exit api.ExitStatus, usage *api.Usage, werr
 			j.Allocation = nil
 			j.PID = 0
 			j.MovingFor = ""
+			j.StoppedOvertime = ""
 		})), true)
 	default:
 		return runEnded(m.transition(j, api.StateFailed, desc, capture(record)), true)

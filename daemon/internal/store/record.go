@@ -45,6 +45,8 @@ type Record struct {
 	// (omitempty), so records without them needed no migration.
 	Moves     int    `json:"moves,omitempty"`
 	MovingFor string `json:"moving_for,omitempty"`
+	// StoppedOvertime came with max_runtime; optional like MovingFor.
+	StoppedOvertime string `json:"stopped_overtime,omitempty"`
 	// Handover and Origin are optional (omitempty): records without them
 	// are the schema-1 bytes above, so adding them needed no migration.
 	Handover *api.Handover   `json:"handover,omitempty"`
@@ -62,7 +64,7 @@ func recordOf(j api.Job) Record {
 		CreatedAt: j.CreatedAt, StartedAt: j.StartedAt, FinishedAt: j.FinishedAt, Version: j.Version,
 		Usage: j.Usage, Degraded: j.Degraded, Handover: j.Handover, Origin: j.Origin,
 		PreemptedBy: j.PreemptedBy, Preemptions: j.Preemptions, Pod: j.Pod,
-		Moves: j.Moves, MovingFor: j.MovingFor,
+		Moves: j.Moves, MovingFor: j.MovingFor, StoppedOvertime: j.StoppedOvertime,
 	}
 }
 
@@ -74,6 +76,6 @@ func (r Record) Job() api.Job {
 		CreatedAt: r.CreatedAt, StartedAt: r.StartedAt, FinishedAt: r.FinishedAt, Version: r.Version,
 		Usage: r.Usage, Degraded: r.Degraded, Handover: r.Handover, Origin: r.Origin,
 		PreemptedBy: r.PreemptedBy, Preemptions: r.Preemptions, Pod: r.Pod,
-		Moves: r.Moves, MovingFor: r.MovingFor,
+		Moves: r.Moves, MovingFor: r.MovingFor, StoppedOvertime: r.StoppedOvertime,
 	}
 }

@@ -172,3 +172,19 @@ func TestRecordKeepsMoves(t *testing.T) {
 		t.Fatalf("stored moving job read back with moves %d, moving_for %q (%v)", got.Moves, got.MovingFor, err)
 	}
 }
+
+// A job being stopped at its max_runtime keeps the mark across a restart:
+// the next daemon records its end as failed at its limit, not retried
+// (docs/scheduling.md, "Run-time limit").
+func TestRecordKeepsStoppedOvertime(t *testing.T) {
+	j := goldenJob()
+	j.StoppedOvertime = "exceeded max_runtime 1h0m0s"
+	s := open(t, filepath.Join(t.TempDir(), "db"), Options{})
+	if err := s.PutJob(j); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetJob(j.ID)
+	if err != nil || got.StoppedOvertime != j.StoppedOvertime {
+		t.Fatalf("stored job being stopped at its limit read back with stopped_overtime %q (%v)", got.StoppedOvertime, err)
+	}
+}
