@@ -96,7 +96,7 @@ check "non-member is refused by the socket" sh -c '! runuser -u bob -- fusionctl
 # The simulator needs no daemon and no files: the packaged fusionctl carries
 # the openb trace (bob, outside the fusiond group, in his empty home).
 check "packaged fusionctl simulates the embedded openb trace" sh -c 'cd /home/bob && runuser -u bob -- fusionctl simulate --policy bestfit | head -1 | grep -q "^input: embedded openb trace \"default\" (8152 pods)"'
-check "packaged fusionctl lists its 17 embedded traces" sh -c 'test "$(runuser -u bob -- fusionctl simulate --list-traces | grep -c "^ *[a-z0-9]* *[0-9]\{4\} ")" = 17'
+check "packaged fusionctl lists its 24 embedded traces" sh -c 'test "$(runuser -u bob -- fusionctl simulate --list-traces | grep -cE "^ *[a-z0-9]+ +[0-9]+ .* (yes|-) *$")" = 24'
 
 # --- KillMode=process: a process that left the daemon's session (as job
 # --- monitors do) survives a restart; removal ends it (prerm) ---
