@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -78,18 +77,9 @@ func (c ProfilesConfig) options() profile.Options {
 // profilesFile is where the profiles are kept, under the state directory.
 const profilesFile = "profiles.json"
 
-// ownerKey is the owner part of a profile's key: the user name, or
-// "uid N" for a uid without one.
-func ownerKey(uid uint32, user string) string {
-	if user != "" {
-		return user
-	}
-	return "uid " + strconv.FormatUint(uint64(uid), 10)
-}
-
 // jobKey is the profile key of a job.
 func jobKey(j api.Job) profile.Key {
-	return profile.KeyOf(ownerKey(j.Owner.UID, j.Owner.User), j.Spec.Name, j.Spec.Labels, string(j.Spec.Class))
+	return profile.KeyOf(api.UserName(j.Owner.UID, j.Owner.User), j.Spec.Name, j.Spec.Labels, string(j.Spec.Class))
 }
 
 // requestedUsage is what a spec asks for, in a profile's units: CPU and
@@ -282,7 +272,7 @@ func visibleOwner(c api.Caller) (string, bool) {
 	if c.Admin {
 		return "", true
 	}
-	return ownerKey(c.UID, c.User), false
+	return api.UserName(c.UID, c.User), false
 }
 
 // Profiles implements apiserver.ProfileBackend.
@@ -308,7 +298,7 @@ func matchesQuery(k profile.Key, q api.ProfileQuery) bool {
 func (l *profileLearner) Recommend(c api.Caller, q api.ProfileQuery) (api.Recommendation, error) {
 	own, all := visibleOwner(c)
 	if q.Owner == "" {
-		q.Owner = ownerKey(c.UID, c.User)
+		q.Owner = api.UserName(c.UID, c.User)
 	}
 	if !all && q.Owner != own {
 		return api.Recommendation{}, api.Errorf(api.CodeNotFound, "no profile %q of owner %q", q.Name, q.Owner)

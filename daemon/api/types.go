@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -235,6 +236,15 @@ type Owner struct {
 	Groups []uint32 `json:"groups,omitempty"`
 	// User is the user name, when the uid has one.
 	User string `json:"user,omitempty"`
+}
+
+// UserName is how a user is named to people and in task profiles: the
+// user name, or "uid N" when the uid has none.
+func UserName(uid uint32, user string) string {
+	if user != "" {
+		return user
+	}
+	return "uid " + strconv.FormatUint(uint64(uid), 10)
 }
 
 // Job is a job record as the API returns it.

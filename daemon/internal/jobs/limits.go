@@ -229,7 +229,7 @@ func (m *Manager) admit(c api.Caller, e Entry, sizes []int64) (*reservation, err
 		}
 	}
 	if !m.exempt(c.UID) {
-		who := cmp.Or(c.User, "uid "+strconv.FormatUint(uint64(c.UID), 10))
+		who := api.UserName(c.UID, c.User)
 		if n := l.PendingJobs; n > 0 && pending+len(specs) > n {
 			return nil, api.QuotaError(LimitPendingJobs, "%s has %d queued jobs; %d more would pass the limit of %d", who, pending, len(specs), n)
 		}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -245,7 +244,7 @@ func (m *Manager) schedule() {
 		}
 		if uid := j.Owner.UID; m.overRunningLimit(active, uid, len(group)) {
 			m.setWaiting(group, fmt.Sprintf("waiting: %s has %d jobs placed or running, the most allowed (limit %s)",
-				cmp.Or(j.Owner.User, "uid "+strconv.FormatUint(uint64(uid), 10)), active[uid], LimitRunningJobs))
+				api.UserName(uid, j.Owner.User), active[uid], LimitRunningJobs))
 			continue
 		}
 		if m.handingOver(j) {
